@@ -1,0 +1,78 @@
+"""Public entry points. Thin: validate, choose the implementation, call it."""
+from __future__ import annotations
+
+import torch
+
+from . import _backend, _validate, reference
+
+__all__ = ["chunk_gdn", "chunk_gated_delta_rule", "chunk_local_cumsum"]
+
+
+def chunk_local_cumsum(g: torch.Tensor, chunk_size: int = 64, reverse: bool = False, scale: float | None = None,
+                       cu_seqlens: torch.Tensor | None = None) -> torch.Tensor:
+    """Chunk-local cumulative sum of a log-decay ``g`` [B, T, H] over T, in fp32.
+
+    Chunks of ``chunk_size`` tokens restart at every sequence start (``cu_seqlens``,
+    B == 1); ``reverse`` sums from each position to the end of its chunk; ``scale``
+    multiplies the result. Positions past ``cu_seqlens[-1]`` are 0.
+    """
+    _validate._tensor(g, "g", 3, "[B, T, H]")
+    if g.dtype not in (torch.float32, torch.bfloat16, torch.float16, torch.float64):
+        raise ValueError(f"g must be float32, bfloat16, float16 or float64, got {g.dtype}")
+    if chunk_size not in (16, 32, 64, 128):
+        raise ValueError(f"chunk_size must be one of 16, 32, 64, 128, got {chunk_size}")
+    _validate.check_cu_seqlens(cu_seqlens, g.shape[0], g.device)
+    use_kernel = _backend.kernels_available(g.device) and g.dtype != torch.float64
+    _validate.maybe_check_values(cu_seqlens, None, g.shape[0] * g.shape[1], fallback=not use_kernel)
+    if use_kernel:
+        return torch.ops.flashqla.chunk_local_cumsum(g, chunk_size, reverse, 1.0 if scale is None else float(scale),
+                                                     cu_seqlens)
+    return reference.chunk_local_cumsum_torch(g, chunk_size, reverse, scale, cu_seqlens)
+
+
+def chunk_gdn(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor, beta: torch.Tensor,
+              scale: float | None = None, initial_state: torch.Tensor | None = None,
+              output_final_state: bool = False, use_qk_l2norm_in_kernel: bool = False,
+              cu_seqlens: torch.Tensor | None = None, cu_seqlens_cpu: torch.Tensor | None = None,
+              head_first: bool = False):
+    r"""Chunked Gated DeltaNet (gated delta rule), FLA's ``chunk_gated_delta_rule`` API.
+
+    Per value head, token t: ``S_t = e^{g_t} (I - beta_t k_t k_t^T) S_{t-1} + beta_t k_t v_t^T``,
+    ``o_t = scale * S_t^T q_t``.
+
+    Args:
+        q, k: ``[B, T, H_qk, K]`` (bf16, fp16, fp32; fp64 on the fallback).
+        v: ``[B, T, H_v, V]``, same dtype; ``H_v % H_qk == 0`` (value head h reads q/k head
+            ``h // (H_v // H_qk)``).
+        g: ``[B, T, H_v]`` natural-log decay (fp32 or bf16).
+        beta: ``[B, T, H_v]`` write strength (fp32, bf16 or fp16).
+        scale: defaults to ``K ** -0.5``.
+        initial_state: ``[N, H_v, K, V]`` fp32, N = B or ``len(cu_seqlens) - 1``.
+        output_final_state: also return the fp32 final state ``[N, H_v, K, V]``.
+        use_qk_l2norm_in_kernel: l2-normalise q and k (over K) first.
+        cu_seqlens: int32/int64 ``[N + 1]`` offsets of packed sequences; needs B == 1.
+        cu_seqlens_cpu: optional host copy of cu_seqlens (lets its values be checked without a sync).
+        head_first: not supported (FLA removed it too); must be False.
+
+    Returns:
+        ``(o, final_state)``: o ``[B, T, H_v, V]`` in v's dtype; final_state or None.
+    """
+    if head_first:
+        raise ValueError("head_first=True is not supported: pass [B, T, H, D] tensors")
+    shape = _validate.validate_gdn(q, k, v, g, beta, scale, initial_state, cu_seqlens)
+    dev = q.device
+    hopper = _backend.kernels_available(dev)
+    _validate.maybe_check_values(cu_seqlens, cu_seqlens_cpu, shape.B * shape.T, fallback=not hopper)
+    if not hopper:
+        _backend.warn_once(f"fallback:{dev.type}",
+                           f"flashqla: running the PyTorch reference implementation because "
+                           f"{_backend.why_no_kernels(dev)}; this is slow and meant for portability and testing")
+    else:
+        _backend.warn_once("no-fwd-kernel", "flashqla: the sm_90a forward kernel is not available yet; "
+                                            "running the PyTorch chunked implementation on the GPU")
+    return reference.chunk_gdn_torch(q, k, v, g, beta, scale=scale, initial_state=initial_state,
+                                     output_final_state=output_final_state, cu_seqlens=cu_seqlens,
+                                     use_qk_l2norm_in_kernel=use_qk_l2norm_in_kernel)
+
+
+chunk_gated_delta_rule = chunk_gdn

@@ -1,0 +1,17 @@
+import os
+import sys
+
+import pytest
+import torch
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+import flashqla  # noqa: E402
+
+HAS_SM90 = torch.cuda.is_available() and flashqla.kernels_available(torch.device("cuda"))
+
+gpu = pytest.mark.skipif(not HAS_SM90, reason="needs an sm_90 GPU and the built flashqla extension")
+
+
+def rel_l2(x, ref):
+    x, ref = x.detach().double(), ref.detach().double()
+    return float((x - ref).norm() / ref.norm().clamp_min(1e-300))

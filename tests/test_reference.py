@@ -1,0 +1,88 @@
+"""The two reference implementations agree in float64 (outputs, final state and
+autograd gradients of every input), over awkward shapes."""
+import pytest
+import torch
+
+from flashqla.reference import chunk_gdn_torch, chunk_local_cumsum_torch, recurrent_gdn
+from conftest import rel_l2
+from util import make_inputs
+
+TOL = 1e-10
+
+CASES = [
+    # B, T, H_qk, H_v, K, V, cu_seqlens, h0, strong decay, l2norm
+    (2, 130, 2, 2, 16, 32, None, True, False, False),          # T not a multiple of 64, GVA 1
+    (1, 40, 1, 2, 32, 16, None, False, False, False),          # T < 64, GVA 2, no h0
+    (1, 200, 1, 3, 16, 16, [0, 0, 70, 70, 150, 190], True, False, False),  # zero-length seqs, tail past cu[-1], GVA 3
+    (1, 100, 2, 8, 16, 16, None, True, True, False),           # GVA 4, strong decay, a g = 0 head
+    (1, 150, 2, 4, 16, 16, [0, 64, 65, 150], True, True, True),  # exact-chunk, 1-token seq, l2norm in kernel
+    (3, 64, 1, 1, 16, 16, None, True, False, False),           # exactly one chunk
+]
+
+
+@pytest.mark.parametrize("B,T,Hq,Hv,K,V,cu,h0,strong,l2", CASES)
+def test_chunked_matches_recurrence_float64(B, T, Hq, Hv, K, V, cu, h0, strong, l2):
+    n = None if cu is None else len(cu) - 1
+    d = make_inputs(B, T, Hq, Hv, K, V, n_seqs=n, h0=h0, strong_decay=strong, seed=T + Hv)
+    cu_t = None if cu is None else torch.tensor(cu, dtype=torch.int64)
+    names = [x for x in ("q", "k", "v", "g", "beta", "initial_state") if d[x] is not None]
+    leaves_a = {x: d[x].clone().requires_grad_(True) for x in names}
+    leaves_b = {x: d[x].clone().requires_grad_(True) for x in names}
+    kw = dict(output_final_state=True, cu_seqlens=cu_t, use_qk_l2norm_in_kernel=l2, scale=0.3)
+    o_r, s_r = recurrent_gdn(**{**d, **leaves_a}, **kw)
+    o_c, s_c = chunk_gdn_torch(**{**d, **leaves_b}, **kw)
+    assert o_c.dtype == torch.float64 and s_c.dtype == torch.float64
+    assert rel_l2(o_c, o_r) < TOL
+    assert rel_l2(s_c, s_r) < TOL
+    if cu is not None and cu[-1] < T:
+        assert torch.all(o_c[:, cu[-1]:] == 0)
+    gen = torch.Generator().manual_seed(7)
+    do = torch.randn(o_r.shape, generator=gen, dtype=torch.float64)
+    dht = torch.randn(s_r.shape, generator=gen, dtype=torch.float64)
+    ga = torch.autograd.grad((o_r * do).sum() + (s_r * dht).sum(), [leaves_a[x] for x in names])
+    gb = torch.autograd.grad((o_c * do).sum() + (s_c * dht).sum(), [leaves_b[x] for x in names])
+    for name, a, b in zip(names, ga, gb):
+        assert torch.isfinite(b).all(), name
+        assert rel_l2(b, a) < TOL, name
+
+
+def test_zero_length_sequence_keeps_its_state():
+    d = make_inputs(1, 50, 1, 2, 16, 16, n_seqs=3, seed=3)
+    cu = torch.tensor([0, 50, 50, 50])
+    _, s = chunk_gdn_torch(**d, output_final_state=True, cu_seqlens=cu)
+    assert torch.equal(s[1], d["initial_state"][1]) and torch.equal(s[2], d["initial_state"][2])
+
+
+def test_gradcheck_chunked_float64():
+    d = make_inputs(1, 20, 1, 2, 16, 16, n_seqs=2, seed=11)
+    cu = torch.tensor([0, 7, 20])
+    names = ["q", "k", "v", "g", "beta", "initial_state"]
+    xs = [d[n].clone().requires_grad_(True) for n in names]
+
+    def f(*args):
+        o, s = chunk_gdn_torch(*args[:5], initial_state=args[5], output_final_state=True, cu_seqlens=cu)
+        return o, s
+
+    assert torch.autograd.gradcheck(f, xs, eps=1e-6, atol=1e-7, rtol=1e-5)
+
+
+def _naive_cumsum(g, C, reverse, cu):
+    B, T, H = g.shape
+    out = torch.zeros(B, T, H, dtype=torch.float64)
+    bounds = [(b, 0, T) for b in range(B)] if cu is None else [(0, cu[i], cu[i + 1]) for i in range(len(cu) - 1)]
+    for b, s, e in bounds:
+        for c0 in range(s, e, C):
+            c1 = min(c0 + C, e)
+            seg = g[b, c0:c1].double()
+            out[b, c0:c1] = seg.flip(0).cumsum(0).flip(0) if reverse else seg.cumsum(0)
+    return out
+
+
+@pytest.mark.parametrize("reverse", [False, True])
+@pytest.mark.parametrize("C", [16, 64])
+@pytest.mark.parametrize("cu", [None, [0, 0, 30, 100, 100, 170]])
+def test_chunk_local_cumsum_reference(reverse, C, cu):
+    B = 2 if cu is None else 1
+    g = torch.randn(B, 180, 5, dtype=torch.float64)
+    out = chunk_local_cumsum_torch(g, C, reverse, None, None if cu is None else torch.tensor(cu))
+    assert rel_l2(out, _naive_cumsum(g, C, reverse, cu)) < 1e-14
