@@ -1,0 +1,78 @@
+#!/usr/bin/env bash
+# One call on the H200 machine does the whole job: install the carried wheels,
+# build flashqla, run the GPU tests and compute-sanitizer, and run the
+# benchmarks. Everything it writes goes to $OUT (default ./out).
+#
+#   FLASHQLA_COMMIT=$(git rev-parse HEAD) bash benchmarks/h200.sh        (carry .whl/build and .whl/fla[,qla])
+#
+# Stages (STAGES, comma-separated; default build,test,sanitize,cumsum,bench):
+#   z3        install .whl/z3 into $SITE only (FlashQLA needs it; it does not fit in one carry with the rest)
+#   build     pip-install carried wheels into $SITE, build the extension (MAX_JOBS=16)
+#   test      pytest tests (GPU tests run here)
+#   sanitize  compute-sanitizer memcheck + racecheck on small kernel calls
+#   cumsum    the cumsum kernel record (benchmarks/bench_cumsum.py)
+#   bench     python -m flashqla.bench run --cases $CASES (default anchors)
+set -uo pipefail
+ROOT=$(cd "$(dirname "$0")/.." && pwd)
+cd "$ROOT"
+OUT=${OUT:-$ROOT/out}
+SITE=${SITE:-/tmp/site}
+STAGES=${STAGES:-build,test,sanitize,cumsum,bench}
+CASES=${CASES:-anchors}
+mkdir -p "$OUT" "$SITE"
+export PYTHONUNBUFFERED=1 PYTHONPATH="$SITE:$ROOT${PYTHONPATH:+:$PYTHONPATH}"
+LOG="$OUT/h200.log"
+has() { [[ ",$STAGES," == *",$1,"* ]]; }
+say() { echo "== $*" | tee -a "$LOG"; }
+status=0
+
+say "$(date -u +%FT%TZ) commit=${FLASHQLA_COMMIT:-unknown} stages=$STAGES"
+nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.max.sm --format=csv,noheader 2>&1 | tee -a "$LOG"
+
+if has z3; then
+  python3 -m pip install -q --no-index --no-deps --no-compile --target "$SITE" .whl/z3/*.whl 2>&1 | tail -2 | tee -a "$LOG"
+fi
+
+if has build; then
+  say "install carried wheels"
+  whls=$(ls .whl/build/*.whl .whl/fla/*.whl .whl/qla/*.whl 2>/dev/null)
+  [ -n "$whls" ] && python3 -m pip install -q --no-index --no-deps --no-compile --upgrade --target "$SITE" $whls \
+    2>&1 | grep -v "^WARNING: Target directory" | tail -3 | tee -a "$LOG"
+  say "build"
+  t0=$(date +%s)
+  MAX_JOBS=16 FLASHQLA_REQUIRE_CUDA=1 python3 setup.py build_ext --inplace > "$OUT/build.log" 2>&1 \
+    || { tail -40 "$OUT/build.log" | tee -a "$LOG"; say "BUILD FAILED"; exit 1; }
+  grep -iE "warning|spill" "$OUT/build.log" | grep -v "^W1" | head -20 | tee -a "$LOG"
+  say "build took $(( $(date +%s) - t0 )) s"
+  python3 -c "import flashqla, torch; assert flashqla.kernels_available(torch.device('cuda')), 'kernels unavailable'; print('flashqla kernels available on', torch.cuda.get_device_name())" 2>&1 | tee -a "$LOG"
+fi
+
+if has test; then
+  say "pytest"
+  python3 -m pytest tests -q -rs -x -p no:cacheprovider 2>&1 | tail -25 | tee -a "$LOG"
+  [ "${PIPESTATUS[0]}" -eq 0 ] || status=1
+fi
+
+if has sanitize; then
+  for tool in memcheck racecheck; do
+    say "compute-sanitizer $tool"
+    compute-sanitizer --tool "$tool" --error-exitcode 3 python3 benchmarks/sanitize_cases.py 2>&1 | tail -6 | tee -a "$LOG"
+    [ "${PIPESTATUS[0]}" -eq 0 ] || status=1
+  done
+fi
+
+if has cumsum; then
+  say "cumsum record"
+  python3 benchmarks/bench_cumsum.py --out-dir "$OUT" 2>&1 | tail -30 | tee -a "$LOG"
+  [ "${PIPESTATUS[0]}" -eq 0 ] || status=1
+fi
+
+if has bench; then
+  say "benchmark $CASES"
+  python3 -m flashqla.bench run --cases "$CASES" --out "$OUT/bench-$CASES.json" \
+    --table "$OUT/bench-$CASES.md" --plot "$OUT/bench-$CASES.png" > "$OUT/bench.log" 2>&1
+  [ $? -eq 0 ] || status=1
+  tail -60 "$OUT/bench.log"
+fi
+say "done status=$status"
+exit $status
