@@ -1,0 +1,283 @@
+"""CPU tests of the benchmark harness (flashqla/bench.py): case lists, FLOP model, record schema, rendering."""
+import json
+import math
+import os
+import re
+from pathlib import Path
+
+import pytest
+
+from flashqla import bench
+
+SHARED = [Path(os.environ["FLASHQLA_SHARED"])] if os.environ.get("FLASHQLA_SHARED") else []
+SHARED += [Path(__file__).resolve().parents[1] / "shared", Path("/work/shared")]
+
+
+def _shared(rel):
+    for root in SHARED:
+        if (root / rel).is_file():
+            return (root / rel).read_text()
+    return None
+
+
+# ----------------------------------------------------------------------------- case lists
+def test_anchor_cases():
+    fwd = bench.cases_for("anchors", bwd=False)
+    bwd = bench.cases_for("anchors", fwd=False)
+    assert len(fwd) == 24 and len(bwd) == 4
+    assert bench.cases_for("anchors") == fwd + bwd
+    assert {(c.model, c.name) for c in fwd if c.model.startswith("TP1")} == {
+        ("TP1 (16/64)", "1x32768"), ("TP1 (16/64)", "1x8192"), ("TP1 (16/64)", "8192x4")}
+    by = {(c.model, c.name): c for c in bwd}
+    assert by[("hk16_hv32", "8k_4seq")].seqlens == (2048, 3000, 1000, 2144)
+    assert by[("hk4_hv8", "32k_1seq")].seqlens == (32768,)
+    assert (by[("hk4_hv8", "32k_1seq")].h_qk, by[("hk4_hv8", "32k_1seq")].h_v) == (4, 8)
+    for c in fwd:
+        assert c.h_v % c.h_qk == 0 and c.direction == "fwd"
+        assert f"({c.h_qk}/{c.h_v})" in c.model
+    tp8 = {c.name: c.seqlens for c in fwd if c.model.startswith("TP8")}
+    assert tp8["28672+4096"] == (28672, 4096) and tp8["8192x4"] == (8192,) * 4 and tp8["1024x8"] == (1024,) * 8
+
+
+def test_anchor_cases_match_anchor_file():
+    text = _shared("anchors/h200-2026-11-30.md")
+    if text is None:
+        pytest.skip("anchors file not available")
+    fwd_part, bwd_part = text.split("## Backward")[0], text.split("## Backward")[1].split("## Accuracy")[0]
+    rows = set(re.findall(r"^\| (\S+ \(\d+/\d+\)) \| (\S+) \|", fwd_part, re.M))
+    assert rows == {(c.model, c.name) for c in bench.cases_for("anchors", bwd=False)}
+    brows = set(re.findall(r"^\| (hk\d+_hv\d+) \| (\S+) \|", bwd_part, re.M))
+    assert brows == {(c.model, c.name) for c in bench.cases_for("anchors", fwd=False)}
+
+
+def test_flashqla_cases():
+    fwd = bench.cases_for("flashqla", bwd=False)
+    bwd = bench.cases_for("flashqla", fwd=False)
+    assert len(fwd) == 9 * 19 == 171 and len(bwd) == 4 * 8 == 32
+    for c in bwd:
+        total = 8192 if c.name.startswith("8k") else 32768
+        n = int(re.match(r"\d+k_(\d+)seq", c.name).group(1))
+        assert sum(c.seqlens) == total and len(c.seqlens) == n and min(c.seqlens) > 0
+    assert len({c.seqlens for c in bwd if c.name == "8k_4seq"}) == 1   # same split for every head config
+    for c in fwd:
+        assert sum(c.seqlens) == sum(int(x) for x in re.split(r"[+x]", c.name)) or "x" in c.name
+
+
+def test_flashqla_cases_match_published_text():
+    text = _shared("anchors/flashqla-published-h200.txt")
+    if text is None:
+        pytest.skip("published FlashQLA text not available")
+    fwd_part, bwd_part = text.split(">>> BACKWARD")[0], text.split(">>> BACKWARD")[1]
+    fwd_rows = re.findall(r"^(.+?)\s+(\d+x\d+|\d+\+\d+)\s+(\d+)\s+(\d+)\s+[\d.]+ms", fwd_part, re.M)
+    bwd_rows = re.findall(r"^(hk\d+_hv\d+)\s+(\d+k_\d+seq)\s+(\d+)\s+(\d+)\s+(\d+)\s+[\d.]+ms", bwd_part, re.M)
+    fwd = bench.cases_for("flashqla", bwd=False)
+    bwd = bench.cases_for("flashqla", fwd=False)
+    assert len(fwd_rows) == len(fwd) and len(bwd_rows) == len(bwd)
+    assert {(m.strip(), s, int(a), int(b)) for m, s, a, b in fwd_rows} == {
+        (c.model.rsplit(" (", 1)[0], c.name, c.h_qk, c.h_v) for c in fwd}
+    assert {(m, s, int(a), int(b), int(n)) for m, s, a, b, n in bwd_rows} == {
+        (c.model, c.name, c.h_qk, c.h_v, len(c.seqlens)) for c in bwd}
+
+
+def test_smoke_and_unknown_sets():
+    smoke = bench.cases_for("smoke")
+    assert smoke and all(c.tokens <= 512 for c in smoke)
+    assert {c.direction for c in smoke} == {"fwd", "bwd"}
+    with pytest.raises(ValueError):
+        bench.cases_for("nope")
+
+
+# ----------------------------------------------------------------------------- FLOP model
+def test_flop_model():
+    fwd = bench.flops_per_chunk("fwd")
+    assert abs(fwd - 10.5e6) / 10.5e6 < 0.02
+    C, K, V = 64, 128, 128
+    assert fwd == 4 * C * C * K + 4 * C * C * V + 6 * C * K * V + C ** 3 / 3
+    assert abs(bench.bwd_main_flops() - 26e6) / 26e6 < 0.02
+    assert abs(bench.bwd_recompute_flops() - 5e6) / 5e6 < 0.06
+    assert bench.flops_per_chunk("bwd") == bench.bwd_main_flops() + bench.bwd_recompute_flops()
+    # scales: doubling V roughly doubles the state products
+    assert bench.flops_per_chunk("fwd", V=256) > fwd
+    with pytest.raises(ValueError):
+        bench.flops_per_chunk("sideways")
+    # partial chunks count whole, per sequence; linear in h_v
+    assert bench.case_flops("fwd", [64], 1) == fwd
+    assert bench.case_flops("fwd", [65], 1) == 2 * fwd
+    assert bench.case_flops("fwd", [32, 32], 1) == 2 * fwd
+    assert bench.case_flops("bwd", [32768], 8) == 512 * 8 * bench.flops_per_chunk("bwd")
+    assert "C^3/3" in bench.FLOP_MODEL and "4CKV + 2C^2V" in bench.FLOP_MODEL
+
+
+# ----------------------------------------------------------------------------- record
+def _fake_record(device="cuda", date="2026-12-01T00:00:00Z"):
+    cases = [c for s in ("anchors",) for c in bench.cases_for(s)]
+    entries = []
+    for i, c in enumerate(cases):
+        ms = {"flashqla": {"eager": 0.5 + 0.01 * i, "graph": 0.4 + 0.01 * i},
+              "fla_triton": {"eager": 1.0 + 0.02 * i, "graph": 0.9}}
+        errors = []
+        if i % 5 == 0:
+            errors.append({"lib": "flash_qla_tilelang", "stage": "setup", "error": "RuntimeError: boom"})
+        else:
+            ms["flash_qla_tilelang"] = {"eager": 0.45}
+            errors.append({"lib": "flash_qla_tilelang", "stage": "graph", "error": "RuntimeError: capture"})
+        entries.append(bench.case_entry(c, ms, errors))
+    rec = {"schema": 1, "commit": "0" * 40, "dirty": False, "gpu": "NVIDIA H200" if device == "cuda" else None,
+           "sm_count": 132, "driver": "580.159.03", "date": date, "device": device,
+           "versions": {"torch": "2.11.0", "triton": "3.6.0", "fla": "0.6.0", "flash_qla": "0.1.3"},
+           "case_set": "anchors", "libs": list(bench.LIBS), "flashqla_path": "PyTorch chunked implementation",
+           "flop_model": bench.FLOP_MODEL, "cases": entries, "errors": [],
+           "accuracy": {"flashqla": dict.fromkeys(bench.ACCURACY_KEYS, 1e-3), "fla_triton": {"o": 3e-3}},
+           "accuracy_case": {"seqlens": [300], "h_qk": 2, "h_v": 4}}
+    return bench.validate_record(rec)
+
+
+def test_case_entry_tflops_speedup_errors():
+    c = bench.Case("fwd", "TP1 (16/64)", 16, 64, "1x32768", (32768,))
+    e = bench.case_entry(c, {"flashqla": {"eager": 2.0, "graph": 1.0}, "fla_triton": {"eager": 4.0}},
+                         [{"lib": "flash_qla_tilelang", "stage": "import", "error": "not importable"}])
+    flop = 512 * 64 * bench.flops_per_chunk("fwd")
+    assert e["flop"] == flop and e["chunks"] == 512 and e["tokens"] == 32768
+    assert math.isclose(e["tflops"]["flashqla"]["graph"], flop / 1e-3 / 1e12)
+    assert e["speedup"] == {"fla_triton": {"eager": 2.0}}          # no graph time for FLA -> no graph ratio
+    assert "flash_qla_tilelang" not in e["ms"] and e["errors"][0]["lib"] == "flash_qla_tilelang"
+
+
+def test_record_schema_and_json():
+    rec = _fake_record()
+    for key in ("commit", "dirty", "gpu", "case_set", "versions", "cases", "accuracy", "sm_count", "driver", "date",
+                "flop_model"):
+        assert key in rec
+    c0 = rec["cases"][0]
+    for key in ("direction", "h_qk", "h_v", "seqlens", "ms", "model", "name", "tflops", "speedup", "errors"):
+        assert key in c0
+    assert set(c0["ms"]["flashqla"]) == {"eager", "graph"}
+    back = json.loads(json.dumps(rec, allow_nan=False))
+    assert bench.validate_record(back) == rec
+    bad = json.loads(json.dumps(rec))
+    bad["cases"][1]["ms"]["flashqla"]["eager"] = float("nan")
+    with pytest.raises(ValueError):
+        bench.validate_record(bad)
+    bad = json.loads(json.dumps(rec))
+    del bad["commit"]
+    with pytest.raises(ValueError):
+        bench.validate_record(bad)
+
+
+def test_record_meta_and_git_env(tmp_path, monkeypatch):
+    meta = bench.record_meta("cpu")
+    for key in ("commit", "dirty", "gpu", "sm_count", "driver", "date", "versions"):
+        assert key in meta
+    assert meta["versions"]["torch"]
+    assert re.fullmatch(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\dZ", meta["date"])
+    monkeypatch.setenv("FLASHQLA_COMMIT", "a" * 40)
+    monkeypatch.setenv("FLASHQLA_DIRTY", "1")
+    assert bench.git_info(tmp_path) == ("a" * 40, True)          # no .git there
+    monkeypatch.delenv("FLASHQLA_COMMIT")
+    monkeypatch.delenv("FLASHQLA_DIRTY")
+    assert bench.git_info(tmp_path) == ("unknown", None)
+
+
+def test_default_out_names():
+    rec = _fake_record()
+    rec["case_set"] = "anchors,smoke"
+    p = bench.default_out(rec)
+    assert p.parent.name == "results" and p.name == "h200-anchors+smoke-20261201T000000Z.json"
+    rec["device"], rec["gpu"] = "cpu", None
+    assert bench.default_out(rec).name.startswith("cpu-fallback-")
+
+
+# ----------------------------------------------------------------------------- rendering
+def test_markdown_and_console_table():
+    rec = _fake_record()
+    md = bench.render_markdown(rec)
+    assert "### Forward" in md and "### Backward" in md and "FLOP model:" in md
+    assert "| TP8 (2/8) | 1x32768 |" in md and "| hk16_hv32 | 8k_4seq |" in md
+    assert md.count("\n| TP") + md.count("\n| 35B") == 24
+    assert "–" in md                                              # FlashQLA's missing times
+    assert "errors in the record" in md and "autograd" in md
+    assert "vs FLA" in md and "vs FlashQLA" in md
+    rows = md.split("\n")
+    assert "| 2.00x / 2.25x | – / – |" in rows[4]                 # FLA 1.0/0.9 vs 0.5/0.4; FlashQLA failed
+    assert "| 0.88x / – |" in rows[5]                             # FlashQLA eager only: 0.45 / 0.51
+    con = bench.render_console(rec)
+    assert len(con.splitlines()) >= 29 and "geomean fwd FLA/flashqla" in con
+    cpu = _fake_record(device="cpu")
+    assert "CPU fallback timings" in bench.render_markdown(cpu)
+
+
+def test_plot(tmp_path):
+    pytest.importorskip("matplotlib")
+    rec = _fake_record()
+    p = bench.make_plot(rec, tmp_path / "sub" / "plot.png")
+    assert p.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and p.stat().st_size > 5000
+    fwd_only = dict(rec, cases=[c for c in rec["cases"] if c["direction"] == "fwd"])
+    assert bench.make_plot(fwd_only, tmp_path / "fwd.png").is_file()
+
+
+def test_readme_update(tmp_path):
+    results = tmp_path / "results"
+    results.mkdir()
+    old = _fake_record(date="2026-12-01T00:00:00Z")
+    new = _fake_record(date="2026-12-02T00:00:00Z")
+    new["commit"] = "b" * 40
+    cpu = _fake_record(device="cpu", date="2026-12-09T00:00:00Z")
+    for name, r in (("h200-a-old.json", old), ("h200-a-new.json", new), ("cpu-fallback-smoke-x.json", cpu)):
+        (results / name).write_text(json.dumps(r))
+    (results / "junk.json").write_text("{not json")
+    assert bench.newest_record(results).name == "h200-a-new.json"   # CPU records are never picked
+    readme = tmp_path / "README.md"
+    readme.write_text(f"# title\n\nintro\n\n{bench.README_START}\nstale text\n{bench.README_END}\n\ntail\n")
+    bench.update_readme(readme, results / "h200-a-new.json")
+    text = readme.read_text()
+    assert text.startswith("# title\n\nintro\n\n" + bench.README_START) and text.endswith(bench.README_END + "\n\ntail\n")
+    assert "stale text" not in text and "bbbbbbbbbbbb" in text and "| TP1 (16/64) | 1x32768 |" in text
+    bench.update_readme(readme, results / "h200-a-new.json")
+    assert readme.read_text() == text                               # idempotent
+    assert bench.main(["readme", "--record", str(results / "h200-a-old.json"), "--readme", str(readme)]) == 0
+    assert "0000000000" in readme.read_text()
+    nomark = tmp_path / "R2.md"
+    nomark.write_text("no markers\n")
+    with pytest.raises(ValueError):
+        bench.update_readme(nomark, results / "h200-a-new.json")
+    with pytest.raises(FileNotFoundError):
+        bench.newest_record(tmp_path / "empty")
+
+
+# ----------------------------------------------------------------------------- end to end on CPU
+def test_cpu_smoke_run(tmp_path, monkeypatch, capsys):
+    monkeypatch.setenv("OUT", str(tmp_path / "outdir"))
+    (tmp_path / "outdir").mkdir()
+    out = tmp_path / "rec.json"
+    assert bench.main(["run", "--device", "cpu", "--cases", "anchors", "--cpu-reps", "2", "--out", str(out)]) == 0
+    rec = bench.validate_record(json.loads(out.read_text()))
+    assert rec["device"] == "cpu" and rec["case_set"] == "smoke"          # GPU sets are replaced on CPU
+    assert len(rec["cases"]) == len(bench.cases_for("smoke"))
+    for c in rec["cases"]:
+        assert set(c["ms"]) == {"flashqla"} and set(c["ms"]["flashqla"]) == {"eager"}
+        assert {e["lib"] for e in c["errors"]} == {"fla_triton", "flash_qla_tilelang"}
+    acc = rec["accuracy"]["flashqla"]
+    assert set(acc) == set(bench.ACCURACY_KEYS) and max(acc.values()) < 2e-2
+    assert out.with_suffix(".md").is_file()
+    assert (tmp_path / "outdir" / "rec.json").is_file()
+    printed = capsys.readouterr().out
+    assert "Hopper" in printed and "CPU fallback" in printed
+
+
+def test_merge_records(tmp_path):
+    a = _fake_record()
+    b = _fake_record(date="2026-12-01T01:00:00Z")
+    a["cases"] = [c for c in a["cases"] if c["direction"] == "fwd"]
+    b["cases"] = [c for c in b["cases"] if c["direction"] == "bwd"]
+    b["accuracy"], b["case_set"] = {}, "anchors,smoke"
+    m = bench.merge_records([a, b])
+    assert len(m["cases"]) == 28 and m["case_set"] == "anchors,smoke" and m["accuracy"] == a["accuracy"]
+    pa, pb = tmp_path / "a.json", tmp_path / "b.json"
+    pa.write_text(json.dumps(a))
+    pb.write_text(json.dumps(b))
+    out = tmp_path / "m.json"
+    assert bench.main(["merge", str(pa), str(pb), "--out", str(out)]) == 0
+    assert len(json.loads(out.read_text())["cases"]) == 28 and out.with_suffix(".md").is_file()
+    b["gpu"] = "NVIDIA H100"
+    with pytest.raises(ValueError):
+        bench.merge_records([a, b])
