@@ -9,6 +9,17 @@ from . import reference
 _lib = torch.library.Library("flashqla", "DEF")
 _lib.define("chunk_local_cumsum(Tensor g, int chunk_size, bool reverse, float scale, Tensor? cu_seqlens) -> Tensor")
 
+_lib.define("chunk_gdn_fwd(Tensor q, Tensor k, Tensor v, Tensor g, Tensor beta, float scale, Tensor? initial_state, "
+            "bool output_final_state, Tensor? cu_seqlens, bool use_qk_l2norm) -> (Tensor, Tensor)")
+
+
+@torch.library.register_fake("flashqla::chunk_gdn_fwd")
+def _chunk_gdn_fwd_fake(q, k, v, g, beta, scale, initial_state, output_final_state, cu_seqlens, use_qk_l2norm):
+    N = cu_seqlens.shape[0] - 1 if cu_seqlens is not None else q.shape[0]
+    final = (v.new_empty((N, v.shape[2], k.shape[3], v.shape[3]), dtype=torch.float32) if output_final_state
+             else v.new_empty((0,), dtype=torch.float32))
+    return v.new_empty(v.shape), final
+
 
 @torch.library.register_fake("flashqla::chunk_local_cumsum")
 def _chunk_local_cumsum_fake(g, chunk_size, reverse, scale, cu_seqlens):

@@ -63,16 +63,50 @@ def chunk_gdn(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor
     dev = q.device
     hopper = _backend.kernels_available(dev)
     _validate.maybe_check_values(cu_seqlens, cu_seqlens_cpu, shape.B * shape.T, fallback=not hopper)
-    if not hopper:
-        _backend.warn_once(f"fallback:{dev.type}",
-                           f"flashqla: running the PyTorch reference implementation because "
-                           f"{_backend.why_no_kernels(dev)}; this is slow and meant for portability and testing")
+    why = _why_not_kernel(shape, q, k, v, g, beta, initial_state) if hopper else _backend.why_no_kernels(dev)
+    if why is None:
+        scale = shape.K ** -0.5 if scale is None else float(scale)
+        q, k, v = (_vector_ready(x) for x in (q, k, v))
+        h0 = None if initial_state is None else initial_state.contiguous()
+        cu = None if cu_seqlens is None else cu_seqlens.contiguous()
+        o, final = torch.ops.flashqla.chunk_gdn_fwd(q, k, v, g, beta, scale, h0, output_final_state, cu,
+                                                    use_qk_l2norm_in_kernel)
+        return o, (final if output_final_state else None)
+    if hopper:
+        _backend.warn_once(f"no-kernel:{why}", f"flashqla: running the PyTorch chunked implementation on the GPU "
+                                              f"because {why}")
     else:
-        _backend.warn_once("no-fwd-kernel", "flashqla: the sm_90a forward kernel is not available yet; "
-                                            "running the PyTorch chunked implementation on the GPU")
+        _backend.warn_once(f"fallback:{dev.type}",
+                           f"flashqla: running the PyTorch reference implementation because {why}; "
+                           "this is slow and meant for portability and testing")
     return reference.chunk_gdn_torch(q, k, v, g, beta, scale=scale, initial_state=initial_state,
                                      output_final_state=output_final_state, cu_seqlens=cu_seqlens,
                                      use_qk_l2norm_in_kernel=use_qk_l2norm_in_kernel)
 
+
+KERNEL_HEAD_DIM = 128
+
+
+def _why_not_kernel(shape, q, k, v, g, beta, initial_state):
+    """None if the sm_90a forward kernel takes these inputs, else the reason."""
+    if torch.is_grad_enabled() and any(x is not None and x.requires_grad for x in (q, k, v, g, beta, initial_state)):
+        return "gradients are required and the sm_90a backward kernels are not available yet"
+    if shape.K != KERNEL_HEAD_DIM or shape.V != KERNEL_HEAD_DIM:
+        return (f"the sm_90a forward kernel supports K = V = {KERNEL_HEAD_DIM} (got K = {shape.K}, V = {shape.V})")
+    if q.dtype not in (torch.bfloat16, torch.float16):
+        return f"the sm_90a forward kernel takes bfloat16 or float16 q/k/v (got {q.dtype})"
+    if g.dtype == torch.float64:
+        return "the sm_90a forward kernel takes float32 or bfloat16 g"
+    return None
+
+
+def _vector_ready(x):
+    """The kernel reads rows with 16-byte vectors: last dim contiguous, other strides multiples of 8
+    elements, 16-byte aligned base. Views of fused projections usually qualify (no copy); others are copied."""
+    # torch allocations are 256-byte aligned, so the storage offset decides the base alignment
+    if x.stride(-1) == 1 and (x.storage_offset() * x.element_size()) % 16 == 0 and \
+            all(s % 8 == 0 for s in x.stride()[:-1]):
+        return x
+    return x.contiguous()
 
 chunk_gated_delta_rule = chunk_gdn

@@ -68,3 +68,13 @@ def test_cumsum_cpu_op_matches_reference():
     a = torch.ops.flashqla.chunk_local_cumsum(g, 64, True, 2.0, cu)
     b = flashqla.chunk_local_cumsum(g, 64, reverse=True, scale=2.0, cu_seqlens=cu)
     assert torch.equal(a, b) and torch.all(a[:, 250:] == 0)
+
+
+def test_fake_tensor_shapes_of_forward_op():
+    with FakeTensorMode():
+        q = torch.empty(1, 100, 2, 128, dtype=torch.bfloat16, device="cpu")
+        v = torch.empty(1, 100, 4, 128, dtype=torch.bfloat16, device="cpu")
+        g = torch.empty(1, 100, 4, device="cpu")
+        cu = torch.empty(4, dtype=torch.int32, device="cpu")
+        o, s = torch.ops.flashqla.chunk_gdn_fwd(q, q, v, g, g, 0.1, None, True, cu, False)
+        assert o.shape == v.shape and s.shape == (3, 4, 128, 128)

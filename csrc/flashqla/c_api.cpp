@@ -1,6 +1,7 @@
 // The C API: validates parameter structs, checks the device, dispatches to the
 // launchers and turns failures into status codes plus a per-thread message.
 #include <cstdarg>
+#include <cstdint>
 #include <cstdio>
 #include <string>
 
@@ -108,6 +109,63 @@ flashqla_status_t flashqla_chunk_local_cumsum(const flashqla_chunk_cumsum_params
   flashqla_status_t st = check_current_device();
   if (st != FLASHQLA_SUCCESS) return st;
   return from_cuda(flashqla::launch_chunk_local_cumsum(*p, stream), "chunk_local_cumsum launch");
+}
+
+flashqla_status_t flashqla_gdn_fwd(const flashqla_gdn_fwd_params_t* p, cudaStream_t stream) {
+  if (p == nullptr) return fail(FLASHQLA_ERROR_INVALID_ARGUMENT, "params is NULL");
+  if (p->batch < 0 || p->seqlen < 0 || p->heads_qk <= 0 || p->heads_v <= 0)
+    return fail(FLASHQLA_ERROR_INVALID_ARGUMENT, "bad sizes: batch=%lld seqlen=%lld heads_qk=%lld heads_v=%lld",
+                (long long)p->batch, (long long)p->seqlen, (long long)p->heads_qk, (long long)p->heads_v);
+  if (p->heads_v % p->heads_qk != 0)
+    return fail(FLASHQLA_ERROR_INVALID_ARGUMENT, "heads_v=%lld must be a multiple of heads_qk=%lld",
+                (long long)p->heads_v, (long long)p->heads_qk);
+  if (p->head_dim_k != 128 || p->head_dim_v != 128)
+    return fail(FLASHQLA_ERROR_UNSUPPORTED, "head dims K=%lld, V=%lld are not supported; supported: K = V = 128",
+                (long long)p->head_dim_k, (long long)p->head_dim_v);
+  if (p->qkv_dtype != FLASHQLA_BFLOAT16 && p->qkv_dtype != FLASHQLA_FLOAT16)
+    return fail(FLASHQLA_ERROR_UNSUPPORTED, "q/k/v dtype must be bfloat16 or float16");
+  if (p->g_dtype != FLASHQLA_FLOAT32 && p->g_dtype != FLASHQLA_BFLOAT16)
+    return fail(FLASHQLA_ERROR_UNSUPPORTED, "g dtype must be float32 or bfloat16");
+  if (!is_float_dtype(p->beta_dtype))
+    return fail(FLASHQLA_ERROR_UNSUPPORTED, "beta dtype must be float32, bfloat16 or float16");
+  int64_t num_seqs = p->batch;
+  if (p->cu_seqlens != nullptr) {
+    if (p->batch != 1)
+      return fail(FLASHQLA_ERROR_INVALID_ARGUMENT, "cu_seqlens requires batch == 1 (got %lld)", (long long)p->batch);
+    if (p->num_seqs < 1)
+      return fail(FLASHQLA_ERROR_INVALID_ARGUMENT, "num_seqs must be >= 1 with cu_seqlens");
+    if (p->cu_seqlens_dtype != FLASHQLA_INT32 && p->cu_seqlens_dtype != FLASHQLA_INT64)
+      return fail(FLASHQLA_ERROR_UNSUPPORTED, "cu_seqlens dtype must be int32 or int64");
+    num_seqs = p->num_seqs;
+  } else if (p->num_seqs != p->batch) {
+    return fail(FLASHQLA_ERROR_INVALID_ARGUMENT, "num_seqs (%lld) must equal batch (%lld) without cu_seqlens",
+                (long long)p->num_seqs, (long long)p->batch);
+  }
+  if (num_seqs * p->heads_v * 2 + 32 > 0x7fffffffLL)
+    return fail(FLASHQLA_ERROR_UNSUPPORTED, "too many sequences x heads for one launch");
+  if (p->batch * p->seqlen == 0 && num_seqs == 0) return ok();
+  // 16-byte vector accesses: aligned bases, contiguous last dim (implied), strides in multiples of 8 elements
+  const void* ptrs[] = {p->q, p->k, p->v, p->o};
+  for (const void* ptr : ptrs)
+    if (ptr == nullptr || reinterpret_cast<uintptr_t>(ptr) % 16 != 0)
+      return fail(FLASHQLA_ERROR_INVALID_ARGUMENT, "q, k, v and o must be non-NULL and 16-byte aligned");
+  const int64_t strides[] = {p->q_stride_batch, p->q_stride_time, p->q_stride_head, p->k_stride_batch,
+                             p->k_stride_time,  p->k_stride_head, p->v_stride_batch, p->v_stride_time,
+                             p->v_stride_head,  p->o_stride_batch, p->o_stride_time, p->o_stride_head};
+  for (int64_t s : strides)
+    if (s % 8 != 0)
+      return fail(FLASHQLA_ERROR_INVALID_ARGUMENT, "q/k/v/o strides must be multiples of 8 elements (got %lld)",
+                  (long long)s);
+  if (p->g == nullptr || p->beta == nullptr)
+    return fail(FLASHQLA_ERROR_INVALID_ARGUMENT, "g and beta must not be NULL");
+  if ((p->initial_state && reinterpret_cast<uintptr_t>(p->initial_state) % 32) ||
+      (p->final_state && reinterpret_cast<uintptr_t>(p->final_state) % 32))
+    return fail(FLASHQLA_ERROR_INVALID_ARGUMENT, "initial_state and final_state must be 32-byte aligned");
+  flashqla_status_t st = check_current_device();
+  if (st != FLASHQLA_SUCCESS) return st;
+  const cudaError_t err = p->qkv_dtype == FLASHQLA_BFLOAT16 ? flashqla::launch_gdn_fwd_bf16(*p, stream)
+                                                           : flashqla::launch_gdn_fwd_fp16(*p, stream);
+  return from_cuda(err, "gdn_fwd launch");
 }
 
 }  // extern "C"

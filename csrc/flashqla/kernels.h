@@ -8,5 +8,7 @@
 namespace flashqla {
 
 cudaError_t launch_chunk_local_cumsum(const flashqla_chunk_cumsum_params_t& p, cudaStream_t stream);
+cudaError_t launch_gdn_fwd_bf16(const flashqla_gdn_fwd_params_t& p, cudaStream_t stream);
+cudaError_t launch_gdn_fwd_fp16(const flashqla_gdn_fwd_params_t& p, cudaStream_t stream);
 
 }  // namespace flashqla

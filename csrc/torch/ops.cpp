@@ -61,12 +61,68 @@ at::Tensor chunk_local_cumsum_cuda(const at::Tensor& g, int64_t chunk_size, bool
   return out;
 }
 
+std::tuple<at::Tensor, at::Tensor> chunk_gdn_fwd_cuda(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                                                      const at::Tensor& g, const at::Tensor& beta, double scale,
+                                                      const std::optional<at::Tensor>& initial_state,
+                                                      bool output_final_state,
+                                                      const std::optional<at::Tensor>& cu_seqlens,
+                                                      bool use_qk_l2norm) {
+  TORCH_CHECK(q.is_cuda() && q.dim() == 4 && k.dim() == 4 && v.dim() == 4 && g.dim() == 3 && beta.dim() == 3,
+              "flashqla.chunk_gdn_fwd: expected CUDA q, k, v [B, T, H, D] and g, beta [B, T, H]");
+  c10::cuda::CUDAGuard guard(q.device());
+  const int64_t N = cu_seqlens.has_value() ? cu_seqlens->numel() - 1 : q.size(0);
+  auto o = at::empty(v.sizes(), v.options());
+  at::Tensor final_state = output_final_state
+      ? at::empty({N, v.size(2), k.size(3), v.size(3)}, v.options().dtype(at::kFloat))
+      : at::empty({0}, v.options().dtype(at::kFloat));
+  flashqla_gdn_fwd_params_t p{};
+  p.q = q.data_ptr();
+  p.k = k.data_ptr();
+  p.v = v.data_ptr();
+  p.qkv_dtype = to_flashqla_dtype(v.scalar_type(), "v");
+  TORCH_CHECK(q.scalar_type() == v.scalar_type() && k.scalar_type() == v.scalar_type(),
+              "flashqla.chunk_gdn_fwd: q, k, v must share a dtype");
+  p.q_stride_batch = q.stride(0); p.q_stride_time = q.stride(1); p.q_stride_head = q.stride(2);
+  p.k_stride_batch = k.stride(0); p.k_stride_time = k.stride(1); p.k_stride_head = k.stride(2);
+  p.v_stride_batch = v.stride(0); p.v_stride_time = v.stride(1); p.v_stride_head = v.stride(2);
+  TORCH_CHECK(q.stride(3) == 1 && k.stride(3) == 1 && v.stride(3) == 1,
+              "flashqla.chunk_gdn_fwd: the last dimension of q, k, v must be contiguous");
+  p.g = g.data_ptr();
+  p.g_dtype = to_flashqla_dtype(g.scalar_type(), "g");
+  p.g_stride_batch = g.stride(0); p.g_stride_time = g.stride(1); p.g_stride_head = g.stride(2);
+  p.beta = beta.data_ptr();
+  p.beta_dtype = to_flashqla_dtype(beta.scalar_type(), "beta");
+  p.beta_stride_batch = beta.stride(0); p.beta_stride_time = beta.stride(1); p.beta_stride_head = beta.stride(2);
+  p.o = o.data_ptr();
+  p.o_stride_batch = o.stride(0); p.o_stride_time = o.stride(1); p.o_stride_head = o.stride(2);
+  if (initial_state.has_value()) {
+    TORCH_CHECK(initial_state->is_contiguous() && initial_state->scalar_type() == at::kFloat,
+                "flashqla.chunk_gdn_fwd: initial_state must be contiguous float32");
+    p.initial_state = initial_state->data_ptr<float>();
+  }
+  p.final_state = output_final_state ? final_state.data_ptr<float>() : nullptr;
+  p.batch = q.size(0); p.seqlen = q.size(1); p.heads_qk = q.size(2); p.heads_v = v.size(2);
+  p.head_dim_k = q.size(3); p.head_dim_v = v.size(3);
+  if (cu_seqlens.has_value()) {
+    TORCH_CHECK(cu_seqlens->device() == q.device() && cu_seqlens->dim() == 1 && cu_seqlens->is_contiguous(),
+                "flashqla.chunk_gdn_fwd: cu_seqlens must be a contiguous 1-D tensor on q's device");
+    p.cu_seqlens = cu_seqlens->data_ptr();
+    p.cu_seqlens_dtype = to_flashqla_dtype(cu_seqlens->scalar_type(), "cu_seqlens");
+  }
+  p.num_seqs = N;
+  p.scale = static_cast<float>(scale);
+  p.use_qk_l2norm = use_qk_l2norm ? 1 : 0;
+  check_status(flashqla_gdn_fwd(&p, c10::cuda::getCurrentCUDAStream(q.device().index()).stream()), "chunk_gdn_fwd");
+  return {o, final_state};
+}
+
 }  // namespace
 
 // Schemas are defined in Python (flashqla/_library.py) so that fake-tensor and
 // CPU implementations exist even where this extension is not built.
 TORCH_LIBRARY_IMPL(flashqla, CUDA, m) {
   m.impl("chunk_local_cumsum", &chunk_local_cumsum_cuda);
+  m.impl("chunk_gdn_fwd", &chunk_gdn_fwd_cuda);
 }
 
 // `import flashqla._C` loads the library, which runs the registrations above.

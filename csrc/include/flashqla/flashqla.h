@@ -88,6 +88,46 @@ typedef struct flashqla_chunk_cumsum_params {
 FLASHQLA_API flashqla_status_t flashqla_chunk_local_cumsum(const flashqla_chunk_cumsum_params_t* params,
                                                            cudaStream_t stream);
 
+/*
+ * Chunked gated delta rule forward (one fused kernel).
+ *   S_t = e^{g_t} (I - beta_t k_t k_t^T) S_{t-1} + beta_t k_t v_t^T,  o_t = scale * S_t^T q_t
+ * q, k [batch, seqlen, heads_qk, head_dim_k]; v, o [batch, seqlen, heads_v, head_dim_v];
+ * g, beta [batch, seqlen, heads_v]; value head h reads q/k head h / (heads_v / heads_qk).
+ * The last dimension of q/k/v/o must be contiguous, their base pointers 16-byte
+ * aligned and their other strides multiples of 8 elements. initial_state and
+ * final_state are contiguous fp32 [num_seqs, heads_v, head_dim_k, head_dim_v]
+ * (num_seqs = batch without cu_seqlens); either may be NULL. Rows of o past
+ * cu_seqlens[num_seqs] are written as zeros. Supported: head_dim_k =
+ * head_dim_v = 128, q/k/v bf16 or fp16 (o has v's dtype).
+ */
+typedef struct flashqla_gdn_fwd_params {
+  const void* q;
+  const void* k;
+  const void* v;
+  flashqla_dtype_t qkv_dtype;            /* BFLOAT16 or FLOAT16 */
+  int64_t q_stride_batch, q_stride_time, q_stride_head;
+  int64_t k_stride_batch, k_stride_time, k_stride_head;
+  int64_t v_stride_batch, v_stride_time, v_stride_head;
+  const void* g;
+  flashqla_dtype_t g_dtype;              /* FLOAT32 or BFLOAT16 */
+  int64_t g_stride_batch, g_stride_time, g_stride_head;
+  const void* beta;
+  flashqla_dtype_t beta_dtype;           /* FLOAT32, BFLOAT16 or FLOAT16 */
+  int64_t beta_stride_batch, beta_stride_time, beta_stride_head;
+  void* o;
+  int64_t o_stride_batch, o_stride_time, o_stride_head;
+  const float* initial_state;            /* NULL: zeros */
+  float* final_state;                    /* NULL: not written */
+  int64_t batch, seqlen, heads_qk, heads_v, head_dim_k, head_dim_v;
+  const void* cu_seqlens;                /* NULL for dense batches */
+  flashqla_dtype_t cu_seqlens_dtype;     /* INT32 or INT64 */
+  int64_t num_seqs;
+  float scale;
+  int32_t use_qk_l2norm;                 /* 1: l2-normalise q and k rows first (eps 1e-6) */
+} flashqla_gdn_fwd_params_t;
+
+FLASHQLA_API flashqla_status_t flashqla_gdn_fwd(const flashqla_gdn_fwd_params_t* params, cudaStream_t stream);
+
 #ifdef __cplusplus
 } /* extern "C" */
 #endif

@@ -1,0 +1,169 @@
+"""The sm_90a forward kernel against the float64 recurrence on an H100/H200."""
+import pytest
+import torch
+import torch.nn.functional as F
+
+import flashqla
+from flashqla.reference import chunk_gdn_torch, recurrent_gdn
+from conftest import gpu, rel_l2
+
+pytestmark = gpu
+DEV = "cuda"
+D = 128
+
+
+def make(seqlens, hq, hv, dtype=torch.bfloat16, strong=False, dense_B=None, seed=0, g_dtype=torch.float32,
+         beta_dtype=torch.float32):
+    gen = torch.Generator(device=DEV).manual_seed(seed)
+    B = dense_B or 1
+    T = seqlens[0] if dense_B else sum(seqlens)
+    r = lambda *s: torch.randn(*s, device=DEV, generator=gen)  # noqa: E731
+    q = F.normalize(r(B, T, hq, D), dim=-1).to(dtype)
+    k = F.normalize(r(B, T, hq, D), dim=-1).to(dtype)
+    v = r(B, T, hv, D).to(dtype)
+    g = (-5 * torch.rand(B, T, hv, device=DEV, generator=gen)) if strong else F.logsigmoid(r(B, T, hv)) / 16
+    g[..., 0] = 0.0 if strong else g[..., 0]
+    beta = torch.rand(B, T, hv, device=DEV, generator=gen).sigmoid()
+    N = B if dense_B else len(seqlens)
+    h0 = r(N, hv, D, D)
+    cu = None if dense_B else torch.tensor([0] + torch.tensor(seqlens).cumsum(0).tolist(), device=DEV,
+                                          dtype=torch.int32)
+    return dict(q=q, k=k, v=v, g=g.to(g_dtype), beta=beta.to(beta_dtype), initial_state=h0, cu_seqlens=cu)
+
+
+def run_ours(d, **kw):
+    """Poison the output block first: every element must be written by the kernel."""
+    poison = torch.full(d["v"].shape, float("nan"), dtype=d["v"].dtype, device=DEV)
+    ptr = poison.data_ptr()
+    del poison
+    o, s = flashqla.chunk_gdn(**d, output_final_state=True, **kw)
+    assert o.data_ptr() == ptr, "allocator did not reuse the poisoned block"
+    torch.cuda.synchronize()
+    return o, s
+
+
+def ref64(d, **kw):
+    x = {k: (v.double() if isinstance(v, torch.Tensor) and v.is_floating_point() else v) for k, v in d.items()}
+    return recurrent_gdn(**x, output_final_state=True, **kw)
+
+
+def test_kernel_is_used():
+    d = make([100], 1, 1)
+    import warnings
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # any fallback warning fails the test
+        flashqla.chunk_gdn(**d)
+
+
+def test_anchor_case_accuracy():
+    d = make([300], 2, 4, seed=1)
+    o, s = run_ours(d)
+    ro, rs = ref64(d)
+    eo, es = rel_l2(o, ro), rel_l2(s, rs)
+    print(f"anchor: o {eo:.2e} final {es:.2e}")
+    assert eo <= 3.2e-3 and es <= 3.0e-3
+
+
+def test_strong_decay():
+    d = make([100, 37, 200], 2, 8, strong=True, seed=2)
+    o, s = run_ours(d)
+    ro, rs = ref64(d)
+    assert rel_l2(o, ro) <= 3.2e-3 and rel_l2(s, rs) <= 3.0e-3
+
+
+@pytest.mark.parametrize("ratio", [1, 2, 3, 4])
+def test_gva_ratios(ratio):
+    d = make([130], 2, 2 * ratio, seed=ratio)
+    o, s = run_ours(d)
+    ro, rs = ref64(d)
+    assert rel_l2(o, ro) <= 4e-3 and rel_l2(s, rs) <= 4e-3
+
+
+@pytest.mark.parametrize("idx", [torch.int32, torch.int64])
+def test_varlen_boundaries_and_tail(idx):
+    lens = [0, 1, 63, 64, 65, 0, 129, 7]
+    d = make(lens, 1, 2, seed=3)
+    d["cu_seqlens"] = d["cu_seqlens"].to(idx)
+    T = sum(lens)
+    extra = 40  # positions past cu_seqlens[-1] must come out as zeros
+    for name in ("q", "k", "v", "g", "beta"):
+        x = d[name]
+        d[name] = torch.cat([x, torch.randn((1, extra) + tuple(x.shape[2:]), device=DEV, dtype=x.dtype)], 1)
+    o, s = run_ours(d)
+    ro, rs = ref64(d)
+    assert torch.all(o[:, T:] == 0)
+    assert rel_l2(o, ro) <= 4e-3 and rel_l2(s, rs) <= 4e-3
+    assert torch.equal(s[0], d["initial_state"][0]) and torch.equal(s[5], d["initial_state"][5])
+
+
+def test_dense_batch_fp16_bf16_gates_no_h0():
+    d = make([200], 2, 4, dtype=torch.float16, dense_B=3, seed=4, g_dtype=torch.bfloat16, beta_dtype=torch.float16)
+    d["initial_state"] = None
+    o, s = run_ours(d)
+    ro, rs = ref64(d)
+    assert o.dtype == torch.float16
+    assert rel_l2(o, ro) <= 4e-3 and rel_l2(s, rs) <= 4e-3
+
+
+def test_l2norm_in_kernel():
+    d = make([150], 2, 4, seed=5)
+    d["q"] = (d["q"].float() * 3).to(torch.bfloat16)
+    d["k"] = (d["k"].float() * 0.5).to(torch.bfloat16)
+    o, s = run_ours(d, use_qk_l2norm_in_kernel=True)
+    ro, rs = ref64(d, use_qk_l2norm_in_kernel=True)
+    assert rel_l2(o, ro) <= 4e-3 and rel_l2(s, rs) <= 4e-3
+
+
+def test_strided_views_of_a_fused_projection():
+    d = make([180], 2, 4, seed=6)
+    T = 180
+    fused = torch.randn(1, T, 2 * 2 + 4, D, device=DEV, dtype=torch.bfloat16)
+    fused[:, :, 0:2] = d["q"]
+    fused[:, :, 2:4] = d["k"]
+    fused[:, :, 4:8] = d["v"]
+    x = dict(d, q=fused[:, :, 0:2], k=fused[:, :, 2:4], v=fused[:, :, 4:8])
+    assert not x["q"].is_contiguous()
+    o, s = flashqla.chunk_gdn(**x, output_final_state=True)
+    o2, s2 = flashqla.chunk_gdn(**d, output_final_state=True)
+    assert torch.equal(o, o2) and torch.equal(s, s2)
+
+
+def test_many_short_sequences():
+    gen = torch.Generator().manual_seed(8)
+    lens = torch.randint(0, 40, (2000,), generator=gen).tolist()
+    d = make(lens, 1, 2, seed=8)
+    o, s = run_ours(d)
+    ro = chunk_gdn_torch(**{k: (v.double() if isinstance(v, torch.Tensor) and v.is_floating_point() else v)
+                            for k, v in d.items()}, output_final_state=True)
+    assert rel_l2(o, ro[0]) <= 4e-3 and rel_l2(s, ro[1]) <= 4e-3
+
+
+def test_long_sequence_against_float64_chunked():
+    d = make([32768], 1, 2, seed=9)
+    o, s = run_ours(d)
+    x = {k: (v.double() if isinstance(v, torch.Tensor) and v.is_floating_point() else v) for k, v in d.items()}
+    ro, rs = chunk_gdn_torch(**x, output_final_state=True)
+    eo, es = rel_l2(o, ro), rel_l2(s, rs)
+    print(f"T=32768: o {eo:.2e} final {es:.2e}")
+    assert eo <= 5e-3 and es <= 5e-3
+
+
+def test_deterministic_and_cuda_graph():
+    d = make([1000, 3000], 2, 4, seed=10)
+    a = flashqla.chunk_gdn(**d, output_final_state=True)
+    b = flashqla.chunk_gdn(**d, output_final_state=True)
+    assert torch.equal(a[0], b[0]) and torch.equal(a[1], b[1])
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        flashqla.chunk_gdn(**d, output_final_state=True)
+    torch.cuda.current_stream().wait_stream(s)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = flashqla.chunk_gdn(**d, output_final_state=True)
+    d["v"].copy_(torch.randn_like(d["v"]))
+    graph.replay()
+    torch.cuda.synchronize()
+    ref = flashqla.chunk_gdn(**d, output_final_state=True)
+    assert torch.equal(out[0], ref[0]) and torch.equal(out[1], ref[1])
+
