@@ -5,19 +5,19 @@
 #
 #   FLASHQLA_COMMIT=$(git rev-parse HEAD) bash benchmarks/h200.sh        (carry .whl/build and .whl/fla[,qla])
 #
-# Stages (STAGES, comma-separated; default build,test,sanitize,cumsum,bench):
+# Stages (STAGES, comma-separated; default build,test,cumsum,bench,sanitize, run in that order):
 #   z3        install .whl/z3 into $SITE only (FlashQLA needs it; it does not fit in one carry with the rest)
 #   build     pip-install carried wheels into $SITE, build the extension (MAX_JOBS=16)
 #   test      pytest tests (GPU tests run here)
 #   sanitize  compute-sanitizer memcheck + racecheck on small kernel calls
 #   cumsum    the cumsum kernel record (benchmarks/bench_cumsum.py)
-#   bench     python -m flashqla.bench run --cases $CASES (default anchors)
+#   bench     python -m flashqla.bench run --cases $CASES $BENCH_ARGS (default anchors)
 set -uo pipefail
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
 cd "$ROOT"
 OUT=${OUT:-$ROOT/out}
 SITE=${SITE:-/tmp/site}
-STAGES=${STAGES:-build,test,sanitize,cumsum,bench}
+STAGES=${STAGES:-build,test,cumsum,bench,sanitize}
 CASES=${CASES:-anchors}
 mkdir -p "$OUT" "$SITE"
 export PYTHONUNBUFFERED=1 PYTHONPATH="$SITE:$ROOT${PYTHONPATH:+:$PYTHONPATH}"
@@ -49,16 +49,9 @@ fi
 
 if has test; then
   say "pytest"
-  python3 -m pytest tests -q -rs -x -p no:cacheprovider 2>&1 | tail -25 | tee -a "$LOG"
-  [ "${PIPESTATUS[0]}" -eq 0 ] || status=1
-fi
-
-if has sanitize; then
-  for tool in memcheck racecheck; do
-    say "compute-sanitizer $tool"
-    compute-sanitizer --tool "$tool" --error-exitcode 3 python3 benchmarks/sanitize_cases.py 2>&1 | tail -6 | tee -a "$LOG"
-    [ "${PIPESTATUS[0]}" -eq 0 ] || status=1
-  done
+  timeout ${TEST_TIMEOUT:-240} python3 -m pytest tests -q -rs -p no:cacheprovider -s > "$OUT/tests.log" 2>&1
+  rc=$?; grep -E "^(FAILED|ERROR)|passed|failed|anchor:|T=32768" "$OUT/tests.log" | tail -30 | tee -a "$LOG"
+  [ $rc -eq 0 ] || status=1
 fi
 
 if has cumsum; then
@@ -69,10 +62,18 @@ fi
 
 if has bench; then
   say "benchmark $CASES"
-  python3 -m flashqla.bench run --cases "$CASES" --out "$OUT/bench-$CASES.json" \
+  timeout ${BENCH_TIMEOUT:-300} python3 -m flashqla.bench run --cases "$CASES" ${BENCH_ARGS:-} \
     --table "$OUT/bench-$CASES.md" --plot "$OUT/bench-$CASES.png" > "$OUT/bench.log" 2>&1
   [ $? -eq 0 ] || status=1
   tail -60 "$OUT/bench.log"
 fi
+if has sanitize; then
+  for tool in memcheck racecheck; do
+    say "compute-sanitizer $tool"
+    timeout ${SAN_TIMEOUT:-120} compute-sanitizer --tool "$tool" --error-exitcode 3 python3 benchmarks/sanitize_cases.py 2>&1 | tail -6 | tee -a "$LOG"
+    [ "${PIPESTATUS[0]}" -eq 0 ] || status=1
+  done
+fi
+
 say "done status=$status"
 exit $status

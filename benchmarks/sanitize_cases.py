@@ -16,3 +16,19 @@ for cu in ([0, 0, 65, 65, 200, 260], [0, 900, 20, 300], [-5, 3, 1 << 30]):
         torch.ops.flashqla.chunk_local_cumsum(gv, 64, rev, 1.0, torch.tensor(cu, device=dev, dtype=torch.int32))
 torch.cuda.synchronize()
 print("sanitize cases ran")
+
+# forward kernel: varlen with zero-length sequences and a tail, l2norm, malformed cu_seqlens values
+import torch.nn.functional as F  # noqa: E402
+
+T, D = 300, 128
+q = F.normalize(torch.randn(1, T, 1, D, device=dev), dim=-1).bfloat16()
+k = F.normalize(torch.randn(1, T, 1, D, device=dev), dim=-1).bfloat16()
+v = torch.randn(1, T, 2, D, device=dev).bfloat16()
+g = F.logsigmoid(torch.randn(1, T, 2, device=dev)) / 16
+beta = torch.rand(1, T, 2, device=dev)
+for cu in ([0, 0, 65, 65, 200, 260], [0, 900, 20, 300], [-5, 3, 1 << 30]):
+    cut = torch.tensor(cu, device=dev, dtype=torch.int32)
+    h0 = torch.randn(len(cu) - 1, 2, D, D, device=dev)
+    torch.ops.flashqla.chunk_gdn_fwd(q, k, v, g, beta, 0.088, h0, True, cut, True)
+torch.cuda.synchronize()
+print("forward sanitize cases ran")
