@@ -825,6 +825,7 @@ def run(args) -> dict:
               f"T={c.tokens})", flush=True)
         entry = run_case(c, libs, device, graph=not args.no_graph, cpu_reps=args.cpu_reps)
         rec["cases"].append(entry)
+        _checkpoint(rec, args)
         print("    " + "  ".join(f"{lib} " + "/".join(f"{t:.3f}" for t in m.values()) for lib, m in
                                  entry["ms"].items()) + " ms", flush=True)
     if not args.no_accuracy:
@@ -836,6 +837,19 @@ def run(args) -> dict:
     rec["wall_s"] = round(time.perf_counter() - t_start, 1)
     validate_record(rec)
     return rec
+
+
+def _checkpoint(rec, args):
+    """Write the record so far (marked partial) after every case, so a run cut short by a
+    time limit still leaves its measured cases in the record file and in $OUT."""
+    part = dict(rec, partial=True)
+    out = Path(args.out) if args.out else default_out(rec)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    text = json.dumps(part, indent=1, allow_nan=False) + "\n"
+    out.write_text(text)
+    dest = os.environ.get("OUT")
+    if dest and Path(dest).resolve() != out.parent.resolve():
+        (Path(dest) / out.name).write_text(text)
 
 
 def _save(rec, args):

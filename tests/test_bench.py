@@ -13,6 +13,12 @@ SHARED = [Path(os.environ["FLASHQLA_SHARED"])] if os.environ.get("FLASHQLA_SHARE
 SHARED += [Path(__file__).resolve().parents[1] / "shared", Path("/work/shared")]
 
 
+@pytest.fixture(autouse=True)
+def _no_out_dir(monkeypatch):
+    """The harness copies records to $OUT (the H200 run sets it): keep test records out of it."""
+    monkeypatch.delenv("OUT", raising=False)
+
+
 def _shared(rel):
     for root in SHARED:
         if (root / rel).is_file():
