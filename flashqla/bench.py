@@ -591,7 +591,7 @@ def render_markdown(rec: dict, heading_level: int = 3) -> str:
     lines += [f"{where}, "
               f"{rec['date']}, commit {str(rec['commit'])[:12]}{' (dirty)' if rec.get('dirty') else ''}, "
               f"case set `{rec['case_set']}`; torch {v.get('torch')}, triton {v.get('triton')}, "
-              f"FLA {v.get('fla')}, FlashQLA {v.get('flash_qla')}; flashqla path: {rec.get('flashqla_path', '?')}.",
+              f"FLA {v.get('fla') or 'not installed'}, FlashQLA {v.get('flash_qla') or 'not installed'}; flashqla path: {rec.get('flashqla_path', '?')}.",
               "",
               f"Times in ms ({timing}). 'vs X' = X's time / flashqla's time (eager / graph; > 1: flashqla faster). "
               "FLA = FLA Triton path (FLA_FLASH_QLA=0); FlashQLA = flash_qla (TileLang). Backward: FLA and FlashQLA "
