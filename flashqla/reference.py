@@ -41,7 +41,7 @@ def _expand_groups(x: torch.Tensor, h_v: int) -> torch.Tensor:
 
 
 def _dense_cu_seqlens(B: int, T: int, device) -> torch.Tensor:
-    return torch.arange(0, (B + 1) * T, T, device=device, dtype=torch.int64)[: B + 1]
+    return torch.arange(B + 1, device=device, dtype=torch.int64) * T
 
 
 # ----------------------------------------------------------------------------

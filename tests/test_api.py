@@ -78,3 +78,15 @@ def test_fake_tensor_shapes_of_forward_op():
         cu = torch.empty(4, dtype=torch.int32, device="cpu")
         o, s = torch.ops.flashqla.chunk_gdn_fwd(q, q, v, g, g, 0.1, None, True, cu, False)
         assert o.shape == v.shape and s.shape == (3, 4, 128, 128)
+
+
+@pytest.mark.parametrize("varlen", [False, True])
+def test_empty_sequence_axis(varlen):
+    # T == 0: no tokens, the final state is the initial state
+    d = make_inputs(2, 0, 1, 2, 16, 16, dtype=torch.float32)
+    cu = None
+    if varlen:
+        d = {k: (v[:1] if k != "initial_state" else v) for k, v in d.items()}
+        cu = torch.tensor([0, 0, 0])
+    o, s = flashqla.chunk_gdn(**d, output_final_state=True, cu_seqlens=cu)
+    assert o.shape[1] == 0 and torch.equal(s, d["initial_state"])

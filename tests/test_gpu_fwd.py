@@ -167,3 +167,9 @@ def test_deterministic_and_cuda_graph():
     ref = flashqla.chunk_gdn(**d, output_final_state=True)
     assert torch.equal(out[0], ref[0]) and torch.equal(out[1], ref[1])
 
+
+
+def test_no_tokens_keeps_states():
+    d = make([0, 0], 1, 2, seed=11)
+    o, s = flashqla.chunk_gdn(**d, output_final_state=True)
+    assert o.shape[1] == 0 and torch.equal(s, d["initial_state"])

@@ -143,11 +143,13 @@ flashqla_status_t flashqla_gdn_fwd(const flashqla_gdn_fwd_params_t* p, cudaStrea
   }
   if (num_seqs * p->heads_v * 2 + 32 > 0x7fffffffLL)
     return fail(FLASHQLA_ERROR_UNSUPPORTED, "too many sequences x heads for one launch");
-  if (p->batch * p->seqlen == 0 && num_seqs == 0) return ok();
-  // 16-byte vector accesses: aligned bases, contiguous last dim (implied), strides in multiples of 8 elements
+  if (num_seqs == 0) return ok();
+  // 16-byte vector accesses: aligned bases, contiguous last dim (implied), strides in multiples of 8 elements.
+  // With no tokens (T == 0) only the states are touched, and empty tensors may have NULL data.
+  const bool has_tokens = p->batch * p->seqlen > 0;
   const void* ptrs[] = {p->q, p->k, p->v, p->o};
   for (const void* ptr : ptrs)
-    if (ptr == nullptr || reinterpret_cast<uintptr_t>(ptr) % 16 != 0)
+    if (has_tokens && (ptr == nullptr || reinterpret_cast<uintptr_t>(ptr) % 16 != 0))
       return fail(FLASHQLA_ERROR_INVALID_ARGUMENT, "q, k, v and o must be non-NULL and 16-byte aligned");
   const int64_t strides[] = {p->q_stride_batch, p->q_stride_time, p->q_stride_head, p->k_stride_batch,
                              p->k_stride_time,  p->k_stride_head, p->v_stride_batch, p->v_stride_time,
@@ -156,7 +158,7 @@ flashqla_status_t flashqla_gdn_fwd(const flashqla_gdn_fwd_params_t* p, cudaStrea
     if (s % 8 != 0)
       return fail(FLASHQLA_ERROR_INVALID_ARGUMENT, "q/k/v/o strides must be multiples of 8 elements (got %lld)",
                   (long long)s);
-  if (p->g == nullptr || p->beta == nullptr)
+  if (has_tokens && (p->g == nullptr || p->beta == nullptr))
     return fail(FLASHQLA_ERROR_INVALID_ARGUMENT, "g and beta must not be NULL");
   if ((p->initial_state && reinterpret_cast<uintptr_t>(p->initial_state) % 32) ||
       (p->final_state && reinterpret_cast<uintptr_t>(p->final_state) % 32))
