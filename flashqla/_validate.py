@@ -95,6 +95,20 @@ def maybe_check_values(cu_seqlens, cu_seqlens_cpu, total: int, fallback: bool):
         check_cu_seqlens_values(cu_seqlens, total)
 
 
+def check_like(x, name: str, like, shape=None, device=None):
+    """A gradient argument: a floating tensor with `like`'s shape and device (or the given ones)."""
+    shape = tuple(like.shape) if like is not None else tuple(shape)
+    device = like.device if like is not None else device
+    if not isinstance(x, torch.Tensor):
+        raise TypeError(f"{name} must be a torch.Tensor of shape {shape}, got {type(x).__name__}")
+    if tuple(x.shape) != shape:
+        raise ValueError(f"{name} must have shape {shape}, got {tuple(x.shape)}")
+    if not x.is_floating_point():
+        raise ValueError(f"{name} must be a floating-point tensor, got {x.dtype}")
+    if x.device != device:
+        raise ValueError(f"{name} is on {x.device} but q is on {device}: all inputs must share a device")
+
+
 def validate_gdn(q, k, v, g, beta, scale, initial_state, cu_seqlens) -> GDNShape:
     _tensor(q, "q", 4, "[B, T, H_qk, K]")
     _tensor(k, "k", 4, "[B, T, H_qk, K]")

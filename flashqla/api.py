@@ -5,7 +5,7 @@ import torch
 
 from . import _backend, _validate, reference
 
-__all__ = ["chunk_gdn", "chunk_gated_delta_rule", "chunk_local_cumsum"]
+__all__ = ["chunk_gdn", "chunk_gated_delta_rule", "chunk_gdn_fwd", "chunk_gdn_bwd", "chunk_local_cumsum"]
 
 
 def chunk_local_cumsum(g: torch.Tensor, chunk_size: int = 64, reverse: bool = False, scale: float | None = None,
@@ -56,43 +56,117 @@ def chunk_gdn(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor
 
     Returns:
         ``(o, final_state)``: o ``[B, T, H_v, V]`` in v's dtype; final_state or None.
+        Differentiable in q, k, v, g, beta and initial_state.
     """
     if head_first:
         raise ValueError("head_first=True is not supported: pass [B, T, H, D] tensors")
     shape = _validate.validate_gdn(q, k, v, g, beta, scale, initial_state, cu_seqlens)
+    _check_values(shape, q.device, cu_seqlens, cu_seqlens_cpu)
+    args = (q, k, v, g, beta, initial_state)
+    if torch.is_grad_enabled() and any(x is not None and x.requires_grad for x in args):
+        return _ChunkGDN.apply(q, k, v, g, beta, initial_state, scale, output_final_state,
+                               use_qk_l2norm_in_kernel, cu_seqlens, shape)
+    return _forward(shape, q, k, v, g, beta, scale, initial_state, output_final_state, use_qk_l2norm_in_kernel,
+                    cu_seqlens)
+
+
+chunk_gated_delta_rule = chunk_gdn
+
+
+def chunk_gdn_fwd(q, k, v, g, beta, scale=None, initial_state=None, output_final_state=False,
+                  use_qk_l2norm_in_kernel=False, cu_seqlens=None, cu_seqlens_cpu=None):
+    """Low-level forward for frameworks with their own autograd: ``(o, final_state)``, no graph.
+
+    The backward (:func:`chunk_gdn_bwd`) needs only this call's inputs: it recomputes
+    the chunk states, so nothing else is kept between the two (less than FLA keeps).
+    """
+    shape = _validate.validate_gdn(q, k, v, g, beta, scale, initial_state, cu_seqlens)
+    _check_values(shape, q.device, cu_seqlens, cu_seqlens_cpu)
+    with torch.no_grad():
+        return _forward(shape, q, k, v, g, beta, scale, initial_state, output_final_state,
+                        use_qk_l2norm_in_kernel, cu_seqlens)
+
+
+def chunk_gdn_bwd(q, k, v, g, beta, do, dht=None, scale=None, initial_state=None, use_qk_l2norm_in_kernel=False,
+                  cu_seqlens=None, cu_seqlens_cpu=None):
+    """Low-level backward: given the forward's inputs, ``do`` (o's gradient, shaped like v) and
+    ``dht`` (the final state's gradient or None), returns ``(dq, dk, dv, dg, dbeta, dh0)`` in the
+    inputs' dtypes (dh0 fp32; None without initial_state). dg is the gradient of the raw
+    per-token log-decay g. Positions past cu_seqlens[-1] get zero gradients."""
+    shape = _validate.validate_gdn(q, k, v, g, beta, scale, initial_state, cu_seqlens)
+    _check_values(shape, q.device, cu_seqlens, cu_seqlens_cpu)
+    _validate.check_like(do, "do", v)
+    if dht is not None:
+        _validate.check_like(dht, "dht", None, (shape.N, shape.H_v, shape.K, shape.V), q.device)
+    return _backward(q, k, v, g, beta, do, dht, scale, initial_state, use_qk_l2norm_in_kernel, cu_seqlens)
+
+
+class _ChunkGDN(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, q, k, v, g, beta, initial_state, scale, output_final_state, l2norm, cu_seqlens, shape):
+        o, final = _forward(shape, q, k, v, g, beta, scale, initial_state, output_final_state, l2norm, cu_seqlens)
+        ctx.save_for_backward(q, k, v, g, beta, initial_state, cu_seqlens)
+        ctx.scale, ctx.l2norm = scale, l2norm
+        return o, final
+
+    @staticmethod
+    def backward(ctx, do, dht):
+        q, k, v, g, beta, initial_state, cu_seqlens = ctx.saved_tensors
+        if do is None:
+            do = torch.zeros_like(v)
+        dq, dk, dv, dg, dbeta, dh0 = _backward(q, k, v, g, beta, do, dht, ctx.scale, initial_state, ctx.l2norm,
+                                               cu_seqlens)
+        return dq, dk, dv, dg, dbeta, dh0, None, None, None, None, None
+
+
+def _check_values(shape, dev, cu_seqlens, cu_seqlens_cpu):
+    _validate.maybe_check_values(cu_seqlens, cu_seqlens_cpu, shape.B * shape.T,
+                                 fallback=not _backend.kernels_available(dev))
+
+
+def _forward(shape, q, k, v, g, beta, scale, initial_state, output_final_state, l2norm, cu_seqlens):
     dev = q.device
     hopper = _backend.kernels_available(dev)
-    _validate.maybe_check_values(cu_seqlens, cu_seqlens_cpu, shape.B * shape.T, fallback=not hopper)
-    why = _why_not_kernel(shape, q, k, v, g, beta, initial_state) if hopper else _backend.why_no_kernels(dev)
+    why = _why_not_kernel(shape, q, g) if hopper else _backend.why_no_kernels(dev)
     if why is None:
         scale = shape.K ** -0.5 if scale is None else float(scale)
         q, k, v = (_vector_ready(x) for x in (q, k, v))
         h0 = None if initial_state is None else initial_state.contiguous()
         cu = None if cu_seqlens is None else cu_seqlens.contiguous()
-        o, final = torch.ops.flashqla.chunk_gdn_fwd(q, k, v, g, beta, scale, h0, output_final_state, cu,
-                                                    use_qk_l2norm_in_kernel)
+        o, final = torch.ops.flashqla.chunk_gdn_fwd(q, k, v, g, beta, scale, h0, output_final_state, cu, l2norm)
         return o, (final if output_final_state else None)
+    _warn_fallback(hopper, dev, why, "forward")
+    return reference.chunk_gdn_torch(q, k, v, g, beta, scale=scale, initial_state=initial_state,
+                                     output_final_state=output_final_state, cu_seqlens=cu_seqlens,
+                                     use_qk_l2norm_in_kernel=l2norm)
+
+
+def _backward(q, k, v, g, beta, do, dht, scale, initial_state, l2norm, cu_seqlens):
+    dev = q.device
+    hopper = _backend.kernels_available(dev)
+    _warn_fallback(hopper, dev, "the sm_90a backward kernels are not available yet" if hopper
+                   else _backend.why_no_kernels(dev), "backward")
+    return reference.chunk_gdn_bwd_torch(q, k, v, g, beta, do, dht, scale=scale, initial_state=initial_state,
+                                         cu_seqlens=cu_seqlens, use_qk_l2norm_in_kernel=l2norm)
+
+
+def _warn_fallback(hopper, dev, why, what):
     if hopper:
-        _backend.warn_once(f"no-kernel:{why}", f"flashqla: running the PyTorch chunked implementation on the GPU "
-                                              f"because {why}")
+        _backend.warn_once(f"no-kernel:{what}:{why}",
+                           f"flashqla: running the PyTorch chunked {what} on the GPU because {why}")
     else:
         _backend.warn_once(f"fallback:{dev.type}",
                            f"flashqla: running the PyTorch reference implementation because {why}; "
                            "this is slow and meant for portability and testing")
-    return reference.chunk_gdn_torch(q, k, v, g, beta, scale=scale, initial_state=initial_state,
-                                     output_final_state=output_final_state, cu_seqlens=cu_seqlens,
-                                     use_qk_l2norm_in_kernel=use_qk_l2norm_in_kernel)
 
 
 KERNEL_HEAD_DIM = 128
 
 
-def _why_not_kernel(shape, q, k, v, g, beta, initial_state):
+def _why_not_kernel(shape, q, g):
     """None if the sm_90a forward kernel takes these inputs, else the reason."""
-    if torch.is_grad_enabled() and any(x is not None and x.requires_grad for x in (q, k, v, g, beta, initial_state)):
-        return "gradients are required and the sm_90a backward kernels are not available yet"
     if shape.K != KERNEL_HEAD_DIM or shape.V != KERNEL_HEAD_DIM:
-        return (f"the sm_90a forward kernel supports K = V = {KERNEL_HEAD_DIM} (got K = {shape.K}, V = {shape.V})")
+        return f"the sm_90a forward kernel supports K = V = {KERNEL_HEAD_DIM} (got K = {shape.K}, V = {shape.V})"
     if q.dtype not in (torch.bfloat16, torch.float16):
         return f"the sm_90a forward kernel takes bfloat16 or float16 q/k/v (got {q.dtype})"
     if g.dtype == torch.float64:

@@ -19,6 +19,8 @@ gather indices with device-side ops whose sizes depend on shapes only.
 """
 from __future__ import annotations
 
+from types import SimpleNamespace
+
 import torch
 
 CHUNK = 64
@@ -148,8 +150,85 @@ def chunk_local_cumsum_torch(g, chunk_size=CHUNK, reverse=False, scale=None, cu_
 
 
 # ----------------------------------------------------------------------------
-# (b) chunked form (gate-free inverse), differentiable
+# (b) chunked form (gate-free inverse): forward differentiable through autograd,
+#     and an explicit backward (gdn-algorithm.md section 4) with the structure the
+#     backward kernels follow: state recompute, reverse dS chain, chunk-local grads.
 # ----------------------------------------------------------------------------
+def _prepare(q, k, v, g, beta, scale, initial_state, cu_seqlens, use_qk_l2norm_in_kernel, C):
+    """Everything that does not depend on the state, per chunk slot [NC, H_v, C, ...]."""
+    B, T, H_qk, K = q.shape
+    H_v, V = v.shape[2], v.shape[3]
+    dt = _compute_dtype(q, k, v, g, beta, initial_state)
+    dev = v.device
+    cu = cu_seqlens if cu_seqlens is not None else _dense_cu_seqlens(B, T, dev)
+    N, BT = cu.numel() - 1, B * T
+    tok_idx, slot_seq, slot_valid, first, inv_idx, last_slot, seq_len = chunk_layout(cu, BT, C)
+    P = SimpleNamespace(B=B, T=T, H_qk=H_qk, H_v=H_v, K=K, V=V, N=N, C=C, NC=tok_idx.shape[0], dt=dt, dev=dev,
+                        scale=K ** -0.5 if scale is None else scale, tok_idx=tok_idx, slot_seq=slot_seq,
+                        slot_valid=slot_valid, first=first, inv_idx=inv_idx, last_slot=last_slot, seq_len=seq_len)
+    qf, kf = q.to(dt), k.to(dt)
+    if use_qk_l2norm_in_kernel:
+        qf, kf = l2norm(qf), l2norm(kf)
+    chunked = lambda x, D: _gather_chunks(_expand_groups(x, H_v).reshape(BT, H_v, D), tok_idx).permute(0, 2, 1, 3)
+    P.Qc, P.Kc = chunked(qf, K), chunked(kf, K)                    # [NC, H, C, K]
+    P.Vc = _gather_chunks(v.to(dt).reshape(BT, H_v, V), tok_idx).permute(0, 2, 1, 3)
+    gc = _gather_chunks(g.to(dt).reshape(BT, H_v), tok_idx).permute(0, 2, 1)  # [NC, H, C]
+    P.bc = _gather_chunks(beta.to(dt).reshape(BT, H_v), tok_idx).permute(0, 2, 1)
+
+    P.G = gc.cumsum(-1)                      # padding has g = 0: repeats the last real G
+    G_C = P.G[..., -1:]
+    P.gamma, P.gamma_C = P.G.exp(), G_C.exp()  # [NC, H, C], [NC, H, 1]
+    P.dte = (G_C - P.G).exp()                # gamma_C / gamma <= 1, a difference of cumsums
+    P.mask = torch.ones(C, C, dtype=torch.bool, device=dev).tril()
+    # mask before exp (not clamp: clamp has no gradient at 0, which a g = 0 head hits)
+    zero = torch.zeros((), dtype=dt, device=dev)
+    P.Gamma = torch.where(P.mask, torch.where(P.mask, P.G[..., :, None] - P.G[..., None, :], zero).exp(), zero)
+    P.KKt = P.Kc @ P.Kc.transpose(-1, -2)
+    Lmat = (P.bc[..., :, None] * P.KKt).tril(-1)
+    eye = torch.eye(C, dtype=dt, device=dev).expand_as(Lmat)
+    P.A = torch.linalg.solve_triangular(eye + Lmat, eye, upper=False, unitriangular=True)
+    P.M = P.Gamma * P.A                      # T = (I + D L D^-1)^-1 = Gamma * A
+    P.h0 = (initial_state.to(dt) if initial_state is not None
+            else torch.zeros(N, H_v, K, V, dtype=dt, device=dev))
+    return P
+
+
+def _slot_h0(P, h0_like, c):
+    # index_select with a device index: no host sync (x[t] with a tensor t may sync)
+    return torch.index_select(h0_like, 0, P.slot_seq[c:c + 1])[0]
+
+
+def _state_chain(P):
+    """Serial forward chain over chunk slots: S' = gamma_C S + X^T (diag(gamma_C/gamma) V - gamma_C K S),
+    X = diag(beta) A^T K. Returns the chunk-start states [NC, H, K, V] and the per-slot end states."""
+    X = P.bc[..., :, None] * (P.A.transpose(-1, -2) @ P.Kc)
+    Vdec = P.dte[..., None] * P.Vc
+    S = torch.zeros(P.H_v, P.K, P.V, dtype=P.dt, device=P.dev)
+    starts, ends = [], []
+    for c in range(P.NC):  # slots of one sequence are consecutive
+        S = torch.where(P.first[c], _slot_h0(P, P.h0, c), S)
+        starts.append(S)
+        KS = P.Kc[c] @ S
+        S_new = P.gamma_C[c][..., None] * S + X[c].transpose(-1, -2) @ (Vdec[c] - P.gamma_C[c][..., None] * KS)
+        S = torch.where(P.slot_valid[c], S_new, S)
+        ends.append(S)
+    return torch.stack(starts), ends
+
+
+def _final_states(P, ends, h0):
+    if P.N == 0:
+        return h0
+    last = torch.stack(ends)[P.last_slot]
+    return torch.where((P.seq_len > 0)[:, None, None, None], last, h0)
+
+
+def _to_tokens(P, x):
+    """[NC, H, C, D] chunk-slot layout -> [B, T, H, D] (zeros past cu_seqlens[-1])."""
+    D = x.shape[-1]
+    flat = x.permute(0, 2, 1, 3).reshape(P.NC * P.C, P.H_v, D)
+    return torch.cat([flat, flat.new_zeros(1, P.H_v, D)], 0)[P.inv_idx].reshape(P.B, P.T, P.H_v, D)
+
+
 def chunk_gdn_torch(q, k, v, g, beta, scale=None, initial_state=None, output_final_state=False,
                     cu_seqlens=None, use_qk_l2norm_in_kernel=False, chunk_size=CHUNK):
     """Chunked gated delta rule, section 2 of gdn-algorithm.md.
@@ -161,78 +240,120 @@ def chunk_gdn_torch(q, k, v, g, beta, scale=None, initial_state=None, output_fin
         O     = scale (diag(gamma) Q S + (Q K^T * Gamma) V_new)
     Computes in float64 if any input is float64, else float32; o is returned in
     v's dtype, the final state in float32 (float64 for float64 inputs).
+    Differentiable through autograd; chunk_gdn_bwd_torch is the explicit backward.
     """
-    B, T, H_qk, K = q.shape
-    H_v, V = v.shape[2], v.shape[3]
-    C = chunk_size
-    dt = _compute_dtype(q, k, v, g, beta, initial_state)
-    scale = K ** -0.5 if scale is None else scale
-    dev = v.device
-    cu = cu_seqlens if cu_seqlens is not None else _dense_cu_seqlens(B, T, dev)
-    N = cu.numel() - 1
-    BT = B * T
-    tok_idx, slot_seq, slot_valid, first, inv_idx, last_slot, seq_len = chunk_layout(cu, BT, C)
-    NC = tok_idx.shape[0]
-
-    qf, kf = q.to(dt), k.to(dt)
-    if use_qk_l2norm_in_kernel:
-        qf, kf = l2norm(qf), l2norm(kf)
-    qf = _expand_groups(qf, H_v).reshape(BT, H_v, K)
-    kf = _expand_groups(kf, H_v).reshape(BT, H_v, K)
-    # chunked tensors, heads first: [NC, H, C, D]
-    Qc = _gather_chunks(qf, tok_idx).permute(0, 2, 1, 3)
-    Kc = _gather_chunks(kf, tok_idx).permute(0, 2, 1, 3)
-    Vc = _gather_chunks(v.to(dt).reshape(BT, H_v, V), tok_idx).permute(0, 2, 1, 3)
-    gc = _gather_chunks(g.to(dt).reshape(BT, H_v), tok_idx).permute(0, 2, 1)  # [NC, H, C]
-    bc = _gather_chunks(beta.to(dt).reshape(BT, H_v), tok_idx).permute(0, 2, 1)
-
-    G = gc.cumsum(-1)                       # padding has g = 0: repeats the last real G
-    G_C = G[..., -1:]                       # [NC, H, 1]
-    gamma = G.exp()
-    gamma_C = G_C.exp()
-    decay_to_end = (G_C - G).exp()          # gamma_C / gamma, <= 1
-    mask_incl = torch.ones(C, C, dtype=torch.bool, device=dev).tril()
-    # mask before exp (not clamp: clamp has no gradient at 0, which a g = 0 head hits)
-    zero = torch.zeros((), dtype=dt, device=dev)
-    Gamma = torch.where(mask_incl, torch.where(mask_incl, G[..., :, None] - G[..., None, :], zero).exp(), zero)
-    KKt = Kc @ Kc.transpose(-1, -2)
-    Lmat = (bc[..., :, None] * KKt).tril(-1)
-    eye = torch.eye(C, dtype=dt, device=dev).expand_as(Lmat)
-    A = torch.linalg.solve_triangular(eye + Lmat, eye, upper=False, unitriangular=True)
-    X = bc[..., :, None] * (A.transpose(-1, -2) @ Kc)            # [NC, H, C, K]
-    Vdec = decay_to_end[..., None] * Vc                            # diag(gamma_C/gamma) V
-
-    # serial state chain over chunk slots (slots of one sequence are consecutive)
-    if initial_state is not None:
-        h0 = initial_state.to(dt)
-    else:
-        h0 = torch.zeros(N, H_v, K, V, dtype=dt, device=dev)
-    S = torch.zeros(H_v, K, V, dtype=dt, device=dev)
-    starts, ends = [], []
-    for c in range(NC):
-        # index_select with a device index: no host sync (h0[t] with a tensor t may sync)
-        S = torch.where(first[c], torch.index_select(h0, 0, slot_seq[c:c + 1])[0], S)
-        starts.append(S)
-        KS = Kc[c] @ S                                               # [H, C, V]
-        S_new = gamma_C[c][..., None] * S + X[c].transpose(-1, -2) @ (Vdec[c] - gamma_C[c][..., None] * KS)
-        S = torch.where(slot_valid[c], S_new, S)
-        ends.append(S)
-    S0 = torch.stack(starts)                                         # [NC, H, K, V]
-
-    KS = Kc @ S0
-    Vnew = (Gamma * A) @ (bc[..., None] * (Vc - gamma[..., None] * KS))
-    QKt = (Qc @ Kc.transpose(-1, -2)) * Gamma
-    O = scale * (gamma[..., None] * (Qc @ S0) + QKt @ Vnew)        # [NC, H, C, V]
-    O = O.permute(0, 2, 1, 3).reshape(NC * C, H_v, V)
-    o = torch.cat([O, O.new_zeros(1, H_v, V)], 0)[inv_idx].reshape(B, T, H_v, V)
-
+    P = _prepare(q, k, v, g, beta, scale, initial_state, cu_seqlens, use_qk_l2norm_in_kernel, chunk_size)
+    S0, ends = _state_chain(P)
+    KS = P.Kc @ S0
+    Vnew = P.M @ (P.bc[..., None] * (P.Vc - P.gamma[..., None] * KS))
+    QKt = (P.Qc @ P.Kc.transpose(-1, -2)) * P.Gamma
+    O = P.scale * (P.gamma[..., None] * (P.Qc @ S0) + QKt @ Vnew)  # [NC, H, C, V]
+    o = _to_tokens(P, O)
     final = None
     if output_final_state:
-        if N > 0:
-            ends = torch.stack(ends)[last_slot]
-            final = torch.where((seq_len > 0)[:, None, None, None], ends, h0)
-        else:
-            final = h0
-        if dt != torch.float64:
+        final = _final_states(P, ends, P.h0)
+        if P.dt != torch.float64:
             final = final.float()
     return o.to(v.dtype), final
+
+
+def _l2norm_bwd(x, dy, eps=L2NORM_EPS):
+    """Gradient of y = x / sqrt(sum x^2 + eps) (last dim): rstd (dy - y <y, dy>)."""
+    rstd = torch.rsqrt((x * x).sum(-1, keepdim=True) + eps)
+    y = x * rstd
+    return rstd * (dy - y * (y * dy).sum(-1, keepdim=True))
+
+
+@torch.no_grad()
+def chunk_gdn_bwd_torch(q, k, v, g, beta, do, dht=None, scale=None, initial_state=None, cu_seqlens=None,
+                        use_qk_l2norm_in_kernel=False, chunk_size=CHUNK):
+    """Explicit backward of chunk_gdn_torch (gdn-algorithm.md section 4), from the inputs alone.
+
+    1. recompute the chunk-start states S (forward chain);
+    2. reverse chain over chunks for dS' (gradient of each chunk's end state):
+         dS = gamma_C dS' + scale Q^T diag(gamma) dO
+              - K^T diag(gamma beta) M^T (scale P^T dO + diag(gamma_C/gamma) K dS'),
+       M = Gamma * A, P = Q K^T * Gamma; dh0 = dS of each sequence's first chunk;
+    3. chunk-local gradients from S and dS' (chunk-parallel), gates in the
+       computation dtype throughout, GVA dq/dk summed over each group before the cast.
+    Returns (dq, dk, dv, dg, dbeta, dh0) in the dtypes of q, k, v, g, beta and fp32 (dh0;
+    None without initial_state).
+    """
+    P = _prepare(q, k, v, g, beta, scale, initial_state, cu_seqlens, use_qk_l2norm_in_kernel, chunk_size)
+    dt, BT, C = P.dt, P.B * P.T, P.C
+    S0, _ = _state_chain(P)
+    dOc = _gather_chunks(do.to(dt).reshape(BT, P.H_v, P.V), P.tok_idx).permute(0, 2, 1, 3)
+    dht_ = dht.to(dt) if dht is not None else torch.zeros_like(P.h0)
+
+    QKt = P.Qc @ P.Kc.transpose(-1, -2)
+    Pm = QKt * P.Gamma
+    U1 = P.scale * Pm.transpose(-1, -2) @ dOc                       # S-independent part of dV_new
+    T1 = P.scale * P.Qc.transpose(-1, -2) @ (P.gamma[..., None] * dOc)
+    gb = (P.gamma * P.bc)[..., None]
+
+    # reverse chain: dSp[c] = gradient of the state after slot c
+    is_last = P.slot_valid & (torch.arange(P.NC, device=P.dev) == P.last_slot[P.slot_seq])
+    dS = torch.zeros(P.H_v, P.K, P.V, dtype=dt, device=P.dev)
+    dSp, dS_first = [None] * P.NC, [None] * P.NC
+    for c in range(P.NC - 1, -1, -1):
+        dS = torch.where(is_last[c], _slot_h0(P, dht_, c), dS)
+        dSp[c] = dS
+        dVn = U1[c] + P.dte[c][..., None] * (P.Kc[c] @ dS)
+        dS_new = P.gamma_C[c][..., None] * dS + T1[c] - P.Kc[c].transpose(-1, -2) @ (
+            gb[c] * (P.M[c].transpose(-1, -2) @ dVn))
+        dS = torch.where(P.slot_valid[c], dS_new, dS)
+        dS_first[c] = dS
+    dSp, dS_first = torch.stack(dSp), torch.stack(dS_first)
+
+    # chunk-local gradients (independent per chunk)
+    KS = P.Kc @ S0
+    R = P.Vc - P.gamma[..., None] * KS
+    Y = P.bc[..., None] * R
+    Vn = P.M @ Y
+    dW = P.Kc @ dSp                                                  # from S' = ... + K^T diag(dte) V_new
+    dVn = U1 + P.dte[..., None] * dW
+    d_dte = (dW * Vn).sum(-1)
+    dK = (P.dte[..., None] * Vn) @ dSp.transpose(-1, -2)
+    d_gammaC = (S0 * dSp).sum((-1, -2))                              # [NC, H]
+    dQ = P.scale * P.gamma[..., None] * (dOc @ S0.transpose(-1, -2))
+    d_gamma = P.scale * (dOc * (P.Qc @ S0)).sum(-1)
+    dP = P.scale * dOc @ Vn.transpose(-1, -2)
+    dM = dVn @ Y.transpose(-1, -2)
+    dY = P.M.transpose(-1, -2) @ dVn
+    dbeta = (dY * R).sum(-1)
+    dR = P.bc[..., None] * dY
+    dV = dR
+    dKS = -P.gamma[..., None] * dR
+    dK = dK + dKS @ S0.transpose(-1, -2)
+    d_gamma = d_gamma - (dR * KS).sum(-1)
+    dQK = dP * P.Gamma
+    dQ = dQ + dQK @ P.Kc
+    dK = dK + dQK.transpose(-1, -2) @ P.Qc
+    dGamma = dP * QKt + dM * P.A
+    dA = dM * P.Gamma
+    dL = -(P.A.transpose(-1, -2) @ dA @ P.A.transpose(-1, -2)).tril(-1)
+    dKKt = P.bc[..., :, None] * dL
+    dbeta = dbeta + (dL * P.KKt).sum(-1)
+    dK = dK + (dKKt + dKKt.transpose(-1, -2)) @ P.Kc
+    # gates: G_i through gamma_i, gamma_C / gamma_i, Gamma_ij = e^{G_i - G_j}; G_C is the chunk's last G
+    H = torch.where(P.mask, P.Gamma * dGamma, torch.zeros((), dtype=dt, device=P.dev))
+    dG = P.gamma * d_gamma - P.dte * d_dte + H.sum(-1) - H.sum(-2)
+    dG_C = (P.dte * d_dte).sum(-1) + P.gamma_C[..., 0] * d_gammaC
+    dG = torch.cat([dG[..., :-1], (dG[..., -1] + dG_C)[..., None]], -1)
+    dg = dG.flip(-1).cumsum(-1).flip(-1)                             # G_i = sum_{j<=i} g_j
+
+    # back to tokens; GVA: sum dq/dk over each group's value heads in the computation dtype
+    r = P.H_v // P.H_qk
+    group = lambda x: _to_tokens(P, x).reshape(P.B, P.T, P.H_qk, r, P.K).sum(3)
+    dq, dk = group(dQ), group(dK)
+    if use_qk_l2norm_in_kernel:
+        dq, dk = _l2norm_bwd(q.to(dt), dq), _l2norm_bwd(k.to(dt), dk)
+    dv = _to_tokens(P, dV)
+    scalar = lambda x: _to_tokens(P, x[..., None])[..., 0]
+    dg_t, dbeta_t = scalar(dg), scalar(dbeta)
+    dh0 = None
+    if initial_state is not None:
+        first_slot = P.last_slot + 1 - (P.seq_len + C - 1) // C  # exact for non-empty sequences
+        dh0 = torch.where((P.seq_len > 0)[:, None, None, None], dS_first[first_slot.clamp(max=P.NC - 1)], dht_)
+        dh0 = dh0.to(initial_state.dtype)
+    return (dq.to(q.dtype), dk.to(k.dtype), dv.to(v.dtype), dg_t.to(g.dtype), dbeta_t.to(beta.dtype), dh0)
