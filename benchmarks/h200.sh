@@ -10,6 +10,7 @@
 #   build     pip-install carried wheels into $SITE, build the extension (MAX_JOBS=16)
 #   test      pytest tests (GPU tests run here)
 #   sanitize  compute-sanitizer memcheck + racecheck on small kernel calls
+#   phases    per-phase cycle counts of the v1 forward kernel (benchmarks/profile_fwd_phases.cu)
 #   cumsum    the cumsum kernel record (benchmarks/bench_cumsum.py)
 #   bench     python -m flashqla.bench run --cases $CASES $BENCH_ARGS (default anchors)
 set -uo pipefail
@@ -67,6 +68,14 @@ if has bench; then
   [ $? -eq 0 ] || status=1
   tail -60 "$OUT/bench.log"
 fi
+if has phases; then
+  say "forward v1 phase timers"
+  nvcc -O3 -std=c++17 -gencode=arch=compute_90a,code=sm_90a --expt-relaxed-constexpr -Icsrc/include -Icsrc \
+       -I"$(python3 third_party/cutlass.py)" benchmarks/profile_fwd_phases.cu -o /tmp/fq_phases 2>&1 | tail -5 | tee -a "$LOG"
+  /tmp/fq_phases 2>&1 | tee -a "$LOG"
+  [ "${PIPESTATUS[0]}" -eq 0 ] || status=1
+fi
+
 if has sanitize; then
   for tool in memcheck racecheck; do
     say "compute-sanitizer $tool"

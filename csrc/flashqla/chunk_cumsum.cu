@@ -3,7 +3,8 @@
 // (token, head), threads of a warp along heads so loads coalesce; each thread
 // sums its chunk prefix (suffix) in order, so results are deterministic and
 // the summation order matches a sequential loop. The repeated reads of a
-// chunk's values hit L1.
+// chunk's values hit L1. (v1 recomputed the batch row with a 64-bit division
+// for every summed element: 0.17 ms on 1x32768 x 64 heads, 4x FLA.)
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
@@ -37,11 +38,10 @@ chunk_local_cumsum_kernel(const GT* __restrict__ g, int64_t stride_b, int64_t st
     const int64_t chunk_end = min(chunk_start + chunk, end);
     const int64_t lo = kReverse ? t : chunk_start;
     const int64_t hi = kReverse ? chunk_end : t + 1;
-    // dense and packed share the flattened token index; batch b = tok / seqlen
-    for (int64_t s = lo; s < hi; ++s) {
-      const int64_t b = s / seqlen, tt = s - b * seqlen;
-      acc += to_float(g[b * stride_b + tt * stride_t + h * stride_h]);
-    }
+    // A chunk never crosses a batch row: one division per thread, then a pointer walk.
+    const int64_t b = t / seqlen;
+    const GT* p = g + b * stride_b + (lo - b * seqlen) * stride_t + h * stride_h;
+    for (int64_t s = lo; s < hi; ++s, p += stride_t) acc += to_float(*p);
     acc *= scale;
   }
   out[t * heads + h] = acc;

@@ -46,6 +46,25 @@ constexpr int kLdT = 32 + 4;                 // 32-wide fp32 temporaries
 
 using FragAcc = wmma::fragment<wmma::accumulator, 16, 16, 16, float>;
 
+// Diagnostics only (benchmarks/profile_fwd_phases.cu): with FLASHQLA_PHASE_TIMERS,
+// thread 0 of CTA 0 adds the cycles of each phase (barrier to barrier) to
+// g_phase_cycles, so one run shows where a chunk's time goes.
+enum Phase { kPhaseLoad, kPhaseGemm1, kPhaseElementwise, kPhaseInvDiag, kPhaseInvMerge, kPhaseGammaA,
+             kPhaseVnew, kPhaseVnewCast, kPhasePvState, kPhaseOutput, kNumPhases };
+#ifdef FLASHQLA_PHASE_TIMERS
+__device__ unsigned long long g_phase_cycles[kNumPhases];
+#define FLASHQLA_PHASE(ph)                                              \
+  do {                                                                  \
+    if (blockIdx.x == 0 && threadIdx.x == 0) {                          \
+      const long long now_ = clock64();                                 \
+      atomicAdd(&g_phase_cycles[ph], (unsigned long long)(now_ - t_mark)); \
+      t_mark = now_;                                                    \
+    }                                                                   \
+  } while (0)
+#else
+#define FLASHQLA_PHASE(ph) do { } while (0)
+#endif
+
 template <typename T>
 struct SharedStorage {
   alignas(128) T k[kChunk * kLdK];
@@ -187,6 +206,9 @@ __global__ void __launch_bounds__(kThreads, 1) gdn_fwd_simple_kernel(const __gri
   publish_state();
 
   const int64_t len = eos - bos;
+#ifdef FLASHQLA_PHASE_TIMERS
+  long long t_mark = clock64();
+#endif
   for (int64_t c0 = 0; c0 < len; c0 += kChunk) {
     const int rows = static_cast<int>(len - c0 < kChunk ? len - c0 : kChunk);
     const int64_t t0 = bos + c0;
@@ -239,6 +261,7 @@ __global__ void __launch_bounds__(kThreads, 1) gdn_fwd_simple_kernel(const __gri
                                       b * p.beta_stride_batch + t * p.beta_stride_time + h * p.beta_stride_head) : 0.f;
     }
     __syncthreads();
+    FLASHQLA_PHASE(kPhaseLoad);
 
     // ---- chunk-local cumsum of g (warp 0), and K K^T, Q K^T, K S, Q S (all warps)
     if (warp == 0) {
@@ -271,6 +294,7 @@ __global__ void __launch_bounds__(kThreads, 1) gdn_fwd_simple_kernel(const __gri
         gemm64_tile<kHeadDimK, T, wmma::row_major, wmma::row_major>(tile, sm.q, kLdK, sm.s, kLdH, sm.qs);
     }
     __syncthreads();
+    FLASHQLA_PHASE(kPhaseGemm1);
 
     // ---- L = StrictLower(diag(beta) K K^T); P = Q K^T * Gamma; Y = diag(beta)(V - diag(gamma) K S); A = 0
     for (int e = tid; e < kChunk * kChunk; e += kThreads) {
@@ -283,6 +307,7 @@ __global__ void __launch_bounds__(kThreads, 1) gdn_fwd_simple_kernel(const __gri
       sm.a[i * kLdF + j] = 0.f;
     }
     __syncthreads();
+    FLASHQLA_PHASE(kPhaseElementwise);
 
     // ---- A = (I + L)^-1 in fp32. Diagonal 16 x 16 blocks: warp w < 4, lane c < 16 owns column c.
     if (warp < 4 && lane < 16) {
@@ -299,6 +324,7 @@ __global__ void __launch_bounds__(kThreads, 1) gdn_fwd_simple_kernel(const __gri
       for (int r = 0; r < 16; ++r) sm.a[(o + r) * kLdF + o + c] = x[r];
     }
     __syncthreads();
+    FLASHQLA_PHASE(kPhaseInvDiag);
     // 16 -> 32: for each 32-block pair q, A21 = -A22 (L21 A11)
     for (int e = tid; e < 2 * 256; e += kThreads) {
       const int pq = e >> 8, i = (e >> 4) & 15, j = e & 15, o = pq * 32;
@@ -333,16 +359,19 @@ __global__ void __launch_bounds__(kThreads, 1) gdn_fwd_simple_kernel(const __gri
       sm.a[(32 + i) * kLdF + j] = -acc;
     }
     __syncthreads();
+    FLASHQLA_PHASE(kPhaseInvMerge);
     for (int e = tid; e < kChunk * kChunk; e += kThreads) {
       const int i = e >> 6, j = e & 63;
       sm.mt[i * kLdH + j] = from_f<T>(j <= i ? __expf(sm.G[i] - sm.G[j]) * sm.a[i * kLdF + j] : 0.f);
     }
     __syncthreads();
+    FLASHQLA_PHASE(kPhaseGammaA);
 
     // ---- V_new = (Gamma * A) Y  (fp32, into qk)
     for (int t = warp; t < 16; t += kWarps)
       gemm64_tile<kChunk, T, wmma::row_major, wmma::row_major>(t, sm.mt, kLdH, sm.y, kLdH, sm.qk);
     __syncthreads();
+    FLASHQLA_PHASE(kPhaseVnew);
     for (int e = tid; e < kChunk * kBlockV; e += kThreads) {
       const int i = e >> 6, j = e & 63;
       const float vn = sm.qk[i * kLdF + j];
@@ -350,6 +379,7 @@ __global__ void __launch_bounds__(kThreads, 1) gdn_fwd_simple_kernel(const __gri
       sm.v[i * kLdH + j] = from_f<T>(sm.decay_end[i] * vn);
     }
     __syncthreads();
+    FLASHQLA_PHASE(kPhaseVnewCast);
 
     // ---- P V_new (into kk) and the state update S = gamma_C S + K^T Z (owner warps)
     for (int t = warp; t < 16; t += kWarps)
@@ -364,6 +394,7 @@ __global__ void __launch_bounds__(kThreads, 1) gdn_fwd_simple_kernel(const __gri
       }
     }
     __syncthreads();
+    FLASHQLA_PHASE(kPhasePvState);
 
     // ---- O = scale (diag(gamma) Q S + P V_new) for the real rows; publish the new state
 #pragma unroll
@@ -380,6 +411,7 @@ __global__ void __launch_bounds__(kThreads, 1) gdn_fwd_simple_kernel(const __gri
     }
     publish_state();
     __syncthreads();
+    FLASHQLA_PHASE(kPhaseOutput);
   }
 
   if (p.final_state != nullptr) {

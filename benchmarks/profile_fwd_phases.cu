@@ -1,0 +1,101 @@
+// Where does a chunk's time go in the v1 forward kernel? Builds the kernel with
+// FLASHQLA_PHASE_TIMERS (thread 0 of CTA 0 accumulates clock64() deltas between
+// the per-chunk barriers), runs one TP1-like call (1 x 8192 tokens, 16/64
+// heads, so CTA 0 sees 128 chunks while the GPU is as busy as in the
+// benchmark), and prints cycles per chunk and per phase, plus the event time.
+//   nvcc -O3 -std=c++17 -gencode=arch=compute_90a,code=sm_90a --expt-relaxed-constexpr \
+//        -Icsrc/include -Icsrc -I<cutlass include> benchmarks/profile_fwd_phases.cu -o /tmp/phases
+#define FLASHQLA_PHASE_TIMERS 1
+#include <cstdio>
+#include <cstdlib>
+
+#include "flashqla/gdn_fwd_simple.cuh"
+
+#define CHECK(x)                                                                    \
+  do {                                                                              \
+    cudaError_t e_ = (x);                                                           \
+    if (e_ != cudaSuccess) {                                                        \
+      std::fprintf(stderr, "%s:%d %s: %s\n", __FILE__, __LINE__, #x, cudaGetErrorString(e_)); \
+      std::exit(1);                                                                 \
+    }                                                                               \
+  } while (0)
+
+namespace fs = flashqla::gdn_fwd_simple;
+
+__device__ float hash_uniform(uint64_t i, uint32_t seed) {  // [0, 1), no cuRAND needed
+  uint64_t x = i * 0x9E3779B97F4A7C15ull + seed;
+  x ^= x >> 33; x *= 0xff51afd7ed558ccdull; x ^= x >> 33; x *= 0xc4ceb9fe1a85ec53ull; x ^= x >> 33;
+  return (x >> 40) * (1.0f / 16777216.0f);
+}
+template <typename T>
+__global__ void fill(T* p, int64_t n, float lo, float hi, uint32_t seed) {
+  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x)
+    p[i] = static_cast<T>(lo + (hi - lo) * hash_uniform(i, seed));
+}
+
+int main() {
+  const int64_t T = 8192, Hq = 16, Hv = 64, D = 128;
+  __nv_bfloat16 *q, *k, *v, *o;
+  float *g, *beta;
+  CHECK(cudaMalloc(&q, T * Hq * D * 2));
+  CHECK(cudaMalloc(&k, T * Hq * D * 2));
+  CHECK(cudaMalloc(&v, T * Hv * D * 2));
+  CHECK(cudaMalloc(&o, T * Hv * D * 2));
+  CHECK(cudaMalloc(&g, T * Hv * 4));
+  CHECK(cudaMalloc(&beta, T * Hv * 4));
+  fill<<<1024, 256>>>(q, T * Hq * D, -0.15f, 0.15f, 1);
+  fill<<<1024, 256>>>(k, T * Hq * D, -0.15f, 0.15f, 2);
+  fill<<<1024, 256>>>(v, T * Hv * D, -1.f, 1.f, 3);
+  fill<<<1024, 256>>>(g, T * Hv, -0.08f, 0.f, 4);
+  fill<<<1024, 256>>>(beta, T * Hv, 0.f, 1.f, 5);
+  CHECK(cudaGetLastError());
+
+  flashqla_gdn_fwd_params_t p{};
+  p.q = q; p.k = k; p.v = v; p.o = o;
+  p.qkv_dtype = FLASHQLA_BFLOAT16;
+  p.q_stride_batch = p.k_stride_batch = T * Hq * D;
+  p.q_stride_time = p.k_stride_time = Hq * D;
+  p.q_stride_head = p.k_stride_head = D;
+  p.v_stride_batch = p.o_stride_batch = T * Hv * D;
+  p.v_stride_time = p.o_stride_time = Hv * D;
+  p.v_stride_head = p.o_stride_head = D;
+  p.g = g; p.g_dtype = FLASHQLA_FLOAT32;
+  p.g_stride_batch = T * Hv; p.g_stride_time = Hv; p.g_stride_head = 1;
+  p.beta = beta; p.beta_dtype = FLASHQLA_FLOAT32;
+  p.beta_stride_batch = T * Hv; p.beta_stride_time = Hv; p.beta_stride_head = 1;
+  p.batch = 1; p.seqlen = T; p.heads_qk = Hq; p.heads_v = Hv; p.head_dim_k = D; p.head_dim_v = D;
+  p.num_seqs = 1; p.scale = 0.08838834764831845f;
+
+  CHECK(fs::launch<__nv_bfloat16>(p, nullptr));  // warm-up
+  CHECK(cudaDeviceSynchronize());
+  unsigned long long zero[fs::kNumPhases] = {};
+  CHECK(cudaMemcpyToSymbol(fs::g_phase_cycles, zero, sizeof(zero)));
+  cudaEvent_t e0, e1;
+  CHECK(cudaEventCreate(&e0));
+  CHECK(cudaEventCreate(&e1));
+  CHECK(cudaEventRecord(e0));
+  CHECK(fs::launch<__nv_bfloat16>(p, nullptr));
+  CHECK(cudaEventRecord(e1));
+  CHECK(cudaDeviceSynchronize());
+  float ms = 0;
+  CHECK(cudaEventElapsedTime(&ms, e0, e1));
+  unsigned long long cyc[fs::kNumPhases];
+  CHECK(cudaMemcpyFromSymbol(cyc, fs::g_phase_cycles, sizeof(cyc)));
+  const char* names[fs::kNumPhases] = {"load K/Q/V/g/beta", "cumsum + KK^T, QK^T, KS, QS", "L, P, Y, A=0",
+                                       "inverse: 16x16 diagonal", "inverse: merges 16->32->64", "Gamma*A -> T",
+                                       "V_new = (Gamma*A) Y", "V_new casts, Z", "P V_new + state update",
+                                       "O store + publish S"};
+  const double chunks = double(T / fs::kChunk);
+  unsigned long long total = 0;
+  for (int i = 0; i < fs::kNumPhases; ++i) total += cyc[i];
+  int clk_khz = 0;
+  CHECK(cudaDeviceGetAttribute(&clk_khz, cudaDevAttrClockRate, 0));
+  std::printf("v1 forward, 1 x %lld tokens, %lld/%lld heads: %.3f ms (%.2f us per chunk per CTA)\n", (long long)T,
+              (long long)Hq, (long long)Hv, ms, 1000.0 * ms / chunks);
+  std::printf("%-32s %12s %8s\n", "phase (CTA 0, per chunk)", "cycles", "share");
+  for (int i = 0; i < fs::kNumPhases; ++i)
+    std::printf("%-32s %12.0f %7.1f%%\n", names[i], cyc[i] / chunks, 100.0 * cyc[i] / total);
+  std::printf("%-32s %12.0f  (= %.2f us at the %d MHz clock attribute)\n", "total", total / chunks,
+              total / chunks / (clk_khz / 1000.0), clk_khz / 1000);
+  return 0;
+}
