@@ -198,11 +198,19 @@ def _slot_h0(P, h0_like, c):
     return torch.index_select(h0_like, 0, P.slot_seq[c:c + 1])[0]
 
 
-def _state_chain(P):
-    """Serial forward chain over chunk slots: S' = gamma_C S + X^T (diag(gamma_C/gamma) V - gamma_C K S),
-    X = diag(beta) A^T K. Returns the chunk-start states [NC, H, K, V] and the per-slot end states."""
+def _state_chain(P, segment_chunks=None):
+    """Forward chain over chunk slots: S' = gamma_C S + X^T (diag(gamma_C/gamma) V - gamma_C K S),
+    X = diag(beta) A^T K. Returns the chunk-start states [NC, H, K, V] and the per-slot end states.
+    segment_chunks=None walks the slots one by one; an integer uses the exact two-level
+    segment scan of gdn-algorithm.md section 3 (same result, ~3 sqrt(NC) serial steps)."""
     X = P.bc[..., :, None] * (P.A.transpose(-1, -2) @ P.Kc)
     Vdec = P.dte[..., None] * P.Vc
+    if segment_chunks is not None:
+        eye = torch.eye(P.K, dtype=P.dt, device=P.dev)
+        Phi = P.gamma_C[..., None] * (eye - X.transpose(-1, -2) @ P.Kc)   # S' = Phi S + Bc
+        Bc = X.transpose(-1, -2) @ Vdec
+        init = torch.index_select(P.h0, 0, P.slot_seq)
+        return affine_chain(Phi, Bc, init, P.first, P.slot_valid, segment_chunks)
     S = torch.zeros(P.H_v, P.K, P.V, dtype=P.dt, device=P.dev)
     starts, ends = [], []
     for c in range(P.NC):  # slots of one sequence are consecutive
@@ -212,13 +220,53 @@ def _state_chain(P):
         S_new = P.gamma_C[c][..., None] * S + X[c].transpose(-1, -2) @ (Vdec[c] - P.gamma_C[c][..., None] * KS)
         S = torch.where(P.slot_valid[c], S_new, S)
         ends.append(S)
-    return torch.stack(starts), ends
+    return torch.stack(starts), torch.stack(ends)
+
+
+def affine_chain(Phi, Bc, init, reset, valid, segment_chunks):
+    """Exact parallel form of the chain  X_c = init_c if reset_c else E_{c-1};  E_c = Phi_c X_c + Bc_c
+    (invalid slots: E_c = E_{c-1}), over slots c = 0..NC-1. Returns (X, E), each [NC, ...].
+
+    Resets are folded into the maps, (Phi, Bc) -> (0, Phi init + Bc), so the chain becomes a
+    plain affine recurrence whose maps compose associatively: (P2, Q2) o (P1, Q1) = (P2 P1,
+    P2 Q1 + Q2). Two levels, as the context-parallel kernels do it: compose each segment of
+    `segment_chunks` slots (parallel over segments), scan the segment summaries (serial,
+    short), then replay each segment from its true start (parallel over segments).
+    """
+    NC, L = Phi.shape[0], max(1, int(segment_chunks))
+    eye = torch.eye(Phi.shape[-1], dtype=Phi.dtype, device=Phi.device).expand_as(Phi)
+    r, v = reset[:, None, None, None], valid[:, None, None, None]
+    Bf = torch.where(r, Phi @ init + Bc, Bc)
+    Pf = torch.where(r, torch.zeros_like(Phi), Phi)
+    Pf, Bf = torch.where(v, Pf, eye), torch.where(v, Bf, torch.zeros_like(Bf))
+    nseg = -(-NC // L)
+    pad = nseg * L - NC
+    if pad:
+        Pf = torch.cat([Pf, eye[:1].expand((pad,) + Pf.shape[1:])], 0)
+        Bf = torch.cat([Bf, Bf.new_zeros((pad,) + Bf.shape[1:])], 0)
+    Pf = Pf.reshape((nseg, L) + Pf.shape[1:])
+    Bf = Bf.reshape((nseg, L) + Bf.shape[1:])
+    Pseg, Qseg = Pf[:, 0], Bf[:, 0]
+    for j in range(1, L):                       # 1. segment summaries, parallel over segments
+        Pseg, Qseg = Pf[:, j] @ Pseg, Pf[:, j] @ Qseg + Bf[:, j]
+    E_in = [torch.zeros_like(Qseg[0])]
+    for s in range(nseg - 1):                   # 2. scan over segments
+        E_in.append(Pseg[s] @ E_in[-1] + Qseg[s])
+    E = torch.stack(E_in)
+    ends = []
+    for j in range(L):                          # 3. replay each segment from its true start
+        E = Pf[:, j] @ E + Bf[:, j]
+        ends.append(E)
+    ends = torch.stack(ends, 1).reshape((nseg * L,) + Bc.shape[1:])[:NC]
+    prev = torch.cat([torch.zeros_like(ends[:1]), ends[:-1]], 0)
+    starts = torch.where(r, init, prev)
+    return starts, ends
 
 
 def _final_states(P, ends, h0):
     if P.N == 0:
         return h0
-    last = torch.stack(ends)[P.last_slot]
+    last = ends[P.last_slot]
     return torch.where((P.seq_len > 0)[:, None, None, None], last, h0)
 
 
@@ -230,7 +278,7 @@ def _to_tokens(P, x):
 
 
 def chunk_gdn_torch(q, k, v, g, beta, scale=None, initial_state=None, output_final_state=False,
-                    cu_seqlens=None, use_qk_l2norm_in_kernel=False, chunk_size=CHUNK):
+                    cu_seqlens=None, use_qk_l2norm_in_kernel=False, chunk_size=CHUNK, segment_chunks=None):
     """Chunked gated delta rule, section 2 of gdn-algorithm.md.
 
     Per chunk (positions i, j, G = chunk-local cumsum of g, gamma = e^G, A =
@@ -241,9 +289,11 @@ def chunk_gdn_torch(q, k, v, g, beta, scale=None, initial_state=None, output_fin
     Computes in float64 if any input is float64, else float32; o is returned in
     v's dtype, the final state in float32 (float64 for float64 inputs).
     Differentiable through autograd; chunk_gdn_bwd_torch is the explicit backward.
+    segment_chunks: None walks the chunks one by one; an integer runs the state chain as the
+    exact segment scan (gdn-algorithm.md section 3) with segments of that many chunks.
     """
     P = _prepare(q, k, v, g, beta, scale, initial_state, cu_seqlens, use_qk_l2norm_in_kernel, chunk_size)
-    S0, ends = _state_chain(P)
+    S0, ends = _state_chain(P, segment_chunks)
     KS = P.Kc @ S0
     Vnew = P.M @ (P.bc[..., None] * (P.Vc - P.gamma[..., None] * KS))
     QKt = (P.Qc @ P.Kc.transpose(-1, -2)) * P.Gamma
@@ -266,7 +316,7 @@ def _l2norm_bwd(x, dy, eps=L2NORM_EPS):
 
 @torch.no_grad()
 def chunk_gdn_bwd_torch(q, k, v, g, beta, do, dht=None, scale=None, initial_state=None, cu_seqlens=None,
-                        use_qk_l2norm_in_kernel=False, chunk_size=CHUNK):
+                        use_qk_l2norm_in_kernel=False, chunk_size=CHUNK, segment_chunks=None):
     """Explicit backward of chunk_gdn_torch (gdn-algorithm.md section 4), from the inputs alone.
 
     1. recompute the chunk-start states S (forward chain);
@@ -276,12 +326,14 @@ def chunk_gdn_bwd_torch(q, k, v, g, beta, do, dht=None, scale=None, initial_stat
        M = Gamma * A, P = Q K^T * Gamma; dh0 = dS of each sequence's first chunk;
     3. chunk-local gradients from S and dS' (chunk-parallel), gates in the
        computation dtype throughout, GVA dq/dk summed over each group before the cast.
+    The reverse chain is dS = Phi^T dS' + D with the forward's per-chunk transition Phi,
+    so segment_chunks (as in chunk_gdn_torch) runs it as the same exact segment scan, reversed.
     Returns (dq, dk, dv, dg, dbeta, dh0) in the dtypes of q, k, v, g, beta and fp32 (dh0;
     None without initial_state).
     """
     P = _prepare(q, k, v, g, beta, scale, initial_state, cu_seqlens, use_qk_l2norm_in_kernel, chunk_size)
     dt, BT, C = P.dt, P.B * P.T, P.C
-    S0, _ = _state_chain(P)
+    S0, _ = _state_chain(P, segment_chunks)
     dOc = _gather_chunks(do.to(dt).reshape(BT, P.H_v, P.V), P.tok_idx).permute(0, 2, 1, 3)
     dht_ = dht.to(dt) if dht is not None else torch.zeros_like(P.h0)
 
@@ -291,19 +343,29 @@ def chunk_gdn_bwd_torch(q, k, v, g, beta, do, dht=None, scale=None, initial_stat
     T1 = P.scale * P.Qc.transpose(-1, -2) @ (P.gamma[..., None] * dOc)
     gb = (P.gamma * P.bc)[..., None]
 
-    # reverse chain: dSp[c] = gradient of the state after slot c
+    # reverse chain: dSp[c] = gradient of the state after slot c, dS_first[c] = before it
     is_last = P.slot_valid & (torch.arange(P.NC, device=P.dev) == P.last_slot[P.slot_seq])
-    dS = torch.zeros(P.H_v, P.K, P.V, dtype=dt, device=P.dev)
-    dSp, dS_first = [None] * P.NC, [None] * P.NC
-    for c in range(P.NC - 1, -1, -1):
-        dS = torch.where(is_last[c], _slot_h0(P, dht_, c), dS)
-        dSp[c] = dS
-        dVn = U1[c] + P.dte[c][..., None] * (P.Kc[c] @ dS)
-        dS_new = P.gamma_C[c][..., None] * dS + T1[c] - P.Kc[c].transpose(-1, -2) @ (
-            gb[c] * (P.M[c].transpose(-1, -2) @ dVn))
-        dS = torch.where(P.slot_valid[c], dS_new, dS)
-        dS_first[c] = dS
-    dSp, dS_first = torch.stack(dSp), torch.stack(dS_first)
+    if segment_chunks is not None:
+        eye = torch.eye(P.K, dtype=dt, device=P.dev)
+        X = P.bc[..., :, None] * (P.A.transpose(-1, -2) @ P.Kc)
+        PhiT = P.gamma_C[..., None] * (eye - P.Kc.transpose(-1, -2) @ X)  # the forward's Phi, transposed
+        D = T1 - P.Kc.transpose(-1, -2) @ (gb * (P.M.transpose(-1, -2) @ U1))
+        init = torch.index_select(dht_, 0, P.slot_seq)
+        dSp, dS_first = affine_chain(PhiT.flip(0), D.flip(0), init.flip(0), is_last.flip(0),
+                                     P.slot_valid.flip(0), segment_chunks)
+        dSp, dS_first = dSp.flip(0), dS_first.flip(0)
+    else:
+        dS = torch.zeros(P.H_v, P.K, P.V, dtype=dt, device=P.dev)
+        dSp, dS_first = [None] * P.NC, [None] * P.NC
+        for c in range(P.NC - 1, -1, -1):
+            dS = torch.where(is_last[c], _slot_h0(P, dht_, c), dS)
+            dSp[c] = dS
+            dVn = U1[c] + P.dte[c][..., None] * (P.Kc[c] @ dS)
+            dS_new = P.gamma_C[c][..., None] * dS + T1[c] - P.Kc[c].transpose(-1, -2) @ (
+                gb[c] * (P.M[c].transpose(-1, -2) @ dVn))
+            dS = torch.where(P.slot_valid[c], dS_new, dS)
+            dS_first[c] = dS
+        dSp, dS_first = torch.stack(dSp), torch.stack(dS_first)
 
     # chunk-local gradients (independent per chunk)
     KS = P.Kc @ S0

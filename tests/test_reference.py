@@ -110,3 +110,23 @@ def test_chunk_local_cumsum_reference(reverse, C, cu):
     g = torch.randn(B, 180, 5, dtype=torch.float64)
     out = chunk_local_cumsum_torch(g, C, reverse, None, None if cu is None else torch.tensor(cu))
     assert rel_l2(out, _naive_cumsum(g, C, reverse, cu)) < 1e-14
+
+
+@pytest.mark.parametrize("seg", [1, 2, 3, 7])
+@pytest.mark.parametrize("case", [CASES[0], CASES[2], CASES[3], CASES[4]])
+def test_segment_scan_is_exact(seg, case):
+    """Exact context parallelism (gdn-algorithm.md section 3): the two-level segment scan of the
+    state chain, forward and reverse, equals the chunk-by-chunk chain."""
+    B, T, Hq, Hv, K, V, cu, h0, strong, l2 = case
+    n = None if cu is None else len(cu) - 1
+    d = make_inputs(B, T, Hq, Hv, K, V, n_seqs=n, h0=h0, strong_decay=strong, seed=seg + T)
+    kw = dict(cu_seqlens=None if cu is None else torch.tensor(cu), use_qk_l2norm_in_kernel=l2)
+    o1, s1 = chunk_gdn_torch(**d, output_final_state=True, **kw)
+    o2, s2 = chunk_gdn_torch(**d, output_final_state=True, segment_chunks=seg, **kw)
+    assert rel_l2(o2, o1) < 1e-12 and rel_l2(s2, s1) < 1e-12
+    do, dht = torch.randn_like(o1), torch.randn_like(s1)
+    g1 = chunk_gdn_bwd_torch(**d, do=do, dht=dht, **kw)
+    g2 = chunk_gdn_bwd_torch(**d, do=do, dht=dht, segment_chunks=seg, **kw)
+    for a, b in zip(g1, g2):
+        if a is not None:
+            assert rel_l2(b, a) < 1e-12
