@@ -5,10 +5,11 @@
 #
 #   FLASHQLA_COMMIT=$(git rev-parse HEAD) bash benchmarks/h200.sh        (carry .whl/build and .whl/fla[,qla])
 #
-# Stages (STAGES, comma-separated; default build,test,cumsum,bench,sanitize, run in that order):
+# Stages (STAGES, comma-separated; default build,test,cmake,phases,cumsum,bench,sanitize, run in this order):
 #   z3        install .whl/z3 into $SITE only (FlashQLA needs it; it does not fit in one carry with the rest)
 #   build     pip-install carried wheels into $SITE, build the extension (MAX_JOBS=16)
 #   test      pytest tests (GPU tests run here)
+#   cmake     libflashqla + the C++ examples through CMake, run by ctest on the GPU
 #   sanitize  compute-sanitizer memcheck + racecheck on small kernel calls
 #   phases    per-phase cycle counts of the v1 forward kernel (benchmarks/profile_fwd_phases.cu)
 #   cumsum    the cumsum kernel record (benchmarks/bench_cumsum.py)
@@ -18,7 +19,7 @@ ROOT=$(cd "$(dirname "$0")/.." && pwd)
 cd "$ROOT"
 OUT=${OUT:-$ROOT/out}
 SITE=${SITE:-/tmp/site}
-STAGES=${STAGES:-build,test,cumsum,bench,sanitize}
+STAGES=${STAGES:-build,test,cmake,phases,cumsum,bench,sanitize}
 CASES=${CASES:-anchors}
 mkdir -p "$OUT" "$SITE"
 export PYTHONUNBUFFERED=1 PYTHONPATH="$SITE:$ROOT${PYTHONPATH:+:$PYTHONPATH}"
@@ -55,6 +56,22 @@ if has test; then
   [ $rc -eq 0 ] || status=1
 fi
 
+if has cmake; then
+  say "cmake + ctest"
+  { cmake -S . -B build/cmake -DCMAKE_BUILD_TYPE=Release -DPython3_EXECUTABLE="$(command -v python3)" > /dev/null \
+    && cmake --build build/cmake -j 16 > "$OUT/cmake.log" 2>&1 \
+    && ctest --test-dir build/cmake --output-on-failure; } 2>&1 | tail -12 | tee -a "$LOG"
+  [ "${PIPESTATUS[0]}" -eq 0 ] || status=1
+fi
+
+if has phases; then
+  say "forward v1 phase timers"
+  nvcc -O3 -std=c++17 -gencode=arch=compute_90a,code=sm_90a --expt-relaxed-constexpr -Icsrc/include -Icsrc \
+       -I"$(python3 third_party/cutlass.py)" benchmarks/profile_fwd_phases.cu -o /tmp/fq_phases 2>&1 | tail -5 | tee -a "$LOG"
+  /tmp/fq_phases 2>&1 | tee -a "$LOG"
+  [ "${PIPESTATUS[0]}" -eq 0 ] || status=1
+fi
+
 if has cumsum; then
   say "cumsum record"
   python3 benchmarks/bench_cumsum.py --out-dir "$OUT" 2>&1 | tail -30 | tee -a "$LOG"
@@ -68,14 +85,6 @@ if has bench; then
   [ $? -eq 0 ] || status=1
   tail -60 "$OUT/bench.log"
 fi
-if has phases; then
-  say "forward v1 phase timers"
-  nvcc -O3 -std=c++17 -gencode=arch=compute_90a,code=sm_90a --expt-relaxed-constexpr -Icsrc/include -Icsrc \
-       -I"$(python3 third_party/cutlass.py)" benchmarks/profile_fwd_phases.cu -o /tmp/fq_phases 2>&1 | tail -5 | tee -a "$LOG"
-  /tmp/fq_phases 2>&1 | tee -a "$LOG"
-  [ "${PIPESTATUS[0]}" -eq 0 ] || status=1
-fi
-
 if has sanitize; then
   for tool in memcheck racecheck; do
     say "compute-sanitizer $tool"
