@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # One call on the H200 machine does the whole job: install the carried wheels,
 # build flashqla, run the GPU tests and compute-sanitizer, and run the
-# benchmarks. Everything it writes goes to $OUT (default ./out).
+# benchmarks. Everything it writes goes to $OUT (default ./out): at most 8 files
+# (h200.log, build.log, tests.log, the cumsum record, the bench record, table,
+# plot and log), the most the device tool brings back.
 #
 #   FLASHQLA_COMMIT=$(git rev-parse HEAD) bash benchmarks/h200.sh        (carry .whl/build and .whl/fla[,qla])
 #
@@ -59,7 +61,7 @@ fi
 if has cmake; then
   say "cmake + ctest"
   { cmake -S . -B build/cmake -DCMAKE_BUILD_TYPE=Release -DPython3_EXECUTABLE="$(command -v python3)" > /dev/null \
-    && cmake --build build/cmake -j 16 > "$OUT/cmake.log" 2>&1 \
+    && cmake --build build/cmake -j 16 >> "$OUT/build.log" 2>&1 \
     && ctest --test-dir build/cmake --output-on-failure; } 2>&1 | tail -12 | tee -a "$LOG"
   [ "${PIPESTATUS[0]}" -eq 0 ] || status=1
 fi
