@@ -245,7 +245,7 @@ def record_meta(device: str | None = None) -> dict:
 
 
 # --------------------------------------------------------------------------- inputs and libraries
-def make_inputs(case: Case, device: str, seed: int = 0) -> dict:
+def make_inputs(case: Case, device: str, seed: int = 0, strong_decay: bool = False) -> dict:
     import torch
     import torch.nn.functional as F
     gen = torch.Generator(device=device).manual_seed(seed)
@@ -254,11 +254,15 @@ def make_inputs(case: Case, device: str, seed: int = 0) -> dict:
     q = F.normalize(rnd(1, T, hq, K), dim=-1).bfloat16()
     k = F.normalize(rnd(1, T, hq, K), dim=-1).bfloat16()
     v = rnd(1, T, hv, V).bfloat16()
-    g = F.logsigmoid(rnd(1, T, hv)) / 16
-    # as FlashQLA's benchmark: a quarter of the value heads (rounded down) carry no decay
-    n_keep = math.ceil(0.75 * hv)
-    no_decay = torch.randperm(hv, device=device, generator=gen)[n_keep:]
-    g[:, :, no_decay] = 0.0
+    if strong_decay:  # g down to -5 per token, and one head that never decays
+        g = -5 * torch.rand(1, T, hv, device=device, generator=gen)
+        g[:, :, 0] = 0.0
+    else:
+        g = F.logsigmoid(rnd(1, T, hv)) / 16
+        # as FlashQLA's benchmark: a quarter of the value heads (rounded down) carry no decay
+        n_keep = math.ceil(0.75 * hv)
+        no_decay = torch.randperm(hv, device=device, generator=gen)[n_keep:]
+        g[:, :, no_decay] = 0.0
     beta = torch.rand(1, T, hv, device=device, generator=gen).sigmoid()
     h0 = rnd(N, hv, K, V)
     do = rnd(1, T, hv, V).bfloat16()
@@ -440,13 +444,13 @@ def _rel(a, r) -> float:
     return float((a - r).norm()) / n if n > 0 else float((a - r).norm())
 
 
-def accuracy(libs: dict, device: str, seqlens=(300,), h_qk: int = 2, h_v: int = 4) -> tuple:
+def accuracy(libs: dict, device: str, seqlens=(300,), h_qk: int = 2, h_v: int = 4, strong_decay: bool = False) -> tuple:
     """Relative L2 errors against the float64 token recurrence (o, final state, and gradients with random do,
     dht). Returns ({lib: {key: err}}, [errors])."""
     import torch
     from flashqla.reference import recurrent_gdn
     case = Case("fwd", "accuracy", h_qk, h_v, "+".join(map(str, seqlens)), tuple(seqlens))
-    d = make_inputs(case, device, seed=1)
+    d = make_inputs(case, device, seed=1, strong_decay=strong_decay)
     names = ("q", "k", "v", "g", "beta", "h0")
     ref_leaves = [d[n].detach().cpu().double().requires_grad_(True) for n in names]
     with torch.enable_grad():
@@ -475,7 +479,8 @@ def accuracy(libs: dict, device: str, seqlens=(300,), h_qk: int = 2, h_v: int = 
                 raise RuntimeError(f"non-finite error for {bad}")
             res[lib] = row
         except Exception as e:
-            errs.append({"lib": lib, "stage": "accuracy", "error": _short(e)})
+            errs.append({"lib": lib, "stage": "accuracy" + ("_strong_decay" if strong_decay else ""),
+                         "error": _short(e)})
     return res, errs
 
 
@@ -570,13 +575,16 @@ def render_markdown(rec: dict, heading_level: int = 3) -> str:
             lines.append("| " + " | ".join(row) + " |")
         lines.append("")
     n_err = sum(len(c["errors"]) for c in rec["cases"]) + len(rec.get("errors", []))
-    acc = rec.get("accuracy") or {}
-    if acc:
+    ac = rec.get("accuracy_case", {})
+    for key, what in (("accuracy", "g = logsigmoid(randn)/16"),
+                      ("accuracy_strong_decay", "strong decay: g = -5 U(0, 1) per token, one head g = 0")):
+        acc = rec.get(key) or {}
+        if not acc:
+            continue
         keys = [k for k in ACCURACY_KEYS if any(k in r for r in acc.values())]
-        ac = rec.get("accuracy_case", {})
         lines += [f"{h} Accuracy: relative L2 error vs float64 recurrence "
-                  f"(seqlens {ac.get('seqlens')}, h_qk={ac.get('h_qk')}, h_v={ac.get('h_v')}, with h0 and dht)", "",
-                  "| library | " + " | ".join(keys) + " |", "|" + "---|" * (len(keys) + 1)]
+                  f"(seqlens {ac.get('seqlens')}, h_qk={ac.get('h_qk')}, h_v={ac.get('h_v')}, with h0 and dht; {what})",
+                  "", "| library | " + " | ".join(keys) + " |", "|" + "---|" * (len(keys) + 1)]
         for lib in LIBS:
             if lib in acc:
                 lines.append(f"| {LABELS[lib]} | " + " | ".join(
@@ -738,6 +746,9 @@ def merge_records(recs: list) -> dict:
     out["cases"] = [c for r in recs for c in r["cases"]]
     out["errors"] = [e for r in recs for e in r.get("errors", [])]
     out["accuracy"] = next((r["accuracy"] for r in recs if r.get("accuracy")), {})
+    strong = next((r["accuracy_strong_decay"] for r in recs if r.get("accuracy_strong_decay")), None)
+    if strong:
+        out["accuracy_strong_decay"] = strong
     acc_case = next((r.get("accuracy_case") for r in recs if r.get("accuracy")), None)
     if acc_case:
         out["accuracy_case"] = acc_case
@@ -833,6 +844,9 @@ def run(args) -> dict:
         rec["accuracy_case"] = {"seqlens": [300], "h_qk": 2, "h_v": 4, "reference": "flashqla.reference."
                                 "recurrent_gdn in float64 on CPU, autograd for gradients"}
         rec["accuracy"], acc_err = accuracy(libs, device)
+        rec["errors"] += acc_err
+        print("accuracy under strong decay (g = -5 U(0, 1) per token, one head g = 0) ...", flush=True)
+        rec["accuracy_strong_decay"], acc_err = accuracy(libs, device, strong_decay=True)
         rec["errors"] += acc_err
     rec["wall_s"] = round(time.perf_counter() - t_start, 1)
     validate_record(rec)
