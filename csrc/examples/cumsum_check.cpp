@@ -10,23 +10,10 @@
 #include <cuda_runtime_api.h>
 
 #include "flashqla/flashqla.h"
-
-#define CUDA_OK(x)                                                                  \
-  do {                                                                              \
-    cudaError_t e_ = (x);                                                           \
-    if (e_ != cudaSuccess) {                                                        \
-      std::fprintf(stderr, "%s failed: %s\n", #x, cudaGetErrorString(e_));          \
-      return 1;                                                                     \
-    }                                                                               \
-  } while (0)
+#include "example_util.h"
 
 int main() {
-  int count = 0;
-  // Without a GPU this returns an error (no driver), not 0 devices: both mean skip.
-  if (cudaGetDeviceCount(&count) != cudaSuccess || count == 0 || flashqla_check_device(0) != FLASHQLA_SUCCESS) {
-    std::printf("SKIP: no sm_90 GPU (%s)\n", flashqla_last_error());
-    return 77;
-  }
+  if (!have_sm90_device()) return kExitSkip;
   const std::vector<int32_t> cu = {0, 0, 1, 64, 129, 400};
   const int64_t T = 420, H = 8, C = 64;  // tokens past cu.back() must come out as 0
   std::mt19937 rng(1234);

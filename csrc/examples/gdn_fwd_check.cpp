@@ -12,15 +12,7 @@
 #include <cuda_runtime_api.h>
 
 #include "flashqla/flashqla.h"
-
-#define CUDA_OK(x)                                                                  \
-  do {                                                                              \
-    cudaError_t e_ = (x);                                                           \
-    if (e_ != cudaSuccess) {                                                        \
-      std::fprintf(stderr, "%s failed: %s\n", #x, cudaGetErrorString(e_));          \
-      return 1;                                                                     \
-    }                                                                               \
-  } while (0)
+#include "example_util.h"
 
 namespace {
 
@@ -49,11 +41,7 @@ double rel_l2(const std::vector<double>& ref, const std::vector<float>& got) {
 }  // namespace
 
 int main() {
-  int count = 0;
-  if (cudaGetDeviceCount(&count) != cudaSuccess || count == 0 || flashqla_check_device(0) != FLASHQLA_SUCCESS) {
-    std::printf("SKIP: no sm_90 GPU (%s)\n", flashqla_last_error());
-    return 77;
-  }
+  if (!have_sm90_device()) return kExitSkip;
   const int D = 128, Hq = 1, Hv = 2;
   const std::vector<int32_t> cu = {0, 70, 150};
   const int T = cu.back(), N = static_cast<int>(cu.size()) - 1;
