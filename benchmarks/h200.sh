@@ -53,7 +53,7 @@ fi
 
 if has test; then
   say "pytest"
-  timeout ${TEST_TIMEOUT:-240} python3 -m pytest tests -q -rs -p no:cacheprovider -s > "$OUT/tests.log" 2>&1
+  timeout ${TEST_TIMEOUT:-240} python3 -m pytest ${TEST_PATHS:-tests} -q -rs -p no:cacheprovider -s > "$OUT/tests.log" 2>&1
   rc=$?; grep -E "^(FAILED|ERROR)|passed|failed|anchor:|T=32768" "$OUT/tests.log" | tail -30 | tee -a "$LOG"
   [ $rc -eq 0 ] || status=1
 fi
