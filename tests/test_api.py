@@ -137,3 +137,15 @@ def test_low_level_pair_matches_autograd():
         flashqla.chunk_gdn_bwd(**d, do=do[:, :10])
     with pytest.raises(ValueError, match=r"dht must have shape \(2, 2, 32, 16\)"):
         flashqla.chunk_gdn_bwd(**d, do=do, dht=dht[:1])
+
+
+def test_torch_compile_fallback():
+    d = make_inputs(1, 70, 1, 2, 16, 16, dtype=torch.float32, seed=3)
+    f = torch.compile(flashqla.chunk_gdn)
+    o, s = f(**d, output_final_state=True)
+    o2, s2 = flashqla.chunk_gdn(**d, output_final_state=True)
+    assert rel_l2(o, o2) < 1e-5 and rel_l2(s, s2) < 1e-5
+    leaves = {k: v.clone().requires_grad_(True) for k, v in d.items()}
+    o, s = f(**leaves, output_final_state=True)
+    (o.sum() + s.sum()).backward()
+    assert all(torch.isfinite(x.grad).all() for x in leaves.values())

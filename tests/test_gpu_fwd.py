@@ -193,3 +193,11 @@ def test_gradients_through_chunk_gdn_on_gpu():
         e = rel_l2(b.cpu(), a)
         print(f"d{n}: {e:.2e}")
         assert e <= limits[n], n
+
+
+def test_torch_compile_kernel_path():
+    d = make([500, 300], 2, 4, seed=13)
+    f = torch.compile(flashqla.chunk_gdn)
+    o, s = f(**d, output_final_state=True)
+    o2, s2 = flashqla.chunk_gdn(**d, output_final_state=True)
+    assert torch.equal(o, o2) and torch.equal(s, s2)
