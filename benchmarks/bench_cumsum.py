@@ -18,7 +18,7 @@ import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 
 import flashqla  # noqa: E402
-from flashqla.bench import record_meta  # noqa: E402
+from flashqla.bench import record_meta, time_gpu  # noqa: E402
 from flashqla.reference import chunk_local_cumsum_torch  # noqa: E402
 
 CASES = [  # name, B, seqlens (None: dense B x T), T, H
@@ -38,7 +38,6 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--out-dir", default=os.environ.get("OUT"))
     args = ap.parse_args()
-    import triton.testing as tt
     try:
         from fla.ops.utils.cumsum import chunk_local_cumsum as fla_cumsum
         from fla.ops.utils.index import prepare_chunk_indices
@@ -61,15 +60,13 @@ def main():
                    "ms": {}, "rel_l2": {}, "errors": []}
             ours = lambda: flashqla.chunk_local_cumsum(g, 64, reverse=reverse, cu_seqlens=cu)  # noqa: E731
             row["rel_l2"]["flashqla"] = rel(ours(), ref)
-            row["ms"]["flashqla"] = {"eager": tt.do_bench(ours, warmup=25, rep=100, return_mode="median"),
-                                     "graph": tt.do_bench_cudagraph(ours, rep=100, return_mode="median")}
+            row["ms"]["flashqla"] = {m: time_gpu(ours, m) for m in ("eager", "graph")}
             if fla_cumsum is not None:
                 try:
                     ci = prepare_chunk_indices(cu, 64) if cu is not None else None
                     fla = lambda: fla_cumsum(g, 64, reverse=reverse, cu_seqlens=cu, chunk_indices=ci)  # noqa: E731
                     row["rel_l2"]["fla_triton"] = rel(fla(), ref)
-                    row["ms"]["fla_triton"] = {"eager": tt.do_bench(fla, warmup=25, rep=100, return_mode="median"),
-                                               "graph": tt.do_bench_cudagraph(fla, rep=100, return_mode="median")}
+                    row["ms"]["fla_triton"] = {m: time_gpu(fla, m) for m in ("eager", "graph")}
                 except Exception as e:  # noqa: BLE001
                     row["errors"].append(f"fla_triton: {type(e).__name__}: {str(e)[:200]}")
             n = B * T * H

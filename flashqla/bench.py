@@ -277,10 +277,8 @@ def load_libs(requested, device: str) -> dict:
     out = {}
     for lib in requested:
         if lib == "flashqla":
-            import inspect
             import flashqla
-            kw = "cu_seqlens_cpu" in inspect.signature(flashqla.chunk_gdn).parameters
-            out[lib] = {"api": flashqla.chunk_gdn, "cpu_kw": kw}
+            out[lib] = {"api": flashqla.chunk_gdn}
             continue
         if device != "cuda":
             out[lib] = "needs a CUDA GPU (Triton/TileLang kernels); this run is on the CPU fallback"
@@ -307,11 +305,10 @@ def load_libs(requested, device: str) -> dict:
     return out
 
 
-def _flashqla_call(api, cpu_kw, d, q, k, v, g, beta, h0):
-    kw = dict(scale=d["scale"], initial_state=h0, output_final_state=True, cu_seqlens=d["cu"])
-    if cpu_kw:
-        kw["cu_seqlens_cpu"] = d["cu_cpu"]   # lets flashqla check cu_seqlens without a device sync
-    return api(q, k, v, g, beta, **kw)
+def _flashqla_call(api, d, q, k, v, g, beta, h0):
+    # cu_seqlens_cpu lets flashqla check cu_seqlens without a device sync
+    return api(q, k, v, g, beta, scale=d["scale"], initial_state=h0, output_final_state=True, cu_seqlens=d["cu"],
+               cu_seqlens_cpu=d["cu_cpu"])
 
 
 def build_fn(lib: str, impl: dict, case: Case, d: dict):
@@ -321,11 +318,11 @@ def build_fn(lib: str, impl: dict, case: Case, d: dict):
                                                                "cu", "scale"))
     if lib == "flashqla":
         if case.direction == "fwd":
-            return lambda: _flashqla_call(impl["api"], impl["cpu_kw"], d, q, k, v, g, beta, h0)
+            return lambda: _flashqla_call(impl["api"], d, q, k, v, g, beta, h0)
         # no backward kernel yet: autograd through chunk_gdn, given the forward's saved graph
         leaves = [x.detach().clone().requires_grad_(True) for x in (q, k, v, g, beta, h0)]
         with torch.enable_grad():
-            o, ht = _flashqla_call(impl["api"], impl["cpu_kw"], d, *leaves)
+            o, ht = _flashqla_call(impl["api"], d, *leaves)
         return lambda: torch.autograd.grad((o, ht), leaves, (do, dht), retain_graph=True)
     fwd_kw = dict(scale=scale, initial_state=h0, output_final_state=True, cu_seqlens=cu)
     if lib == "fla_triton":
@@ -465,7 +462,7 @@ def accuracy(libs: dict, device: str, seqlens=(300,), h_qk: int = 2, h_v: int = 
             leaves = [d[n].detach().clone().requires_grad_(True) for n in names]
             with torch.enable_grad():
                 if lib == "flashqla":
-                    o, ht = _flashqla_call(impl["api"], impl["cpu_kw"], d, *leaves)
+                    o, ht = _flashqla_call(impl["api"], d, *leaves)
                 else:
                     o, ht = impl["api"](*leaves[:5], scale=d["scale"], initial_state=leaves[5],
                                         output_final_state=True, cu_seqlens=d["cu"])
