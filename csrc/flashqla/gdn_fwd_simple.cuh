@@ -21,8 +21,7 @@
 
 #include <type_traits>
 
-#include "common.h"
-#include "flashqla/flashqla.h"
+#include "gdn_fwd_common.cuh"
 
 namespace flashqla {
 namespace gdn_fwd_simple {
@@ -36,7 +35,6 @@ constexpr int kBlockV = 64;                  // V columns per CTA (exact split: 
 constexpr int kVBlocks = kHeadDimV / kBlockV;
 constexpr int kWarps = 8;
 constexpr int kThreads = kWarps * 32;
-constexpr int kTailBlocks = 32;              // CTAs that zero o past cu_seqlens[-1]
 // Padded leading dimensions (elements) against bank conflicts; each keeps the
 // 32-byte tile alignment WMMA needs.
 constexpr int kLdK = kHeadDimK + 8;          // K, Q rows (16-bit)
@@ -84,22 +82,6 @@ struct SharedStorage {
   float G[kChunk], beta[kChunk], gamma[kChunk], decay_end[kChunk];
 };
 
-template <typename T> CUTLASS_DEVICE float to_f(T x);
-template <> CUTLASS_DEVICE float to_f<float>(float x) { return x; }
-template <> CUTLASS_DEVICE float to_f<__nv_bfloat16>(__nv_bfloat16 x) { return __bfloat162float(x); }
-template <> CUTLASS_DEVICE float to_f<__half>(__half x) { return __half2float(x); }
-template <typename T> CUTLASS_DEVICE T from_f(float x);
-template <> CUTLASS_DEVICE __nv_bfloat16 from_f<__nv_bfloat16>(float x) { return __float2bfloat16_rn(x); }
-template <> CUTLASS_DEVICE __half from_f<__half>(float x) { return __float2half_rn(x); }
-
-CUTLASS_DEVICE float load_scalar(const void* p, flashqla_dtype_t dt, int64_t off) {
-  switch (dt) {
-    case FLASHQLA_BFLOAT16: return __bfloat162float(static_cast<const __nv_bfloat16*>(p)[off]);
-    case FLASHQLA_FLOAT16: return __half2float(static_cast<const __half*>(p)[off]);
-    default: return static_cast<const float*>(p)[off];
-  }
-}
-
 // acc += A[16 x K] * B[K x 16]; A and B point at the tile's first row / column.
 template <int K, typename T, typename LayoutA, typename LayoutB>
 CUTLASS_DEVICE void mma_tile(FragAcc& acc, const T* A, int lda, const T* B, int ldb) {
@@ -128,22 +110,6 @@ CUTLASS_DEVICE void gemm64_tile(int tile, const T* A, int lda, const T* B, int l
   wmma::store_matrix_sync(C + tm * 16 * kLdF + tn * 16, acc, kLdF, wmma::mem_row_major);
 }
 
-// Sequence n's token range and batch row.
-template <typename IndexT>
-CUTLASS_DEVICE void sequence_bounds(const flashqla_gdn_fwd_params_t& p, int64_t n, int64_t& b, int64_t& bos,
-                                    int64_t& eos) {
-  if (p.cu_seqlens == nullptr) {
-    b = n; bos = 0; eos = p.seqlen;
-    return;
-  }
-  const IndexT* cu = static_cast<const IndexT*>(p.cu_seqlens);
-  auto clampT = [&](int64_t x) { return x < 0 ? int64_t(0) : (x > p.seqlen ? p.seqlen : x); };
-  b = 0;
-  bos = clampT(static_cast<int64_t>(cu[n]));
-  eos = clampT(static_cast<int64_t>(cu[n + 1]));
-  if (eos < bos) eos = bos;  // malformed cu_seqlens: an empty sequence, never a negative length
-}
-
 template <typename T, typename IndexT>
 __global__ void __launch_bounds__(kThreads, 1) gdn_fwd_simple_kernel(const __grid_constant__ flashqla_gdn_fwd_params_t p) {
   extern __shared__ __align__(128) unsigned char smem_raw[];
@@ -152,17 +118,7 @@ __global__ void __launch_bounds__(kThreads, 1) gdn_fwd_simple_kernel(const __gri
   const int64_t main_blocks = p.num_seqs * p.heads_v * kVBlocks;
 
   if (static_cast<int64_t>(blockIdx.x) >= main_blocks) {
-    // Tail CTAs: zero every row of o past the last sequence (varlen with T > cu[N]).
-    int64_t b, bos, end;
-    sequence_bounds<IndexT>(p, p.num_seqs - 1, b, bos, end);
-    const int64_t vec_per_row = kHeadDimV / 8;
-    const int64_t total = (p.seqlen - end) * p.heads_v * vec_per_row;
-    const uint4 zero = make_uint4(0, 0, 0, 0);
-    for (int64_t i = (blockIdx.x - main_blocks) * kThreads + tid; i < total; i += int64_t(kTailBlocks) * kThreads) {
-      const int64_t t = end + i / (p.heads_v * vec_per_row);
-      const int64_t h = (i / vec_per_row) % p.heads_v, c = i % vec_per_row;
-      *reinterpret_cast<uint4*>(static_cast<T*>(p.o) + t * p.o_stride_time + h * p.o_stride_head + c * 8) = zero;
-    }
+    zero_rows_past_end<T, IndexT>(p, blockIdx.x - main_blocks, kTailBlocks, tid, kThreads);
     return;
   }
 

@@ -1,0 +1,67 @@
+// Device helpers shared by the forward kernels (torch-free): element
+// conversions, runtime-dtype scalar loads, sequence bounds and the zeroing of
+// output rows past the last sequence.
+#pragma once
+
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+
+#include "common.h"
+#include "flashqla/flashqla.h"
+
+namespace flashqla {
+
+constexpr int kTailBlocks = 32;  // extra CTAs that zero o past cu_seqlens[-1]
+
+template <typename T> CUTLASS_DEVICE float to_f(T x);
+template <> CUTLASS_DEVICE float to_f<float>(float x) { return x; }
+template <> CUTLASS_DEVICE float to_f<__nv_bfloat16>(__nv_bfloat16 x) { return __bfloat162float(x); }
+template <> CUTLASS_DEVICE float to_f<__half>(__half x) { return __half2float(x); }
+template <typename T> CUTLASS_DEVICE T from_f(float x);
+template <> CUTLASS_DEVICE __nv_bfloat16 from_f<__nv_bfloat16>(float x) { return __float2bfloat16_rn(x); }
+template <> CUTLASS_DEVICE __half from_f<__half>(float x) { return __float2half_rn(x); }
+
+CUTLASS_DEVICE float load_scalar(const void* p, flashqla_dtype_t dt, int64_t off) {
+  switch (dt) {
+    case FLASHQLA_BFLOAT16: return __bfloat162float(static_cast<const __nv_bfloat16*>(p)[off]);
+    case FLASHQLA_FLOAT16: return __half2float(static_cast<const __half*>(p)[off]);
+    default: return static_cast<const float*>(p)[off];
+  }
+}
+
+// Sequence n's token range and batch row. cu_seqlens values are clamped to
+// [0, seqlen] and a decreasing pair reads as an empty sequence, so malformed
+// values give wrong bounds, never out-of-bounds accesses.
+template <typename IndexT>
+CUTLASS_DEVICE void sequence_bounds(const flashqla_gdn_fwd_params_t& p, int64_t n, int64_t& b, int64_t& bos,
+                                    int64_t& eos) {
+  if (p.cu_seqlens == nullptr) {
+    b = n; bos = 0; eos = p.seqlen;
+    return;
+  }
+  const IndexT* cu = static_cast<const IndexT*>(p.cu_seqlens);
+  auto clampT = [&](int64_t x) { return x < 0 ? int64_t(0) : (x > p.seqlen ? p.seqlen : x); };
+  b = 0;
+  bos = clampT(static_cast<int64_t>(cu[n]));
+  eos = clampT(static_cast<int64_t>(cu[n + 1]));
+  if (eos < bos) eos = bos;
+}
+
+// Tail CTA `tail` of `tails`: zero every row of o past the last sequence
+// (varlen with T > cu_seqlens[-1]), 16 bytes per store.
+template <typename T, typename IndexT>
+CUTLASS_DEVICE void zero_rows_past_end(const flashqla_gdn_fwd_params_t& p, int64_t tail, int tails, int tid,
+                                       int threads) {
+  int64_t b, bos, end;
+  sequence_bounds<IndexT>(p, p.num_seqs - 1, b, bos, end);
+  const int64_t vec_per_row = p.head_dim_v / 8;
+  const int64_t total = (p.seqlen - end) * p.heads_v * vec_per_row;
+  const uint4 zero = make_uint4(0, 0, 0, 0);
+  for (int64_t i = tail * threads + tid; i < total; i += int64_t(tails) * threads) {
+    const int64_t t = end + i / (p.heads_v * vec_per_row);
+    const int64_t h = (i / vec_per_row) % p.heads_v, c = i % vec_per_row;
+    *reinterpret_cast<uint4*>(static_cast<T*>(p.o) + t * p.o_stride_time + h * p.o_stride_head + c * 8) = zero;
+  }
+}
+
+}  // namespace flashqla
