@@ -3,6 +3,8 @@
 #include <cstdarg>
 #include <cstdint>
 #include <cstdio>
+#include <cstdlib>
+#include <cstring>
 #include <string>
 
 #include <cuda_runtime_api.h>
@@ -165,8 +167,16 @@ flashqla_status_t flashqla_gdn_fwd(const flashqla_gdn_fwd_params_t* p, cudaStrea
     return fail(FLASHQLA_ERROR_INVALID_ARGUMENT, "initial_state and final_state must be 32-byte aligned");
   flashqla_status_t st = check_current_device();
   if (st != FLASHQLA_SUCCESS) return st;
-  const cudaError_t err = p->qkv_dtype == FLASHQLA_BFLOAT16 ? flashqla::launch_gdn_fwd_bf16(*p, stream)
-                                                           : flashqla::launch_gdn_fwd_fp16(*p, stream);
+  // FLASHQLA_FWD_KERNEL=simple selects the v1 kernel (the correctness baseline), read once.
+  static const bool simple = [] {
+    const char* e = std::getenv("FLASHQLA_FWD_KERNEL");
+    return e != nullptr && std::strcmp(e, "simple") == 0;
+  }();
+  const bool bf16 = p->qkv_dtype == FLASHQLA_BFLOAT16;
+  const cudaError_t err = simple ? (bf16 ? flashqla::launch_gdn_fwd_simple_bf16(*p, stream)
+                                         : flashqla::launch_gdn_fwd_simple_fp16(*p, stream))
+                                 : (bf16 ? flashqla::launch_gdn_fwd_mma_bf16(*p, stream)
+                                         : flashqla::launch_gdn_fwd_mma_fp16(*p, stream));
   return from_cuda(err, "gdn_fwd launch");
 }
 

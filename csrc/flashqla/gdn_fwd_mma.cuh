@@ -1,0 +1,518 @@
+// Fused chunked gated-delta-rule forward, version 2: warp-specialised, with
+// the serial state chain kept entirely in registers.
+//
+// One CTA per (sequence, value head, 64-column V block), two roles:
+//  * 4 aux warps (one 16-row block of the chunk each) load chunk c into a
+//    2-stage shared-memory ring (cp.async) and compute everything that does not
+//    depend on the state: the cumsum of g, K K^T and Q K^T, the fp32 inverse
+//    A = (I + StrictLower(diag(beta) K K^T))^-1 (tf32 block merges),
+//    X = diag(beta) A^T K and W = (Q K^T * Gamma)(Gamma * A) diag(beta).
+//  * 4 state warps (16 V columns each) hold S^T (64 x 128 per CTA, fp32) in
+//    mma accumulators and run, per chunk, only what needs S:
+//      KS^T = S^T K^T,  QS^T = S^T Q^T                        (one pass over S)
+//      Z^T  = V^T - KS^T diag(gamma)
+//      Y^T  = V^T diag(gamma_C / gamma) - gamma_C KS^T
+//      O^T  = scale (QS^T diag(gamma) + Z^T W^T)
+//      S^T  = gamma_C S^T + Y^T X                              (Y^T as bf16 hi + lo)
+//    Because an mma accumulator has the layout of the next mma's A operand,
+//    S^T -> KS^T -> Y^T -> S^T never leaves registers, and the four warps
+//    never talk to each other on the chain (V columns are independent).
+// The roles hand stages over through named barriers (full / empty per stage),
+// so the aux warps work on chunk c + 1 while the state warps run chunk c.
+// Math: gdn-algorithm.md section 2 (S' = gamma_C S + X^T Y, O through K S).
+#pragma once
+
+#include "gdn_fwd_common.cuh"
+#include "warp_mma.cuh"
+
+namespace flashqla {
+namespace gdn_fwd_mma {
+
+constexpr int kChunk = 64;
+constexpr int kDimK = 128;
+constexpr int kDimV = 128;
+constexpr int kBlockV = 64;                       // V columns per CTA
+constexpr int kVBlocks = kDimV / kBlockV;
+constexpr int kStateWarps = kBlockV / 16;         // 16 V columns (rows of S^T) each
+constexpr int kAuxWarps = kChunk / 16;            // 16 chunk rows each
+constexpr int kStateThreads = kStateWarps * 32;
+constexpr int kAuxThreads = kAuxWarps * 32;
+constexpr int kThreads = kStateThreads + kAuxThreads;
+constexpr int kStages = 2;
+constexpr int kLdK = kDimK + 8;                   // 272-byte rows: the 8 rows of an ldmatrix hit distinct banks
+constexpr int kLdC = kChunk + 8;                  // 64-wide 16-bit tiles
+constexpr int kLdF = kChunk + 4;                  // 64-wide fp32 tiles
+constexpr int kLdS = 32 + 4;                      // 32-wide fp32 scratch
+
+enum Barrier : uint32_t {
+  kBarFull = 1,                  // + stage: aux -> state, the stage holds a chunk's operands
+  kBarEmpty = kBarFull + kStages,  // + stage: state -> aux, the stage may be refilled
+  kBarAux = kBarEmpty + kStages,   // among the aux warps
+  kBarState = kBarAux + 1,         // among the state warps
+};
+
+template <typename T>
+struct alignas(128) Stage {
+  T k[kChunk * kLdK];   // K rows (l2-normalised when asked)
+  T q[kChunk * kLdK];
+  T x[kChunk * kLdK];   // X = diag(beta) A^T K
+  T v[kChunk * kLdC];   // this CTA's V columns
+  T w[kChunk * kLdC];   // W = (Q K^T * Gamma)(Gamma * A) diag(beta), lower triangular
+  float gamma[kChunk];  // e^{G_i}
+  float decay[kChunk];  // e^{G_C - G_i}
+};
+
+template <typename T>
+struct SharedStorage {
+  Stage<T> stage[kStages];
+  alignas(16) float l[kChunk * kLdF];   // L = StrictLower(diag(beta) K K^T)   (aux only)
+  alignas(16) float a[kChunk * kLdF];   // A = (I + L)^-1                      (aux only)
+  alignas(16) float scratch[32 * kLdS]; // inverse merge products              (aux only)
+  alignas(16) T m[kChunk * kLdC];       // (Gamma * A) diag(beta)              (aux only)
+  alignas(16) T o[2][kChunk * kLdC];    // output tiles on their way out      (state only)
+  float G[kChunk], beta[kChunk];        //                                     (aux only)
+};
+
+// Where one CTA's work lives.
+template <typename T>
+struct Work {
+  const T* q;   // row 0 of the sequence, this head
+  const T* k;
+  const T* v;   // ... and this CTA's first V column
+  T* o;
+  int64_t b, h, t0, len, state_off;
+  int64_t num_chunks;
+};
+
+template <typename T>
+CUTLASS_DEVICE void aux_role(const flashqla_gdn_fwd_params_t& p, SharedStorage<T>& sm, const Work<T>& wk) {
+  using namespace warp;
+  const int tid = threadIdx.x - kStateThreads, w = tid >> 5, lane = tid & 31;
+  const int gq = lane >> 2, tq = lane & 3;
+  const LdsmOffsets ld(lane);
+  const int i0 = 16 * w + gq, i1 = i0 + 8;  // this thread's two chunk rows in C fragments
+
+  for (int64_t c = 0; c < wk.num_chunks; ++c) {
+    const int st = static_cast<int>(c % kStages);
+    Stage<T>& S = sm.stage[st];
+    const int64_t t0 = wk.t0 + c * kChunk;
+    const int rows = static_cast<int>(wk.len - c * kChunk < kChunk ? wk.len - c * kChunk : kChunk);
+    if (c >= kStages) bar_sync(kBarEmpty + st, kThreads);
+
+    // ---- loads: K, Q, V rows (zero past the end), g and beta (0 past the end)
+    for (int i = tid; i < kChunk * kDimK / 8; i += kAuxThreads) {
+      const int r = i >> 4, c8 = (i & 15) * 8;
+      const bool ok = r < rows;
+      cp_async_16(&S.k[r * kLdK + c8], ok ? wk.k + (t0 - wk.t0 + r) * p.k_stride_time + c8 : wk.k, ok);
+      cp_async_16(&S.q[r * kLdK + c8], ok ? wk.q + (t0 - wk.t0 + r) * p.q_stride_time + c8 : wk.q, ok);
+    }
+    for (int i = tid; i < kChunk * kBlockV / 8; i += kAuxThreads) {
+      const int r = i >> 3, c8 = (i & 7) * 8;
+      const bool ok = r < rows;
+      cp_async_16(&S.v[r * kLdC + c8], ok ? wk.v + (t0 - wk.t0 + r) * p.v_stride_time + c8 : wk.v, ok);
+    }
+    if (w == 0) {
+      // chunk-local cumsum: lane holds rows 2 lane, 2 lane + 1
+      float gv[2], bv[2];
+#pragma unroll
+      for (int e = 0; e < 2; ++e) {
+        const int r = 2 * lane + e;
+        const int64_t t = t0 + r;
+        gv[e] = r < rows ? load_scalar(p.g, p.g_dtype, wk.b * p.g_stride_batch + t * p.g_stride_time + wk.h * p.g_stride_head) : 0.f;
+        bv[e] = r < rows ? load_scalar(p.beta, p.beta_dtype,
+                                       wk.b * p.beta_stride_batch + t * p.beta_stride_time + wk.h * p.beta_stride_head) : 0.f;
+      }
+      float incl = gv[0] + gv[1];
+#pragma unroll
+      for (int off = 1; off < 32; off <<= 1) {
+        const float up = __shfl_up_sync(0xffffffffu, incl, off);
+        if (lane >= off) incl += up;
+      }
+      const float Gc = __shfl_sync(0xffffffffu, incl, 31);  // padding has g = 0: the last real G
+      const float G1 = incl, G0 = incl - gv[1];
+      sm.G[2 * lane] = G0;
+      sm.G[2 * lane + 1] = G1;
+      sm.beta[2 * lane] = bv[0];
+      sm.beta[2 * lane + 1] = bv[1];
+      S.gamma[2 * lane] = __expf(G0);
+      S.gamma[2 * lane + 1] = __expf(G1);
+      S.decay[2 * lane] = __expf(Gc - G0);
+      S.decay[2 * lane + 1] = __expf(Gc - G1);
+    }
+    cp_async_wait_all();
+    bar_sync(kBarAux, kAuxThreads);
+
+    if (p.use_qk_l2norm) {
+      // one thread per row: 64 K rows, then 64 Q rows
+      T* row = tid < kChunk ? &S.k[tid * kLdK] : &S.q[(tid - kChunk) * kLdK];
+      float ss = 0.f;
+#pragma unroll
+      for (int j = 0; j < kDimK; j += 8) {
+        const uint4 u = *reinterpret_cast<const uint4*>(row + j);
+        const uint32_t* pw = reinterpret_cast<const uint32_t*>(&u);
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          const float2 f = unpack2<T>(pw[e]);
+          ss += f.x * f.x + f.y * f.y;
+        }
+      }
+      const float rn = rsqrtf(ss + 1e-6f);
+#pragma unroll
+      for (int j = 0; j < kDimK; j += 8) {
+        uint4 u = *reinterpret_cast<const uint4*>(row + j);
+        uint32_t* pw = reinterpret_cast<uint32_t*>(&u);
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          const float2 f = unpack2<T>(pw[e]);
+          pw[e] = pack2<T>(f.x * rn, f.y * rn);
+        }
+        *reinterpret_cast<uint4*>(row + j) = u;
+      }
+      bar_sync(kBarAux, kAuxThreads);
+    }
+
+    // ---- K K^T and Q K^T for rows [16w, 16w + 16), column tiles up to the diagonal
+    float kk[8][4], qk[8][4];
+#pragma unroll
+    for (int nt = 0; nt < 8; ++nt)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) kk[nt][e] = qk[nt][e] = 0.f;
+#pragma unroll
+    for (int ks = 0; ks < kDimK / 16; ++ks) {
+      uint32_t ak[4], aq[4];
+      ldsm_x4(ak, &S.k[(16 * w + ld.a_row) * kLdK + 16 * ks + ld.a_col]);
+      ldsm_x4(aq, &S.q[(16 * w + ld.a_row) * kLdK + 16 * ks + ld.a_col]);
+#pragma unroll
+      for (int np = 0; np < 4; ++np) {
+        if (np > w) continue;
+        uint32_t b[4];
+        ldsm_x4(b, &S.k[(16 * np + ld.b_row) * kLdK + 16 * ks + ld.b_col]);
+        mma<T>(kk[2 * np], ak, b[0], b[1]);
+        mma<T>(kk[2 * np + 1], ak, b[2], b[3]);
+        mma<T>(qk[2 * np], aq, b[0], b[1]);
+        mma<T>(qk[2 * np + 1], aq, b[2], b[3]);
+      }
+    }
+    // L = StrictLower(diag(beta) K K^T) to shared memory; P = Q K^T * Gamma stays in registers (in qk)
+    {
+      const float G0 = sm.G[i0], G1 = sm.G[i1], b0 = sm.beta[i0], b1 = sm.beta[i1];
+#pragma unroll
+      for (int nt = 0; nt < 8; ++nt) {
+        if (nt > 2 * w + 1) continue;
+        const int j = 8 * nt + 2 * tq;
+        const float Gj0 = sm.G[j], Gj1 = sm.G[j + 1];
+        sm.l[i0 * kLdF + j] = j < i0 ? b0 * kk[nt][0] : 0.f;
+        sm.l[i0 * kLdF + j + 1] = j + 1 < i0 ? b0 * kk[nt][1] : 0.f;
+        sm.l[i1 * kLdF + j] = j < i1 ? b1 * kk[nt][2] : 0.f;
+        sm.l[i1 * kLdF + j + 1] = j + 1 < i1 ? b1 * kk[nt][3] : 0.f;
+        qk[nt][0] = j <= i0 ? qk[nt][0] * __expf(G0 - Gj0) : 0.f;
+        qk[nt][1] = j + 1 <= i0 ? qk[nt][1] * __expf(G0 - Gj1) : 0.f;
+        qk[nt][2] = j <= i1 ? qk[nt][2] * __expf(G1 - Gj0) : 0.f;
+        qk[nt][3] = j + 1 <= i1 ? qk[nt][3] * __expf(G1 - Gj1) : 0.f;
+      }
+    }
+    bar_sync(kBarAux, kAuxThreads);
+
+    // ---- A = (I + L)^-1, fp32. Diagonal 16 x 16 blocks by forward substitution: lane < 16 owns a column.
+    if (lane < 16) {
+      const int o = 16 * w;
+      float x[16];
+#pragma unroll
+      for (int r = 0; r < 16; ++r) {
+        float acc = 0.f;
+#pragma unroll
+        for (int m = 0; m < r; ++m) acc += sm.l[(o + r) * kLdF + o + m] * x[m];
+        x[r] = r == lane ? 1.f : (r < lane ? 0.f : -acc);
+      }
+#pragma unroll
+      for (int r = 0; r < 16; ++r) sm.a[(o + r) * kLdF + o + lane] = x[r];
+    }
+    bar_sync(kBarAux, kAuxThreads);
+    // 16 -> 32 (warps 1 and 3): A21 = -A22 (L21 A11)
+    if (w & 1) {
+      const int o = 16 * (w - 1);
+      float* tmp = &sm.scratch[o / 2 * kLdS];
+      float t[2][4] = {};
+      mma16x16_tf32(t, &sm.l[(o + 16) * kLdF + o], kLdF, &sm.a[o * kLdF + o], kLdF, 2, lane);
+      store16x16(tmp, kLdS, t, 1.f, lane);
+      __syncwarp();
+      float r[2][4] = {};
+      mma16x16_tf32(r, &sm.a[(o + 16) * kLdF + o + 16], kLdF, tmp, kLdS, 2, lane);
+      store16x16(&sm.a[(o + 16) * kLdF + o], kLdF, r, -1.f, lane);
+    }
+    bar_sync(kBarAux, kAuxThreads);
+    // 32 -> 64: T = L_bl A_tl (warp w: 16 x 16 block (w / 2, w % 2)), then A_bl = -A_br T
+    {
+      const int rb = w >> 1, cb = w & 1;
+      float t[2][4] = {};
+      for (int kb = cb; kb < 2; ++kb)
+        mma16x16_tf32(t, &sm.l[(32 + 16 * rb) * kLdF + 16 * kb], kLdF, &sm.a[16 * kb * kLdF + 16 * cb], kLdF, 2, lane);
+      store16x16(&sm.scratch[16 * rb * kLdS + 16 * cb], kLdS, t, 1.f, lane);
+      bar_sync(kBarAux, kAuxThreads);
+      float r[2][4] = {};
+      for (int kb = 0; kb <= rb; ++kb)
+        mma16x16_tf32(r, &sm.a[(32 + 16 * rb) * kLdF + 32 + 16 * kb], kLdF, &sm.scratch[16 * kb * kLdS + 16 * cb], kLdS,
+                      2, lane);
+      store16x16(&sm.a[(32 + 16 * rb) * kLdF + 16 * cb], kLdF, r, -1.f, lane);
+    }
+    bar_sync(kBarAux, kAuxThreads);
+
+    // ---- M = (Gamma * A) diag(beta) (shared, T)
+    for (int e = tid; e < kChunk * kChunk; e += kAuxThreads) {
+      const int i = e >> 6, j = e & 63;
+      const float val = j <= i ? __expf(sm.G[i] - sm.G[j]) * sm.a[i * kLdF + j] * sm.beta[j] : 0.f;
+      sm.m[i * kLdC + j] = from_f<T>(val);
+    }
+    // ---- X = diag(beta) A^T K, rows [16w, 16w + 16): A operand (i, m) = beta_i A[m][i], m >= 16w
+    {
+      const float b0 = sm.beta[i0], b1 = sm.beta[i1];
+      float xa[16][4];
+#pragma unroll
+      for (int nt = 0; nt < 16; ++nt)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) xa[nt][e] = 0.f;
+#pragma unroll
+      for (int ks = 0; ks < 4; ++ks) {
+        if (ks < w) continue;
+        const int m0 = 16 * ks + 2 * tq;
+        const float* A = sm.a;
+        const uint32_t af[4] = {pack2<T>(b0 * A[m0 * kLdF + i0], b0 * A[(m0 + 1) * kLdF + i0]),
+                                pack2<T>(b1 * A[m0 * kLdF + i1], b1 * A[(m0 + 1) * kLdF + i1]),
+                                pack2<T>(b0 * A[(m0 + 8) * kLdF + i0], b0 * A[(m0 + 9) * kLdF + i0]),
+                                pack2<T>(b1 * A[(m0 + 8) * kLdF + i1], b1 * A[(m0 + 9) * kLdF + i1])};
+#pragma unroll
+        for (int np = 0; np < 8; ++np) {
+          uint32_t b[4];
+          ldsm_x4_trans(b, &S.k[(16 * ks + ld.bt_row) * kLdK + 16 * np + ld.bt_col]);
+          mma<T>(xa[2 * np], af, b[0], b[1]);
+          mma<T>(xa[2 * np + 1], af, b[2], b[3]);
+        }
+      }
+#pragma unroll
+      for (int nt = 0; nt < 16; ++nt) {
+        const int j = 8 * nt + 2 * tq;
+        *reinterpret_cast<uint32_t*>(&S.x[i0 * kLdK + j]) = pack2<T>(xa[nt][0], xa[nt][1]);
+        *reinterpret_cast<uint32_t*>(&S.x[i1 * kLdK + j]) = pack2<T>(xa[nt][2], xa[nt][3]);
+      }
+    }
+    bar_sync(kBarAux, kAuxThreads);  // M complete
+
+    // ---- W = P M, rows [16w, 16w + 16); P from registers, M lower triangular
+    {
+      float wa[8][4];
+#pragma unroll
+      for (int nt = 0; nt < 8; ++nt)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) wa[nt][e] = 0.f;
+#pragma unroll
+      for (int kb = 0; kb < 4; ++kb) {
+        if (kb > w) continue;
+        const uint32_t pa[4] = {pack2<T>(qk[2 * kb][0], qk[2 * kb][1]), pack2<T>(qk[2 * kb][2], qk[2 * kb][3]),
+                                pack2<T>(qk[2 * kb + 1][0], qk[2 * kb + 1][1]),
+                                pack2<T>(qk[2 * kb + 1][2], qk[2 * kb + 1][3])};
+#pragma unroll
+        for (int np = 0; np < 4; ++np) {
+          if (np > kb) continue;
+          uint32_t b[4];
+          ldsm_x4_trans(b, &sm.m[(16 * kb + ld.bt_row) * kLdC + 16 * np + ld.bt_col]);
+          mma<T>(wa[2 * np], pa, b[0], b[1]);
+          mma<T>(wa[2 * np + 1], pa, b[2], b[3]);
+        }
+      }
+#pragma unroll
+      for (int nt = 0; nt < 8; ++nt) {
+        const int j = 8 * nt + 2 * tq;
+        *reinterpret_cast<uint32_t*>(&S.w[i0 * kLdC + j]) = pack2<T>(wa[nt][0], wa[nt][1]);
+        *reinterpret_cast<uint32_t*>(&S.w[i1 * kLdC + j]) = pack2<T>(wa[nt][2], wa[nt][3]);
+      }
+    }
+    bar_arrive(kBarFull + st, kThreads);
+  }
+}
+
+template <typename T>
+CUTLASS_DEVICE void state_role(const flashqla_gdn_fwd_params_t& p, SharedStorage<T>& sm, const Work<T>& wk) {
+  using namespace warp;
+  const int tid = threadIdx.x, s = tid >> 5, lane = tid & 31;
+  const int gq = lane >> 2, tq = lane & 3;
+  const LdsmOffsets ld(lane);
+  const int v0 = 16 * s + gq;  // this thread's V columns (within the CTA block): v0 and v0 + 8
+
+  // S^T: 16 V rows x 128 K columns per warp, as 16 C tiles of 8 K columns.
+  float sacc[16][4];
+#pragma unroll
+  for (int j = 0; j < 16; ++j)
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+      const int kcol = 8 * j + 2 * tq + (e & 1), vrow = v0 + 8 * (e >> 1);
+      sacc[j][e] = p.initial_state != nullptr ? p.initial_state[wk.state_off + int64_t(kcol) * kDimV + vrow] : 0.f;
+    }
+
+  for (int64_t c = 0; c < wk.num_chunks; ++c) {
+    const int st = static_cast<int>(c % kStages);
+    const Stage<T>& S = sm.stage[st];
+    const int rows = static_cast<int>(wk.len - c * kChunk < kChunk ? wk.len - c * kChunk : kChunk);
+    bar_sync(kBarFull + st, kThreads);
+
+    // S^T as the A operand (k = K dimension), rounded once per chunk
+    uint32_t sa[8][4];
+#pragma unroll
+    for (int kk = 0; kk < 8; ++kk) {
+      sa[kk][0] = pack2<T>(sacc[2 * kk][0], sacc[2 * kk][1]);
+      sa[kk][1] = pack2<T>(sacc[2 * kk][2], sacc[2 * kk][3]);
+      sa[kk][2] = pack2<T>(sacc[2 * kk + 1][0], sacc[2 * kk + 1][1]);
+      sa[kk][3] = pack2<T>(sacc[2 * kk + 1][2], sacc[2 * kk + 1][3]);
+    }
+    // KS^T and QS^T (16 V rows x 64 chunk columns)
+    float ks[8][4], os[8][4];
+#pragma unroll
+    for (int nt = 0; nt < 8; ++nt)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) ks[nt][e] = os[nt][e] = 0.f;
+#pragma unroll
+    for (int kk = 0; kk < 8; ++kk) {
+#pragma unroll
+      for (int np = 0; np < 4; ++np) {
+        uint32_t b[4];
+        ldsm_x4(b, &S.k[(16 * np + ld.b_row) * kLdK + 16 * kk + ld.b_col]);
+        mma<T>(ks[2 * np], sa[kk], b[0], b[1]);
+        mma<T>(ks[2 * np + 1], sa[kk], b[2], b[3]);
+        ldsm_x4(b, &S.q[(16 * np + ld.b_row) * kLdK + 16 * kk + ld.b_col]);
+        mma<T>(os[2 * np], sa[kk], b[0], b[1]);
+        mma<T>(os[2 * np + 1], sa[kk], b[2], b[3]);
+      }
+    }
+
+    // Z^T = V^T - KS^T diag(gamma), Y^T = V^T diag(decay) - gamma_C KS^T, O^T = QS^T diag(gamma)
+    const float gamma_c = S.gamma[kChunk - 1];
+    uint32_t za[4][4], yh[4][4], yl[4][4];
+#pragma unroll
+    for (int kb = 0; kb < 4; ++kb) {
+      uint32_t vr[4];
+      ldsm_x4_trans(vr, &S.v[(16 * kb + ld.at_row) * kLdC + 16 * s + ld.at_col]);
+#pragma unroll
+      for (int r = 0; r < 4; ++r) {
+        const int nt = 2 * kb + (r >> 1), e = 2 * (r & 1);  // register r holds tile nt, elements e, e + 1
+        const int col = 8 * nt + 2 * tq;
+        const float2 vv = unpack2<T>(vr[r]);
+        const float2 gm = *reinterpret_cast<const float2*>(&S.gamma[col]);
+        const float2 dc = *reinterpret_cast<const float2*>(&S.decay[col]);
+        const float z0 = vv.x - gm.x * ks[nt][e], z1 = vv.y - gm.y * ks[nt][e + 1];
+        const float y0 = dc.x * vv.x - gamma_c * ks[nt][e], y1 = dc.y * vv.y - gamma_c * ks[nt][e + 1];
+        os[nt][e] *= gm.x;
+        os[nt][e + 1] *= gm.y;
+        za[kb][r] = pack2<T>(z0, z1);
+        yh[kb][r] = pack2<T>(y0, y1);
+        const float2 yr = unpack2<T>(yh[kb][r]);
+        yl[kb][r] = pack2<T>(y0 - yr.x, y1 - yr.y);
+      }
+    }
+    // O^T += Z^T W^T  (W lower triangular: k block kb <= n block np)
+#pragma unroll
+    for (int kb = 0; kb < 4; ++kb) {
+#pragma unroll
+      for (int np = 0; np < 4; ++np) {
+        if (np < kb) continue;
+        uint32_t b[4];
+        ldsm_x4(b, &S.w[(16 * np + ld.b_row) * kLdC + 16 * kb + ld.b_col]);
+        mma<T>(os[2 * np], za[kb], b[0], b[1]);
+        mma<T>(os[2 * np + 1], za[kb], b[2], b[3]);
+      }
+    }
+    // S^T = gamma_C S^T + Y^T X
+#pragma unroll
+    for (int j = 0; j < 16; ++j)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) sacc[j][e] *= gamma_c;
+#pragma unroll
+    for (int kb = 0; kb < 4; ++kb) {
+#pragma unroll
+      for (int np = 0; np < 8; ++np) {
+        uint32_t b[4];
+        ldsm_x4_trans(b, &S.x[(16 * kb + ld.bt_row) * kLdK + 16 * np + ld.bt_col]);
+        mma<T>(sacc[2 * np], yh[kb], b[0], b[1]);
+        mma<T>(sacc[2 * np + 1], yh[kb], b[2], b[3]);
+        mma<T>(sacc[2 * np], yl[kb], b[0], b[1]);
+        mma<T>(sacc[2 * np + 1], yl[kb], b[2], b[3]);
+      }
+    }
+    if (c + kStages < wk.num_chunks) bar_arrive(kBarEmpty + st, kThreads);
+
+    // O tile: transpose through shared memory, then 16-byte rows to global
+    T* ot = sm.o[c & 1];
+#pragma unroll
+    for (int nt = 0; nt < 8; ++nt)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) ot[(8 * nt + 2 * tq + (e & 1)) * kLdC + v0 + 8 * (e >> 1)] = from_f<T>(p.scale * os[nt][e]);
+    bar_sync(kBarState, kStateThreads);
+    const int64_t t0 = c * kChunk;
+#pragma unroll
+    for (int it = 0; it < kChunk * kBlockV / 8 / kStateThreads; ++it) {
+      const int i = tid + it * kStateThreads, r = i >> 3, c8 = (i & 7) * 8;
+      if (r < rows)
+        *reinterpret_cast<uint4*>(wk.o + (t0 + r) * p.o_stride_time + c8) = *reinterpret_cast<const uint4*>(&ot[r * kLdC + c8]);
+    }
+  }
+
+  if (p.final_state != nullptr) {
+#pragma unroll
+    for (int j = 0; j < 16; ++j)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const int kcol = 8 * j + 2 * tq + (e & 1), vrow = v0 + 8 * (e >> 1);
+        p.final_state[wk.state_off + int64_t(kcol) * kDimV + vrow] = sacc[j][e];
+      }
+  }
+}
+
+template <typename T, typename IndexT>
+__global__ void __launch_bounds__(kThreads, 1) gdn_fwd_mma_kernel(const __grid_constant__ flashqla_gdn_fwd_params_t p) {
+  extern __shared__ __align__(128) unsigned char smem_raw[];
+  auto& sm = *reinterpret_cast<SharedStorage<T>*>(smem_raw);
+  const int64_t main_blocks = p.num_seqs * p.heads_v * kVBlocks;
+  if (static_cast<int64_t>(blockIdx.x) >= main_blocks) {
+    zero_rows_past_end<T, IndexT>(p, blockIdx.x - main_blocks, kTailBlocks, threadIdx.x, kThreads);
+    return;
+  }
+  const int vb = blockIdx.x % kVBlocks;
+  const int64_t h = (blockIdx.x / kVBlocks) % p.heads_v;
+  const int64_t n = blockIdx.x / (kVBlocks * p.heads_v);
+  const int64_t hq = h / (p.heads_v / p.heads_qk);
+  int64_t b, bos, eos;
+  sequence_bounds<IndexT>(p, n, b, bos, eos);
+  const int64_t col0 = int64_t(vb) * kBlockV;
+
+  Work<T> wk;
+  wk.q = static_cast<const T*>(p.q) + b * p.q_stride_batch + bos * p.q_stride_time + hq * p.q_stride_head;
+  wk.k = static_cast<const T*>(p.k) + b * p.k_stride_batch + bos * p.k_stride_time + hq * p.k_stride_head;
+  wk.v = static_cast<const T*>(p.v) + b * p.v_stride_batch + bos * p.v_stride_time + h * p.v_stride_head + col0;
+  wk.o = static_cast<T*>(p.o) + b * p.o_stride_batch + bos * p.o_stride_time + h * p.o_stride_head + col0;
+  wk.b = b;
+  wk.h = h;
+  wk.t0 = bos;
+  wk.len = eos - bos;
+  wk.num_chunks = (wk.len + kChunk - 1) / kChunk;
+  wk.state_off = (n * p.heads_v + h) * int64_t(kDimK) * kDimV + col0;
+
+  if (threadIdx.x < kStateThreads)
+    state_role<T>(p, sm, wk);
+  else
+    aux_role<T>(p, sm, wk);
+}
+
+template <typename T>
+cudaError_t launch(const flashqla_gdn_fwd_params_t& p, cudaStream_t stream) {
+  const int64_t main_blocks = p.num_seqs * p.heads_v * kVBlocks;
+  const int64_t blocks = main_blocks + (p.cu_seqlens != nullptr ? kTailBlocks : 0);
+  if (blocks == 0) return cudaSuccess;
+  const size_t smem = sizeof(SharedStorage<T>);
+  auto kernel = p.cu_seqlens_dtype == FLASHQLA_INT64 && p.cu_seqlens != nullptr ? gdn_fwd_mma_kernel<T, int64_t>
+                                                                                : gdn_fwd_mma_kernel<T, int32_t>;
+  cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem));
+  if (err != cudaSuccess) return err;
+  kernel<<<static_cast<unsigned>(blocks), kThreads, smem, stream>>>(p);
+  return cudaGetLastError();
+}
+
+}  // namespace gdn_fwd_mma
+}  // namespace flashqla

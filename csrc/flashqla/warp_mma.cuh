@@ -1,0 +1,132 @@
+// Warp-level tensor-core and copy primitives for sm_80+ instruction forms
+// (mma.sync, ldmatrix, cp.async, named barriers), used where a product's
+// operand must come from registers another product just produced: the
+// accumulator layout of mma.m16n8k16 is its A-operand layout, so chained
+// products stay in registers with no shared-memory round trip.
+//
+// Fragment layouts (g = lane / 4, t = lane % 4), m16n8k16:
+//   A (16 x 16): a[0] = (g, 2t..2t+1) a[1] = (g+8, 2t..) a[2] = (g, 8+2t..) a[3] = (g+8, 8+2t..)
+//   B (16 x 8):  b[0] = (k 2t..2t+1, n g)  b[1] = (k 8+2t.., n g)
+//   C (16 x 8):  c[0..1] = (g, 2t..2t+1)   c[2..3] = (g+8, 2t..2t+1)
+#pragma once
+
+#include <cstdint>
+
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+
+#include "common.h"
+
+namespace flashqla {
+namespace warp {
+
+CUTLASS_DEVICE uint32_t smem_addr(const void* p) { return static_cast<uint32_t>(__cvta_generic_to_shared(p)); }
+
+// Four 8 x 8 16-bit matrices; lane l supplies the row address of matrix l / 8.
+CUTLASS_DEVICE void ldsm_x4(uint32_t (&r)[4], const void* p) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "r"(smem_addr(p)));
+}
+CUTLASS_DEVICE void ldsm_x4_trans(uint32_t (&r)[4], const void* p) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "r"(smem_addr(p)));
+}
+
+// Row/column offsets lane l supplies to ldsm_x4(_trans) so that the four
+// registers come out as one operand fragment (see the layouts above).
+struct LdsmOffsets {
+  int a_row, a_col;    // A, row-major [m][k] (non-trans): one 16 x 16 A fragment
+  int at_row, at_col;  // A, stored [k][m] (trans): one 16 x 16 A fragment
+  int b_row, b_col;    // B, stored [n][k] (non-trans): two n-tiles (regs 0-1, 2-3) of one k16 step
+  int bt_row, bt_col;  // B, stored [k][n] (trans): two n-tiles of one k16 step
+  CUTLASS_DEVICE explicit LdsmOffsets(int lane) {
+    const int r8 = lane & 7, m1 = (lane >> 3) & 1, m2 = lane >> 4;
+    a_row = r8 + 8 * m1;  a_col = 8 * m2;
+    at_row = r8 + 8 * m2; at_col = 8 * m1;
+    b_row = r8 + 8 * m2;  b_col = 8 * m1;
+    bt_row = r8 + 8 * m1; bt_col = 8 * m2;
+  }
+};
+
+template <typename T> CUTLASS_DEVICE uint32_t pack2(float lo, float hi);
+template <> CUTLASS_DEVICE uint32_t pack2<__nv_bfloat16>(float lo, float hi) {
+  __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
+  return *reinterpret_cast<uint32_t*>(&v);
+}
+template <> CUTLASS_DEVICE uint32_t pack2<__half>(float lo, float hi) {
+  __half2 v = __floats2half2_rn(lo, hi);
+  return *reinterpret_cast<uint32_t*>(&v);
+}
+template <typename T> CUTLASS_DEVICE float2 unpack2(uint32_t v);
+template <> CUTLASS_DEVICE float2 unpack2<__nv_bfloat16>(uint32_t v) {
+  return __bfloat1622float2(*reinterpret_cast<__nv_bfloat162*>(&v));
+}
+template <> CUTLASS_DEVICE float2 unpack2<__half>(uint32_t v) { return __half22float2(*reinterpret_cast<__half2*>(&v)); }
+
+// d += a * b, m16n8k16, fp32 accumulation.
+template <typename T> CUTLASS_DEVICE void mma(float (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1);
+template <> CUTLASS_DEVICE void mma<__nv_bfloat16>(float (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
+  asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
+               : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+               : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+template <> CUTLASS_DEVICE void mma<__half>(float (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
+  asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
+               : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+               : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+CUTLASS_DEVICE uint32_t to_tf32(float x) {
+  uint32_t r;
+  asm("cvt.rna.tf32.f32 %0, %1;\n" : "=r"(r) : "f"(x));
+  return r;
+}
+
+// c[nt] += A (16 x 8ks) * B (8ks x 16), nt = the two 8-column halves; fp32
+// operands in shared memory (row-major, leading dimensions in floats), tf32
+// m16n8k8 products with fp32 accumulation.
+CUTLASS_DEVICE void mma16x16_tf32(float (&c)[2][4], const float* A, int lda, const float* B, int ldb, int ks,
+                                  int lane) {
+  const int g = lane >> 2, t = lane & 3;
+  for (int k = 0; k < ks; ++k) {
+    const float* a = A + 8 * k;
+    const uint32_t af[4] = {to_tf32(a[g * lda + t]), to_tf32(a[(g + 8) * lda + t]), to_tf32(a[g * lda + t + 4]),
+                            to_tf32(a[(g + 8) * lda + t + 4])};
+#pragma unroll
+    for (int nt = 0; nt < 2; ++nt) {
+      const float* b = B + 8 * k * ldb + 8 * nt + g;
+      const uint32_t b0 = to_tf32(b[t * ldb]), b1 = to_tf32(b[(t + 4) * ldb]);
+      asm volatile("mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
+                   : "+f"(c[nt][0]), "+f"(c[nt][1]), "+f"(c[nt][2]), "+f"(c[nt][3])
+                   : "r"(af[0]), "r"(af[1]), "r"(af[2]), "r"(af[3]), "r"(b0), "r"(b1));
+    }
+  }
+}
+
+// Stores a 16 x 16 fp32 C fragment pair times `mul` to row-major shared memory.
+CUTLASS_DEVICE void store16x16(float* C, int ldc, const float (&c)[2][4], float mul, int lane) {
+  const int g = lane >> 2, t = lane & 3;
+#pragma unroll
+  for (int nt = 0; nt < 2; ++nt) {
+    *reinterpret_cast<float2*>(C + g * ldc + 8 * nt + 2 * t) = make_float2(mul * c[nt][0], mul * c[nt][1]);
+    *reinterpret_cast<float2*>(C + (g + 8) * ldc + 8 * nt + 2 * t) = make_float2(mul * c[nt][2], mul * c[nt][3]);
+  }
+}
+
+// 16-byte global -> shared copy; pred false fills the destination with zeros.
+CUTLASS_DEVICE void cp_async_16(void* dst, const void* src, bool pred) {
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(smem_addr(dst)), "l"(src), "r"(pred ? 16 : 0));
+}
+CUTLASS_DEVICE void cp_async_wait_all() { asm volatile("cp.async.wait_all;\n" ::: "memory"); }
+
+// Named barriers (ids 1-15; 0 is __syncthreads). The memory clobber keeps the
+// compiler from moving shared-memory accesses across them.
+CUTLASS_DEVICE void bar_sync(uint32_t id, uint32_t threads) {
+  asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
+}
+CUTLASS_DEVICE void bar_arrive(uint32_t id, uint32_t threads) {
+  asm volatile("bar.arrive %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
+}
+
+}  // namespace warp
+}  // namespace flashqla
