@@ -1,4 +1,4 @@
-// Where does a chunk's time go in the v1 forward kernel? Builds the kernel with
+// Where does a chunk's time go in the forward kernels (v1 "simple" and v2 "mma")? Builds the kernel with
 // FLASHQLA_PHASE_TIMERS (thread 0 of CTA 0 accumulates clock64() deltas between
 // the per-chunk barriers), runs one TP1-like call (1 x 8192 tokens, 16/64
 // heads, so CTA 0 sees 128 chunks while the GPU is as busy as in the
@@ -9,6 +9,7 @@
 #include <cstdio>
 #include <cstdlib>
 
+#include "flashqla/gdn_fwd_mma.cuh"
 #include "flashqla/gdn_fwd_simple.cuh"
 
 #define CHECK(x)                                                                    \
@@ -21,6 +22,7 @@
   } while (0)
 
 namespace fs = flashqla::gdn_fwd_simple;
+namespace fm = flashqla::gdn_fwd_mma;
 
 __device__ float hash_uniform(uint64_t i, uint32_t seed) {  // [0, 1), no cuRAND needed
   uint64_t x = i * 0x9E3779B97F4A7C15ull + seed;
@@ -97,5 +99,47 @@ int main() {
     std::printf("%-32s %12.0f %7.1f%%\n", names[i], cyc[i] / chunks, 100.0 * cyc[i] / total);
   std::printf("%-32s %12.0f  (= %.2f us at the %d MHz clock attribute)\n", "total", total / chunks,
               total / chunks / (clk_khz / 1000.0), clk_khz / 1000);
+
+  // v2: per-role phases on the same problem, then event times at 2/8 heads (16 CTAs, latency-bound)
+  unsigned long long zero2[2][8] = {};
+  CHECK(fm::launch<__nv_bfloat16>(p, nullptr));
+  CHECK(cudaDeviceSynchronize());
+  CHECK(cudaMemcpyToSymbol(fm::g_role_cycles, zero2, sizeof(zero2)));
+  CHECK(cudaEventRecord(e0));
+  CHECK(fm::launch<__nv_bfloat16>(p, nullptr));
+  CHECK(cudaEventRecord(e1));
+  CHECK(cudaDeviceSynchronize());
+  CHECK(cudaEventElapsedTime(&ms, e0, e1));
+  unsigned long long rc[2][8];
+  CHECK(cudaMemcpyFromSymbol(rc, fm::g_role_cycles, sizeof(rc)));
+  std::printf("\nv2 forward, 1 x %lld tokens, %lld/%lld heads: %.3f ms (%.2f us per chunk per CTA)\n", (long long)T,
+              (long long)Hq, (long long)Hv, ms, 1000.0 * ms / chunks);
+  const char* st_names[fm::kStPhases] = {"wait full", "S->bf16, KS^T + QS^T", "gates, V^T, Z, Y", "O^T += Z^T W^T",
+                                         "S^T update (hi + lo)", "O store"};
+  const char* aux_names[fm::kAuxPhases] = {"wait empty", "loads + cumsum", "l2norm", "KK^T, QK^T, L, P",
+                                           "inverse diagonal", "inverse merges", "M, X", "W, arrive"};
+  for (int role = 0; role < 2; ++role) {
+    const int n = role == 0 ? fm::kStPhases : fm::kAuxPhases;
+    unsigned long long tot = 0;
+    for (int i = 0; i < n; ++i) tot += rc[role][i];
+    std::printf("%-32s %12s %8s\n", role == 0 ? "state warp 0 (CTA 0, per chunk)" : "aux warp 0 (CTA 0, per chunk)",
+                "cycles", "share");
+    for (int i = 0; i < n; ++i)
+      std::printf("%-32s %12.0f %7.1f%%\n", role == 0 ? st_names[i] : aux_names[i], rc[role][i] / chunks,
+                  tot ? 100.0 * rc[role][i] / tot : 0.0);
+    std::printf("%-32s %12.0f\n", "total", tot / chunks);
+  }
+  p.heads_qk = 2; p.heads_v = 8;
+  p.q_stride_batch = p.k_stride_batch = T * 2 * D; p.q_stride_time = p.k_stride_time = 2 * D;
+  p.v_stride_batch = p.o_stride_batch = T * 8 * D; p.v_stride_time = p.o_stride_time = 8 * D;
+  p.g_stride_batch = p.beta_stride_batch = T * 8; p.g_stride_time = p.beta_stride_time = 8;
+  CHECK(fm::launch<__nv_bfloat16>(p, nullptr));
+  CHECK(cudaEventRecord(e0));
+  CHECK(fm::launch<__nv_bfloat16>(p, nullptr));
+  CHECK(cudaEventRecord(e1));
+  CHECK(cudaDeviceSynchronize());
+  CHECK(cudaEventElapsedTime(&ms, e0, e1));
+  std::printf("v2 forward, 1 x %lld tokens, 2/8 heads (16 CTAs): %.3f ms (%.2f us per chunk)\n", (long long)T, ms,
+              1000.0 * ms / chunks);
   return 0;
 }

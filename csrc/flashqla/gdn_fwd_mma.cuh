@@ -51,6 +51,27 @@ enum Barrier : uint32_t {
   kBarState = kBarAux + 1,         // among the state warps
 };
 
+// Diagnostics only (benchmarks/profile_fwd_phases.cu): with FLASHQLA_PHASE_TIMERS,
+// lane 0 of the first warp of each role in CTA 0 adds the cycles of each phase
+// (including the barrier wait that ends it) to g_role_cycles[role][phase].
+enum AuxPhase { kAuxWaitEmpty, kAuxLoad, kAuxL2norm, kAuxGram, kAuxInvDiag, kAuxInvMerge, kAuxMX, kAuxW, kAuxPhases };
+enum StatePhase { kStWaitFull, kStKsQs, kStZY, kStO, kStUpdate, kStStore, kStPhases };
+#ifdef FLASHQLA_PHASE_TIMERS
+__device__ unsigned long long g_role_cycles[2][8];
+#define FLASHQLA_ROLE_PHASE(role, ph)                                              \
+  do {                                                                             \
+    if (blockIdx.x == 0 && (threadIdx.x == 0 || threadIdx.x == kStateThreads)) {   \
+      const long long now_ = clock64();                                            \
+      g_role_cycles[role][ph] += (unsigned long long)(now_ - t_mark);              \
+      t_mark = now_;                                                               \
+    }                                                                              \
+  } while (0)
+#define FLASHQLA_ROLE_TIMER long long t_mark = clock64()
+#else
+#define FLASHQLA_ROLE_PHASE(role, ph) do { } while (0)
+#define FLASHQLA_ROLE_TIMER do { } while (0)
+#endif
+
 template <typename T>
 struct alignas(128) Stage {
   T k[kChunk * kLdK];   // K rows (l2-normalised when asked)
@@ -91,6 +112,7 @@ CUTLASS_DEVICE void aux_role(const flashqla_gdn_fwd_params_t& p, SharedStorage<T
   const int gq = lane >> 2, tq = lane & 3;
   const LdsmOffsets ld(lane);
   const int i0 = 16 * w + gq, i1 = i0 + 8;  // this thread's two chunk rows in C fragments
+  FLASHQLA_ROLE_TIMER;
 
   for (int64_t c = 0; c < wk.num_chunks; ++c) {
     const int st = static_cast<int>(c % kStages);
@@ -98,6 +120,7 @@ CUTLASS_DEVICE void aux_role(const flashqla_gdn_fwd_params_t& p, SharedStorage<T
     const int64_t t0 = wk.t0 + c * kChunk;
     const int rows = static_cast<int>(wk.len - c * kChunk < kChunk ? wk.len - c * kChunk : kChunk);
     if (c >= kStages) bar_sync(kBarEmpty + st, kThreads);
+    FLASHQLA_ROLE_PHASE(1, kAuxWaitEmpty);
 
     // ---- loads: K, Q, V rows (zero past the end), g and beta (0 past the end)
     for (int i = tid; i < kChunk * kDimK / 8; i += kAuxThreads) {
@@ -141,6 +164,7 @@ CUTLASS_DEVICE void aux_role(const flashqla_gdn_fwd_params_t& p, SharedStorage<T
     }
     cp_async_wait_all();
     bar_sync(kBarAux, kAuxThreads);
+    FLASHQLA_ROLE_PHASE(1, kAuxLoad);
 
     if (p.use_qk_l2norm) {
       // one thread per row: 64 K rows, then 64 Q rows
@@ -170,6 +194,7 @@ CUTLASS_DEVICE void aux_role(const flashqla_gdn_fwd_params_t& p, SharedStorage<T
       }
       bar_sync(kBarAux, kAuxThreads);
     }
+    FLASHQLA_ROLE_PHASE(1, kAuxL2norm);
 
     // ---- K K^T and Q K^T for rows [16w, 16w + 16), column tiles up to the diagonal
     float kk[8][4], qk[8][4];
@@ -212,6 +237,7 @@ CUTLASS_DEVICE void aux_role(const flashqla_gdn_fwd_params_t& p, SharedStorage<T
       }
     }
     bar_sync(kBarAux, kAuxThreads);
+    FLASHQLA_ROLE_PHASE(1, kAuxGram);
 
     // ---- A = (I + L)^-1, fp32. Diagonal 16 x 16 blocks by forward substitution: lane < 16 owns a column.
     if (lane < 16) {
@@ -228,6 +254,7 @@ CUTLASS_DEVICE void aux_role(const flashqla_gdn_fwd_params_t& p, SharedStorage<T
       for (int r = 0; r < 16; ++r) sm.a[(o + r) * kLdF + o + lane] = x[r];
     }
     bar_sync(kBarAux, kAuxThreads);
+    FLASHQLA_ROLE_PHASE(1, kAuxInvDiag);
     // 16 -> 32 (warps 1 and 3): A21 = -A22 (L21 A11)
     if (w & 1) {
       const int o = 16 * (w - 1);
@@ -256,6 +283,7 @@ CUTLASS_DEVICE void aux_role(const flashqla_gdn_fwd_params_t& p, SharedStorage<T
       store16x16(&sm.a[(32 + 16 * rb) * kLdF + 16 * cb], kLdF, r, -1.f, lane);
     }
     bar_sync(kBarAux, kAuxThreads);
+    FLASHQLA_ROLE_PHASE(1, kAuxInvMerge);
 
     // ---- M = (Gamma * A) diag(beta) (shared, T)
     for (int e = tid; e < kChunk * kChunk; e += kAuxThreads) {
@@ -296,6 +324,7 @@ CUTLASS_DEVICE void aux_role(const flashqla_gdn_fwd_params_t& p, SharedStorage<T
       }
     }
     bar_sync(kBarAux, kAuxThreads);  // M complete
+    FLASHQLA_ROLE_PHASE(1, kAuxMX);
 
     // ---- W = P M, rows [16w, 16w + 16); P from registers, M lower triangular
     {
@@ -327,6 +356,7 @@ CUTLASS_DEVICE void aux_role(const flashqla_gdn_fwd_params_t& p, SharedStorage<T
       }
     }
     bar_arrive(kBarFull + st, kThreads);
+    FLASHQLA_ROLE_PHASE(1, kAuxW);
   }
 }
 
@@ -337,6 +367,7 @@ CUTLASS_DEVICE void state_role(const flashqla_gdn_fwd_params_t& p, SharedStorage
   const int gq = lane >> 2, tq = lane & 3;
   const LdsmOffsets ld(lane);
   const int v0 = 16 * s + gq;  // this thread's V columns (within the CTA block): v0 and v0 + 8
+  FLASHQLA_ROLE_TIMER;
 
   // S^T: 16 V rows x 128 K columns per warp, as 16 C tiles of 8 K columns.
   float sacc[16][4];
@@ -353,6 +384,7 @@ CUTLASS_DEVICE void state_role(const flashqla_gdn_fwd_params_t& p, SharedStorage
     const Stage<T>& S = sm.stage[st];
     const int rows = static_cast<int>(wk.len - c * kChunk < kChunk ? wk.len - c * kChunk : kChunk);
     bar_sync(kBarFull + st, kThreads);
+    FLASHQLA_ROLE_PHASE(0, kStWaitFull);
 
     // S^T as the A operand (k = K dimension), rounded once per chunk
     uint32_t sa[8][4];
@@ -382,6 +414,7 @@ CUTLASS_DEVICE void state_role(const flashqla_gdn_fwd_params_t& p, SharedStorage
         mma<T>(os[2 * np + 1], sa[kk], b[2], b[3]);
       }
     }
+    FLASHQLA_ROLE_PHASE(0, kStKsQs);
 
     // Z^T = V^T - KS^T diag(gamma), Y^T = V^T diag(decay) - gamma_C KS^T, O^T = QS^T diag(gamma)
     const float gamma_c = S.gamma[kChunk - 1];
@@ -408,6 +441,7 @@ CUTLASS_DEVICE void state_role(const flashqla_gdn_fwd_params_t& p, SharedStorage
       }
     }
     // O^T += Z^T W^T  (W lower triangular: k block kb <= n block np)
+    FLASHQLA_ROLE_PHASE(0, kStZY);
 #pragma unroll
     for (int kb = 0; kb < 4; ++kb) {
 #pragma unroll
@@ -420,6 +454,7 @@ CUTLASS_DEVICE void state_role(const flashqla_gdn_fwd_params_t& p, SharedStorage
       }
     }
     // S^T = gamma_C S^T + Y^T X
+    FLASHQLA_ROLE_PHASE(0, kStO);
 #pragma unroll
     for (int j = 0; j < 16; ++j)
 #pragma unroll
@@ -437,6 +472,7 @@ CUTLASS_DEVICE void state_role(const flashqla_gdn_fwd_params_t& p, SharedStorage
       }
     }
     if (c + kStages < wk.num_chunks) bar_arrive(kBarEmpty + st, kThreads);
+    FLASHQLA_ROLE_PHASE(0, kStUpdate);
 
     // O tile: transpose through shared memory, then 16-byte rows to global
     T* ot = sm.o[c & 1];
@@ -452,6 +488,7 @@ CUTLASS_DEVICE void state_role(const flashqla_gdn_fwd_params_t& p, SharedStorage
       if (r < rows)
         *reinterpret_cast<uint4*>(wk.o + (t0 + r) * p.o_stride_time + c8) = *reinterpret_cast<const uint4*>(&ot[r * kLdC + c8]);
     }
+    FLASHQLA_ROLE_PHASE(0, kStStore);
   }
 
   if (p.final_state != nullptr) {
