@@ -183,8 +183,11 @@ def _git(args, cwd):
 
 
 def git_info(repo_root=REPO_ROOT) -> tuple:
-    """(commit, dirty) of the tree at repo_root; env FLASHQLA_COMMIT / FLASHQLA_DIRTY where git is unavailable
-    (the H200 machine receives the tree without .git); else ("unknown", None)."""
+    """(commit, dirty) of the tree at repo_root. FLASHQLA_COMMIT / FLASHQLA_DIRTY win when set: the H200
+    machine receives a copy of the tree whose .git, if any, can be stale. Else git; else ("unknown", None)."""
+    if os.environ.get("FLASHQLA_COMMIT", "").strip():
+        dirty = {"0": False, "1": True}.get(os.environ.get("FLASHQLA_DIRTY", "").strip())
+        return os.environ["FLASHQLA_COMMIT"].strip(), dirty
     head = _git(["rev-parse", "HEAD"], repo_root) if (Path(repo_root) / ".git").exists() else None
     if head and len(head.strip()) == 40:
         status = _git(["status", "--porcelain", "--untracked-files=no", "--", *DIRTY_PATHS], repo_root)

@@ -179,6 +179,8 @@ def test_record_meta_and_git_env(tmp_path, monkeypatch):
     monkeypatch.setenv("FLASHQLA_COMMIT", "a" * 40)
     monkeypatch.setenv("FLASHQLA_DIRTY", "1")
     assert bench.git_info(tmp_path) == ("a" * 40, True)          # no .git there
+    # the env wins over a .git that is there (the H200 copy's .git can be stale)
+    assert bench.git_info(bench.REPO_ROOT) == ("a" * 40, True)
     monkeypatch.delenv("FLASHQLA_COMMIT")
     monkeypatch.delenv("FLASHQLA_DIRTY")
     assert bench.git_info(tmp_path) == ("unknown", None)
