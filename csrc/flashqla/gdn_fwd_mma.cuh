@@ -56,6 +56,11 @@ enum Barrier : uint32_t {
 // (including the barrier wait that ends it) to g_role_cycles[role][phase].
 enum AuxPhase { kAuxWaitEmpty, kAuxLoad, kAuxL2norm, kAuxGram, kAuxInvDiag, kAuxInvMerge, kAuxMX, kAuxW, kAuxPhases };
 enum StatePhase { kStWaitFull, kStKsQs, kStZY, kStO, kStUpdate, kStStore, kStPhases };
+// FLASHQLA_V2_EXPERIMENT (diagnostics, profiler builds only): 1 = the aux warps only load and hand over
+// stages, 2 = the state warps only take and return them; the other role's time is then its own.
+#ifndef FLASHQLA_V2_EXPERIMENT
+#define FLASHQLA_V2_EXPERIMENT 0
+#endif
 #ifdef FLASHQLA_PHASE_TIMERS
 __device__ unsigned long long g_role_cycles[2][8];
 #define FLASHQLA_ROLE_PHASE(role, ph)                                              \
@@ -166,6 +171,7 @@ CUTLASS_DEVICE void aux_role(const flashqla_gdn_fwd_params_t& p, SharedStorage<T
     bar_sync(kBarAux, kAuxThreads);
     FLASHQLA_ROLE_PHASE(1, kAuxLoad);
 
+#if FLASHQLA_V2_EXPERIMENT != 1
     if (p.use_qk_l2norm) {
       // one thread per row: 64 K rows, then 64 Q rows
       T* row = tid < kChunk ? &S.k[tid * kLdK] : &S.q[(tid - kChunk) * kLdK];
@@ -355,6 +361,7 @@ CUTLASS_DEVICE void aux_role(const flashqla_gdn_fwd_params_t& p, SharedStorage<T
         *reinterpret_cast<uint32_t*>(&S.w[i1 * kLdC + j]) = pack2<T>(wa[nt][2], wa[nt][3]);
       }
     }
+#endif
     bar_arrive(kBarFull + st, kThreads);
     FLASHQLA_ROLE_PHASE(1, kAuxW);
   }
@@ -386,6 +393,7 @@ CUTLASS_DEVICE void state_role(const flashqla_gdn_fwd_params_t& p, SharedStorage
     bar_sync(kBarFull + st, kThreads);
     FLASHQLA_ROLE_PHASE(0, kStWaitFull);
 
+#if FLASHQLA_V2_EXPERIMENT != 2
     // S^T as the A operand (k = K dimension), rounded once per chunk
     uint32_t sa[8][4];
 #pragma unroll
@@ -471,9 +479,11 @@ CUTLASS_DEVICE void state_role(const flashqla_gdn_fwd_params_t& p, SharedStorage
         mma<T>(sacc[2 * np + 1], yl[kb], b[2], b[3]);
       }
     }
+#endif
     if (c + kStages < wk.num_chunks) bar_arrive(kBarEmpty + st, kThreads);
     FLASHQLA_ROLE_PHASE(0, kStUpdate);
 
+#if FLASHQLA_V2_EXPERIMENT != 2
     // O tile: transpose through shared memory, then 16-byte rows to global
     T* ot = sm.o[c & 1];
 #pragma unroll
@@ -488,6 +498,7 @@ CUTLASS_DEVICE void state_role(const flashqla_gdn_fwd_params_t& p, SharedStorage
       if (r < rows)
         *reinterpret_cast<uint4*>(wk.o + (t0 + r) * p.o_stride_time + c8) = *reinterpret_cast<const uint4*>(&ot[r * kLdC + c8]);
     }
+#endif
     FLASHQLA_ROLE_PHASE(0, kStStore);
   }
 
