@@ -8,7 +8,10 @@
 #   FLASHQLA_COMMIT=$(git rev-parse HEAD) bash benchmarks/h200.sh        (carry .whl/build and .whl/fla[,qla])
 #
 # Stages (STAGES, comma-separated; default build,test,cmake,phases,cumsum,bench,sanitize, run in this order):
-#   z3        install .whl/z3 into $SITE only (FlashQLA needs it; it does not fit in one carry with the rest)
+#   z3        install .whl/z3 into $SITE only (FlashQLA needs it; it does not fit in one carry with the rest);
+#             also unpacks a carried TileLang kernel cache, .whl/tlcache/*.tar.gz, into $TILELANG_CACHE_DIR
+# TLCACHE_SAVE=1 packs $TILELANG_CACHE_DIR into $OUT/tilelang-cache.tar.gz after the benchmark, so a later
+# session can carry it (in the z3 call) instead of recompiling FlashQLA's kernels for every shape.
 #   build     pip-install carried wheels into $SITE, build the extension (MAX_JOBS=16)
 #   test      pytest tests (GPU tests run here)
 #   cmake     libflashqla + the C++ examples through CMake, run by ctest on the GPU
@@ -25,6 +28,7 @@ STAGES=${STAGES:-build,test,cmake,phases,cumsum,bench,sanitize}
 CASES=${CASES:-anchors}
 mkdir -p "$OUT" "$SITE"
 export PYTHONUNBUFFERED=1 PYTHONPATH="$SITE:$ROOT${PYTHONPATH:+:$PYTHONPATH}"
+export TILELANG_CACHE_DIR=${TILELANG_CACHE_DIR:-/tmp/tilelang-cache}  # /tmp survives between calls on a warm machine
 LOG="$OUT/h200.log"
 has() { [[ ",$STAGES," == *",$1,"* ]]; }
 say() { echo "== $*" | tee -a "$LOG"; }
@@ -35,6 +39,9 @@ nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.max.sm --format=csv,
 
 if has z3; then
   python3 -m pip install -q --no-index --no-deps --no-compile --target "$SITE" .whl/z3/*.whl 2>&1 | tail -2 | tee -a "$LOG"
+  for t in .whl/tlcache/*.tar.gz; do
+    [ -f "$t" ] && mkdir -p "$TILELANG_CACHE_DIR" && tar xzf "$t" -C "$TILELANG_CACHE_DIR" && say "unpacked $t"
+  done
 fi
 
 if has build; then
@@ -86,6 +93,9 @@ if has bench; then
     --table "$OUT/bench-$CASES.md" --plot "$OUT/bench-$CASES.png" > "$OUT/bench.log" 2>&1
   [ $? -eq 0 ] || status=1
   tail -60 "$OUT/bench.log"
+  if [ "${TLCACHE_SAVE:-0}" = 1 ] && [ -d "$TILELANG_CACHE_DIR" ]; then
+    tar czf "$OUT/tilelang-cache.tar.gz" -C "$TILELANG_CACHE_DIR" . && say "saved $(du -h "$OUT/tilelang-cache.tar.gz" | cut -f1) TileLang cache"
+  fi
 fi
 if has sanitize; then
   for tool in memcheck racecheck; do
