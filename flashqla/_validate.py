@@ -84,14 +84,16 @@ def maybe_check_values(cu_seqlens, cu_seqlens_cpu, total: int, fallback: bool):
     """Value checks where they are free (host tensors) or asked for (fallback, FLASHQLA_DEBUG=1)."""
     if cu_seqlens is None:
         return
+    # reading a device tensor during CUDA-graph capture would invalidate the capture: skip what needs it
+    capturing = cu_seqlens.is_cuda and torch.cuda.is_current_stream_capturing()
     if cu_seqlens_cpu is not None:
         if not isinstance(cu_seqlens_cpu, torch.Tensor) or cu_seqlens_cpu.device.type != "cpu" \
                 or cu_seqlens_cpu.shape != cu_seqlens.shape:
             raise ValueError(f"cu_seqlens_cpu must be a CPU tensor shaped like cu_seqlens {tuple(cu_seqlens.shape)}")
         check_cu_seqlens_values(cu_seqlens_cpu, total, "cu_seqlens_cpu")
-        if debug_enabled() and not torch.equal(cu_seqlens_cpu.to(torch.int64), cu_seqlens.cpu().to(torch.int64)):
+        if debug_enabled() and not capturing and not torch.equal(cu_seqlens_cpu.to(torch.int64), cu_seqlens.cpu().to(torch.int64)):
             raise ValueError("cu_seqlens_cpu differs from cu_seqlens")
-    elif cu_seqlens.device.type == "cpu" or fallback or debug_enabled():
+    elif cu_seqlens.device.type == "cpu" or ((fallback or debug_enabled()) and not capturing):
         check_cu_seqlens_values(cu_seqlens, total)
 
 

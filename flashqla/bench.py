@@ -9,8 +9,11 @@
 Case sets: ``anchors`` (the 24 forward + 4 backward cases of the H200 anchors),
 ``flashqla`` (FlashQLA's published H200 lists: 171 forward, 32 backward) and ``smoke``
 (tiny; the only set run on CPU). Inputs: bf16 l2-normalised q/k, bf16 v, fp32
-g = logsigmoid(randn)/16 with a quarter of the value heads at g = 0, fp32 beta =
-sigmoid(rand), fp32 h0, do, dht; varlen B = 1 with int32 cu_seqlens; K = V = 128.
+g = logsigmoid(randn)/16, fp32 beta = sigmoid(rand), fp32 h0, do, dht; varlen B = 1
+with int32 cu_seqlens; K = V = 128. The ``flashqla`` set also zeroes g on a quarter of
+the value heads as FlashQLA's published benchmark does; the ``anchors`` set does not,
+like shared/tools/anchor_bench.py (g = 0 heads defeat FlashQLA's context-parallel
+warm-up early exit and cost it 24-58% on its CP cases, so the two protocols differ).
 
 On a GPU each library call is timed by ``triton.testing.do_bench`` (eager: CUDA events,
 warmup=25 ms, rep=100 ms, median) and ``do_bench_cudagraph`` (replay, rep=100 ms,
@@ -18,9 +21,10 @@ median). Without an sm_90 GPU the smoke set runs on the CPU fallback and is time
 time.perf_counter medians: those are CPU fallback timings, written to ``cpu-*`` records
 that the README generator never reads.
 
-Backward: FLA and FlashQLA run their low-level backward given their own forward's
-intermediates; flashqla has no backward kernel yet, so its backward is
-``torch.autograd.grad`` through ``flashqla.chunk_gdn`` (labelled so in the record).
+Backward: every library runs its low-level backward (flashqla.chunk_gdn_bwd, which
+needs only the forward's inputs; FLA and FlashQLA given their own forward's
+intermediates). flashqla has no backward kernel yet: chunk_gdn_bwd runs the PyTorch
+chunked backward on the GPU (labelled so in the record).
 
 Heavy modules (triton, fla, flash_qla, matplotlib) are imported lazily.
 """
@@ -96,6 +100,7 @@ class Case:
     h_v: int
     name: str           # seqlens name, e.g. "1x32768", "28672+4096", "8k_4seq"
     seqlens: tuple
+    no_decay_heads: bool = False  # g = 0 on a quarter of the value heads (FlashQLA's published inputs)
 
     @property
     def tokens(self) -> int:
@@ -155,11 +160,11 @@ def cases_for(set_name: str, fwd: bool = True, bwd: bool = True) -> list:
         if fwd:
             for m, hq, hv in _QLA_FWD_MODELS:
                 for s in _QLA_FWD_SEQS:
-                    out.append(Case("fwd", f"{m} ({hq}/{hv})", hq, hv, s, tuple(_seq_by_name(s))))
+                    out.append(Case("fwd", f"{m} ({hq}/{hv})", hq, hv, s, tuple(_seq_by_name(s)), True))
         if bwd:
             for m, hq, hv in _QLA_BWD_MODELS:
                 for s, n, t in _QLA_BWD_SEQS:
-                    out.append(Case("bwd", m, hq, hv, s, tuple(random_split(n, t))))
+                    out.append(Case("bwd", m, hq, hv, s, tuple(random_split(n, t)), True))
     elif set_name == "smoke":
         if fwd:
             out += [Case("fwd", "tiny (2/4)", 2, 4, "1x256", (256,)),
@@ -262,10 +267,10 @@ def make_inputs(case: Case, device: str, seed: int = 0, strong_decay: bool = Fal
         g[:, :, 0] = 0.0
     else:
         g = F.logsigmoid(rnd(1, T, hv)) / 16
-        # as FlashQLA's benchmark: a quarter of the value heads (rounded down) carry no decay
-        n_keep = math.ceil(0.75 * hv)
-        no_decay = torch.randperm(hv, device=device, generator=gen)[n_keep:]
-        g[:, :, no_decay] = 0.0
+        if case.no_decay_heads:  # as FlashQLA's benchmark: a quarter of the value heads (rounded down)
+            n_keep = math.ceil(0.75 * hv)
+            no_decay = torch.randperm(hv, device=device, generator=gen)[n_keep:]
+            g[:, :, no_decay] = 0.0
     beta = torch.rand(1, T, hv, device=device, generator=gen).sigmoid()
     h0 = rnd(N, hv, K, V)
     do = rnd(1, T, hv, V).bfloat16()
@@ -281,7 +286,7 @@ def load_libs(requested, device: str) -> dict:
     for lib in requested:
         if lib == "flashqla":
             import flashqla
-            out[lib] = {"api": flashqla.chunk_gdn}
+            out[lib] = {"api": flashqla.chunk_gdn, "bwd": flashqla.chunk_gdn_bwd}
             continue
         if device != "cuda":
             out[lib] = "needs a CUDA GPU (Triton/TileLang kernels); this run is on the CPU fallback"
@@ -322,11 +327,10 @@ def build_fn(lib: str, impl: dict, case: Case, d: dict):
     if lib == "flashqla":
         if case.direction == "fwd":
             return lambda: _flashqla_call(impl["api"], d, q, k, v, g, beta, h0)
-        # no backward kernel yet: autograd through chunk_gdn, given the forward's saved graph
-        leaves = [x.detach().clone().requires_grad_(True) for x in (q, k, v, g, beta, h0)]
-        with torch.enable_grad():
-            o, ht = _flashqla_call(impl["api"], d, *leaves)
-        return lambda: torch.autograd.grad((o, ht), leaves, (do, dht), retain_graph=True)
+        # the low-level backward, as for the competitors (autograd would replay on the stream of a forward
+        # run outside the capture and invalidate do_bench_cudagraph's side-stream capture)
+        return lambda: impl["bwd"](q, k, v, g, beta, do, dht, scale=scale, initial_state=h0, cu_seqlens=cu,
+                                   cu_seqlens_cpu=d["cu_cpu"])
     fwd_kw = dict(scale=scale, initial_state=h0, output_final_state=True, cu_seqlens=cu)
     if lib == "fla_triton":
         if case.direction == "fwd":
@@ -433,7 +437,8 @@ def run_case(case: Case, libs: dict, device: str, graph: bool, cpu_reps: int = 5
     gc.collect()
     if device == "cuda":
         torch.cuda.empty_cache()
-    notes = {"flashqla": "torch.autograd.grad through flashqla.chunk_gdn"} if case.direction == "bwd" else None
+    notes = {"flashqla": "flashqla.chunk_gdn_bwd (PyTorch chunked backward; no kernel yet)"} \
+        if case.direction == "bwd" else None
     return case_entry(case, ms, errors, notes)
 
 
@@ -449,7 +454,7 @@ def accuracy(libs: dict, device: str, seqlens=(300,), h_qk: int = 2, h_v: int = 
     dht). Returns ({lib: {key: err}}, [errors])."""
     import torch
     from flashqla.reference import recurrent_gdn
-    case = Case("fwd", "accuracy", h_qk, h_v, "+".join(map(str, seqlens)), tuple(seqlens))
+    case = Case("fwd", "accuracy", h_qk, h_v, "+".join(map(str, seqlens)), tuple(seqlens), no_decay_heads=True)
     d = make_inputs(case, device, seed=1, strong_decay=strong_decay)
     names = ("q", "k", "v", "g", "beta", "h0")
     ref_leaves = [d[n].detach().cpu().double().requires_grad_(True) for n in names]
@@ -543,6 +548,18 @@ def _libs_in(rec):
     return [lib for lib in LIBS if lib in seen]
 
 
+FLASHQLA_BWD_LABEL = "flashqla.chunk_gdn_bwd (the PyTorch chunked backward on the GPU; no backward kernel yet)"
+
+
+def _bwd_label(rec) -> str:
+    """How flashqla's backward was run in `rec` (older records timed autograd through chunk_gdn)."""
+    return rec.get("labels", {}).get("flashqla", {}).get("bwd") or "torch.autograd.grad through flashqla.chunk_gdn"
+
+
+def _bwd_short(rec) -> str:
+    return "autograd through chunk_gdn" if "autograd" in _bwd_label(rec) else "chunk_gdn_bwd"
+
+
 def render_markdown(rec: dict, heading_level: int = 3) -> str:
     """Markdown tables (forward, backward), then the footer (timing, FLOP model, errors)."""
     libs, h = _libs_in(rec), "#" * heading_level
@@ -561,7 +578,7 @@ def render_markdown(rec: dict, heading_level: int = 3) -> str:
         for lib in libs:
             hdr += [f"{LABELS[lib]} {m} ms" for m in modes]
         hdr += [f"vs {LABELS[c]}" for c in comps] + ["flashqla TFLOP/s"]
-        lines += [f"{h} {title}" + (" (flashqla = autograd through chunk_gdn)" if direction == "bwd" else ""), "",
+        lines += [f"{h} {title}" + (f" (flashqla = {_bwd_short(rec)})" if direction == "bwd" else ""), "",
                   "| " + " | ".join(hdr) + " |", "|" + "---|" * len(hdr)]
         for c in cs:
             row = [c["model"], c["name"]]
@@ -604,7 +621,7 @@ def render_markdown(rec: dict, heading_level: int = 3) -> str:
               f"Times in ms ({timing}). 'vs X' = X's time / flashqla's time (eager / graph; > 1: flashqla faster). "
               "FLA = FLA Triton path (FLA_FLASH_QLA=0); FlashQLA = flash_qla (TileLang). Backward: FLA and FlashQLA "
               "run their low-level backward given their own forward's intermediates; flashqla's backward is "
-              "torch.autograd.grad through flashqla.chunk_gdn. '–' = not measured"
+              f"{_bwd_label(rec)}. '–' = not measured"
               + (f" ({n_err} errors in the record)." if n_err else "."),
               "", f"FLOP model: {rec.get('flop_model', FLOP_MODEL)}", ""]
     return "\n".join(lines)
@@ -673,7 +690,7 @@ def make_plot(rec: dict, path) -> Path:
                         ha="center", va="bottom", fontsize=7)
                 start = i
         ax.set_xlim(-0.6, len(cs) - 0.4)
-        title = {"fwd": "Forward", "bwd": "Backward (flashqla: autograd)"}[d]
+        title = {"fwd": "Forward", "bwd": f"Backward (flashqla: {_bwd_short(rec)})"}[d]
         sub = ("bars: CUDA-graph replay, hatched: eager" if rec.get("device") == "cuda" else
                "CPU fallback timings (perf_counter), not kernel timings")
         ax.set_title(f"{title} - {rec.get('gpu') or 'CPU'} - {sub}", fontsize=9, pad=14)
@@ -803,7 +820,7 @@ def run(args) -> dict:
                       {"eager": f"CPU fallback: time.perf_counter median of {args.cpu_reps} calls after 1 warm-up "
                                 "[ms]; not a kernel timing"}),
            "labels": {"flashqla": {"fwd": "flashqla.chunk_gdn",
-                                   "bwd": "torch.autograd.grad through flashqla.chunk_gdn (no backward kernel yet)"},
+                                   "bwd": FLASHQLA_BWD_LABEL},
                       "fla_triton": {"fwd": "fla chunk_gated_delta_rule_fwd (FLA_FLASH_QLA=0)",
                                      "bwd": "fla chunk_gated_delta_rule_bwd given its forward's g cumsum and A"},
                       "flash_qla_tilelang": {"fwd": "flash_qla.chunk_gated_delta_rule_fwd",

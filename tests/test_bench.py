@@ -289,3 +289,24 @@ def test_merge_records(tmp_path):
     b["gpu"] = "NVIDIA H100"
     with pytest.raises(ValueError):
         bench.merge_records([a, b])
+
+
+def test_backward_label_follows_the_record():
+    rec = _fake_record()
+    rec["labels"] = {"flashqla": {"bwd": bench.FLASHQLA_BWD_LABEL}}
+    md = bench.render_markdown(rec)
+    assert "flashqla = chunk_gdn_bwd" in md and "autograd" not in md
+
+
+def test_no_decay_heads_only_in_flashqlas_set():
+    import torch
+    assert not any(c.no_decay_heads for c in bench.cases_for("anchors"))   # as shared/tools/anchor_bench.py
+    assert all(c.no_decay_heads for c in bench.cases_for("flashqla"))      # as FlashQLA's published benchmark
+    base = bench.Case("fwd", "t (2/8)", 2, 8, "1x128", (128,))
+    g = bench.make_inputs(base, "cpu")["g"]
+    assert bool((g != 0).all())                                           # every head decays
+    import dataclasses
+    g = bench.make_inputs(dataclasses.replace(base, no_decay_heads=True), "cpu")["g"]
+    zero_heads = [h for h in range(8) if bool((g[0, :, h] == 0).all())]
+    assert len(zero_heads) == 8 - 6                                       # a quarter, rounded down
+    assert torch.isfinite(g).all()

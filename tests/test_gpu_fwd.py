@@ -168,6 +168,28 @@ def test_deterministic_and_cuda_graph():
     assert torch.equal(out[0], ref[0]) and torch.equal(out[1], ref[1])
 
 
+def test_low_level_backward_captures_in_a_cuda_graph():
+    # the GPU backward (PyTorch chunked, until the kernels exist) must not sync with the host either
+    d = make([300, 700], 2, 4, seed=12)
+    do = torch.randn_like(d["v"])
+    dht = torch.randn_like(d["initial_state"])
+    call = lambda: flashqla.chunk_gdn_bwd(d["q"], d["k"], d["v"], d["g"], d["beta"], do, dht,  # noqa: E731
+                                          initial_state=d["initial_state"], cu_seqlens=d["cu_seqlens"])
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        call()
+    torch.cuda.current_stream().wait_stream(s)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = call()
+    do.copy_(torch.randn_like(do))
+    graph.replay()
+    torch.cuda.synchronize()
+    ref = call()
+    for a, b in zip(out, ref):
+        assert torch.equal(a, b)
+
 
 def test_no_tokens_keeps_states():
     d = make([0, 0], 1, 2, seed=11)
