@@ -321,7 +321,6 @@ def _flashqla_call(api, d, q, k, v, g, beta, h0):
 
 def build_fn(lib: str, impl: dict, case: Case, d: dict):
     """A no-argument callable running `lib`'s forward or backward for `case` on inputs `d`."""
-    import torch
     q, k, v, g, beta, h0, do, dht, cu, scale = (d[n] for n in ("q", "k", "v", "g", "beta", "h0", "do", "dht",
                                                                "cu", "scale"))
     if lib == "flashqla":
