@@ -93,6 +93,10 @@ if has bench; then
     --table "$OUT/bench-$CASES.md" --plot "$OUT/bench-$CASES.png" > "$OUT/bench.log" 2>&1
   [ $? -eq 0 ] || status=1
   tail -60 "$OUT/bench.log"
+  newest=$(ls -t "$OUT"/*-"${CASES//,/+}"-*.json 2>/dev/null | head -1)
+  if [ -n "$newest" ] && [[ ",$CASES," == *",anchors,"* ]] && [ -f ../shared/anchors/h200-2026-11-30.json ]; then
+    python3 -m flashqla.bench anchors-check "$newest" 2>&1 | tee -a "$LOG"   # issue 3's +-15% check
+  fi
   if [ "${TLCACHE_SAVE:-0}" = 1 ] && [ -d "$TILELANG_CACHE_DIR" ]; then
     tar czf "$OUT/tilelang-cache.tar.gz" -C "$TILELANG_CACHE_DIR" . && say "saved $(du -h "$OUT/tilelang-cache.tar.gz" | cut -f1) TileLang cache"
   fi

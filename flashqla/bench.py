@@ -773,6 +773,47 @@ def merge_records(recs: list) -> dict:
     return validate_record(out)
 
 
+# --------------------------------------------------------------------------- anchor check
+ANCHORS_JSON = REPO_ROOT.parent / "shared" / "anchors" / "h200-2026-11-30.json"
+_ANCHOR_LIBS = {"fla_triton": "fla", "flash_qla_tilelang": "flashqla"}
+
+
+def compare_anchors(rec: dict, anchors: dict, tol: float = 0.15) -> str:
+    """Markdown: each competitor time in `rec` divided by the same case's time in the shared anchors file
+    (issue 3's check: within `tol`, else the protocol differs)."""
+    rows, n_ok, n_all, outliers = [], 0, 0, []
+    for c in rec["cases"]:
+        key = "forward_ms" if c["direction"] == "fwd" else "backward_ms"
+        model = c["model"].split(" ")[0]
+        match = [a for a in anchors.get(key, []) if a["model"] == model and a["seqs"] == c["name"]]
+        if not match:
+            continue
+        a = match[0]
+        cells = []
+        for lib, alib in _ANCHOR_LIBS.items():
+            for mode in MODES:
+                ours, ref = c["ms"].get(lib, {}).get(mode), a.get(f"{alib}_{mode}")
+                if ours is None or ref is None:
+                    cells.append("–")
+                    continue
+                r = ours / ref
+                n_all += 1
+                ok = abs(r - 1) <= tol
+                n_ok += ok
+                if not ok:
+                    outliers.append(f"{c['direction']} {c['model']} {c['name']} {LABELS[lib]} {mode}")
+                cells.append(f"{r:.2f}" + ("" if ok else " *"))
+        rows.append(f"| {c['direction']} | {c['model']} | {c['name']} | " + " | ".join(cells) + " |")
+    hdr = [f"{LABELS[lib]} {m}" for lib in _ANCHOR_LIBS for m in MODES]
+    out = [f"Record {rec.get('date')} (commit {str(rec.get('commit'))[:12]}) against the shared anchors: "
+           f"time in the record / time in the anchors; * = outside +-{tol:.0%}.", "",
+           "| dir | model | seqlens | " + " | ".join(hdr) + " |", "|" + "---|" * (3 + len(hdr))] + rows
+    out += ["", f"{n_ok} of {n_all} figures within +-{tol:.0%}."]
+    if outliers:
+        out += ["", "Outside: " + "; ".join(outliers) + "."]
+    return "\n".join(out) + "\n"
+
+
 # --------------------------------------------------------------------------- CLI
 def _pick_device(arg: str) -> str:
     import torch
@@ -909,7 +950,19 @@ def _save(rec, args):
 
 def main(argv=None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
-    cmd = argv.pop(0) if argv and argv[0] in ("run", "readme", "merge") else "run"
+    cmd = argv.pop(0) if argv and argv[0] in ("run", "readme", "merge", "anchors-check") else "run"
+    if cmd == "anchors-check":
+        ap = argparse.ArgumentParser(prog="python -m flashqla.bench anchors-check",
+                                     description="Compare a record's FLA/FlashQLA times with the shared anchors.")
+        ap.add_argument("record")
+        ap.add_argument("--anchors", default=str(ANCHORS_JSON))
+        ap.add_argument("--out", help="also write the markdown here")
+        a = ap.parse_args(argv)
+        text = compare_anchors(json.loads(Path(a.record).read_text()), json.loads(Path(a.anchors).read_text()))
+        print(text, end="")
+        if a.out:
+            Path(a.out).write_text(text)
+        return 0
     if cmd == "merge":
         ap = argparse.ArgumentParser(prog="python -m flashqla.bench merge",
                                      description="Merge records of split runs (same tree, same device) into one.")

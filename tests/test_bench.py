@@ -310,3 +310,18 @@ def test_no_decay_heads_only_in_flashqlas_set():
     zero_heads = [h for h in range(8) if bool((g[0, :, h] == 0).all())]
     assert len(zero_heads) == 8 - 6                                       # a quarter, rounded down
     assert torch.isfinite(g).all()
+
+
+def test_compare_anchors_flags_outliers():
+    rec = {"date": "d", "commit": "c" * 40, "cases": [
+        {"direction": "fwd", "model": "TP8 (2/8)", "name": "1x32768",
+         "ms": {"fla_triton": {"eager": 1.0, "graph": 0.9}, "flash_qla_tilelang": {"graph": 0.45}}},
+        {"direction": "bwd", "model": "hk4_hv8", "name": "8k_4seq", "ms": {"fla_triton": {"eager": 2.0}}},
+        {"direction": "fwd", "model": "TP1 (16/64)", "name": "1x99", "ms": {}}]}       # not in the anchors
+    anchors = {"forward_ms": [{"model": "TP8", "seqs": "1x32768", "fla_eager": 1.0, "fla_graph": 1.0,
+                               "flashqla_eager": 0.3, "flashqla_graph": 0.3}],
+               "backward_ms": [{"model": "hk4_hv8", "seqs": "8k_4seq", "fla_eager": 1.9}]}
+    md = bench.compare_anchors(rec, anchors)
+    assert "| fwd | TP8 (2/8) | 1x32768 | 1.00 | 0.90 | – | 1.50 * |" in md
+    assert "| bwd | hk4_hv8 | 8k_4seq | 1.05 | – | – | – |" in md
+    assert "3 of 4 figures within +-15%" in md and "FlashQLA graph" in md and "1x99" not in md
