@@ -7,7 +7,7 @@
 #
 #   FLASHQLA_COMMIT=$(git rev-parse HEAD) bash benchmarks/h200.sh        (carry .whl/build and .whl/fla[,qla])
 #
-# Stages (STAGES, comma-separated; default build,test,cmake,phases,cumsum,bench,sanitize, run in this order):
+# Stages (STAGES, comma-separated; default build,test,cmake,phases,probe,cumsum,bench,sanitize, run in this order):
 #   z3        install .whl/z3 into $SITE only (FlashQLA needs it; it does not fit in one carry with the rest);
 #             also unpacks a carried TileLang kernel cache, .whl/tlcache/*.tar.gz, into $TILELANG_CACHE_DIR
 # TLCACHE_SAVE=1 packs $TILELANG_CACHE_DIR into $OUT/tilelang-cache.tar.gz after the benchmark, so a later
@@ -16,7 +16,8 @@
 #   test      pytest tests (GPU tests run here)
 #   cmake     libflashqla + the C++ examples through CMake, run by ctest on the GPU
 #   sanitize  compute-sanitizer memcheck + racecheck on small kernel calls
-#   phases    per-phase cycle counts of the v1 forward kernel (benchmarks/profile_fwd_phases.cu)
+#   phases    per-phase cycle counts of the forward kernels (benchmarks/profile_fwd_phases.cu)
+#   probe     the state chain with wgmma vs mma.sync, checked against a reference (benchmarks/wgmma_chain_probe.cu)
 #   cumsum    the cumsum kernel record (benchmarks/bench_cumsum.py)
 #   bench     python -m flashqla.bench run --cases $CASES $BENCH_ARGS (default anchors)
 set -uo pipefail
@@ -24,7 +25,7 @@ ROOT=$(cd "$(dirname "$0")/.." && pwd)
 cd "$ROOT"
 OUT=${OUT:-$ROOT/out}
 SITE=${SITE:-/tmp/site}
-STAGES=${STAGES:-build,test,cmake,phases,cumsum,bench,sanitize}
+STAGES=${STAGES:-build,test,cmake,phases,probe,cumsum,bench,sanitize}
 CASES=${CASES:-anchors}
 mkdir -p "$OUT" "$SITE"
 export PYTHONUNBUFFERED=1 PYTHONPATH="$SITE:$ROOT${PYTHONPATH:+:$PYTHONPATH}"
@@ -78,6 +79,14 @@ if has phases; then
   nvcc -O3 -std=c++17 -gencode=arch=compute_90a,code=sm_90a --expt-relaxed-constexpr -Icsrc/include -Icsrc \
        -I"$(python3 third_party/cutlass.py)" benchmarks/profile_fwd_phases.cu -o /tmp/fq_phases 2>&1 | tail -5 | tee -a "$LOG"
   /tmp/fq_phases 2>&1 | tee -a "$LOG"
+  [ "${PIPESTATUS[0]}" -eq 0 ] || status=1
+fi
+
+if has probe; then
+  say "wgmma chain probe"
+  nvcc -O3 -std=c++17 -gencode=arch=compute_90a,code=sm_90a --expt-relaxed-constexpr -Icsrc/include -Icsrc \
+       -I"$(python3 third_party/cutlass.py)" benchmarks/wgmma_chain_probe.cu -o /tmp/fq_probe 2>&1 | tail -5 | tee -a "$LOG"
+  timeout 60 /tmp/fq_probe 2>&1 | tee -a "$LOG"
   [ "${PIPESTATUS[0]}" -eq 0 ] || status=1
 fi
 
