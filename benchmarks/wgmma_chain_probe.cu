@@ -17,6 +17,7 @@
 #include <vector>
 
 #include "flashqla/warp_mma.cuh"
+#include "flashqla/wgmma.cuh"
 
 #define CHECK(x)                                                                                 \
   do {                                                                                           \
@@ -39,43 +40,8 @@ struct Slot {
   float vt[kV * kLdVt]; // V^T [v][c], plain
 };
 
-// Byte offset of element (n, k) of a K-major tile with `kt` columns: core matrices (8 x 8) of 128
-// contiguous bytes, k-direction neighbours 128 B apart, n-direction neighbours kt / 8 * 128 B apart.
-__host__ __device__ constexpr int kmaj_off(int n, int k, int kt) {
-  return (n >> 3) * (kt / 8 * 128) + (k >> 3) * 128 + (n & 7) * 16 + (k & 7) * 2;
-}
-
-__device__ uint64_t make_desc(const void* smem, int lbo, int sbo) {
-  const uint32_t a = flashqla::warp::smem_addr(smem);
-  return uint64_t((a & 0x3FFFF) >> 4) | (uint64_t(lbo >> 4) << 16) | (uint64_t(sbo >> 4) << 32);  // no swizzle
-}
-
-__device__ __forceinline__ void wg_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
-__device__ __forceinline__ void wg_commit() { asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory"); }
-__device__ __forceinline__ void wg_wait0() { asm volatile("wgmma.wait_group.sync.aligned 0;\n" ::: "memory"); }
-template <int N>
-__device__ __forceinline__ void pin(float (&d)[N]) {  // keep accumulator uses on their side of a wait
-#pragma unroll
-  for (int i = 0; i < N; ++i) asm volatile("" : "+f"(d[i])::"memory");
-}
-// D (64 x 64, fp32) += A (64 x 16, bf16 registers) * B (16 x 64, bf16 in shared memory, descriptor).
-CUTLASS_DEVICE void wgmma_m64n64k16_rs(float (&d)[32], const uint32_t (&a)[4], uint64_t desc_b, int scale_d) {
-  asm volatile(
-      "{\n.reg .pred p;\nsetp.ne.b32 p, %37, 0;\n"
-      "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 {%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,%16,%17,%18,%19,%20,%21,%22,%23,%24,%25,%26,%27,%28,%29,%30,%31}, {%32,%33,%34,%35}, %36, p, 1, 1, 0;\n}\n"
-      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31])
-      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b), "r"(scale_d));
-}
-
-// D (64 x 128, fp32) += A (64 x 16, bf16 registers) * B (16 x 128, bf16 in shared memory, descriptor).
-CUTLASS_DEVICE void wgmma_m64n128k16_rs(float (&d)[64], const uint32_t (&a)[4], uint64_t desc_b, int scale_d) {
-  asm volatile(
-      "{\n.reg .pred p;\nsetp.ne.b32 p, %69, 0;\n"
-      "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 {%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,%16,%17,%18,%19,%20,%21,%22,%23,%24,%25,%26,%27,%28,%29,%30,%31,%32,%33,%34,%35,%36,%37,%38,%39,%40,%41,%42,%43,%44,%45,%46,%47,%48,%49,%50,%51,%52,%53,%54,%55,%56,%57,%58,%59,%60,%61,%62,%63}, {%64,%65,%66,%67}, %68, p, 1, 1, 0;\n}\n"
-      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]), "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]), "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]), "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63])
-      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b), "r"(scale_d));
-}
-
+using flashqla::gmma::kmaj_off;
+using flashqla::gmma::make_desc;
 
 __device__ void load_slots(Slot* sl, const bf16* K, const bf16* XT, const float* VT) {
   for (int s = 0; s < kSlots; ++s) {
@@ -98,6 +64,7 @@ template <bool kSwap>
 __global__ void __launch_bounds__(128, 1) chain_wgmma(const bf16* K, const bf16* XT, const float* VT, const float* S0,
                                                       float* S_out, long long* cycles, int chunks) {
   using namespace flashqla::warp;
+  using namespace flashqla::gmma;
   extern __shared__ __align__(128) unsigned char smem_raw[];
   Slot* sl = reinterpret_cast<Slot*>(smem_raw);
   load_slots(sl, K, XT, VT);
@@ -123,13 +90,13 @@ __global__ void __launch_bounds__(128, 1) chain_wgmma(const bf16* K, const bf16*
     float ks[32];
 #pragma unroll
     for (int i = 0; i < 32; ++i) ks[i] = 0.f;
-    wg_fence();
+    fence();
     pin(ks);
 #pragma unroll
     for (int kk = 0; kk < 8; ++kk)  // 16 K columns per step: two core matrices along k
-      wgmma_m64n64k16_rs(ks, sa[kk], make_desc(reinterpret_cast<const char*>(S.k) + kmaj_off(0, 16 * kk, kK), lbo_k, sbo_k), 1);
-    wg_commit();
-    wg_wait0();
+      wgmma_rs<64, bf16>(ks, sa[kk], make_desc(reinterpret_cast<const char*>(S.k) + kmaj_off(0, 16 * kk, kK), lbo_k, sbo_k));
+    commit();
+    wait_all();
     pin(ks);
     uint32_t ya[4][4];
 #pragma unroll
@@ -142,13 +109,13 @@ __global__ void __launch_bounds__(128, 1) chain_wgmma(const bf16* K, const bf16*
     }
 #pragma unroll
     for (int i = 0; i < 64; ++i) s[i] *= kDecay;
-    wg_fence();
+    fence();
     pin(s);
 #pragma unroll
     for (int kk = 0; kk < 4; ++kk)  // 16 chunk rows per step
-      wgmma_m64n128k16_rs(s, ya[kk], make_desc(reinterpret_cast<const char*>(S.xt) + kmaj_off(0, 16 * kk, kC), lbo_x, sbo_x), 1);
-    wg_commit();
-    wg_wait0();
+      wgmma_rs<128, bf16>(s, ya[kk], make_desc(reinterpret_cast<const char*>(S.xt) + kmaj_off(0, 16 * kk, kC), lbo_x, sbo_x));
+    commit();
+    wait_all();
     pin(s);
   }
   const long long t_end = clock64();
