@@ -20,6 +20,9 @@
 #   probe     the state chain with wgmma vs mma.sync, checked against a reference (benchmarks/wgmma_chain_probe.cu)
 #   cumsum    the cumsum kernel record (benchmarks/bench_cumsum.py)
 #   bench     python -m flashqla.bench run --cases $CASES $BENCH_ARGS (default anchors)
+#   variants  for each prebuilt variants/<name>/ (benchmarks/build_variants.sh; carry `variants`): swap its
+#             _C into flashqla/, run the forward GPU tests, its phase profiler and the benchmark with
+#             $VARIANT_BENCH_ARGS; one log and one record per variant (not in the default stages)
 set -uo pipefail
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
 cd "$ROOT"
@@ -110,6 +113,29 @@ if has bench; then
     tar czf "$OUT/tilelang-cache.tar.gz" -C "$TILELANG_CACHE_DIR" . && say "saved $(du -h "$OUT/tilelang-cache.tar.gz" | cut -f1) TileLang cache"
   fi
 fi
+if has variants; then
+  cp flashqla/_C.cpython-312-*.so /tmp/own_C.so 2>/dev/null || true
+  for vdir in variants/*/; do
+    name=$(basename "$vdir"); vlog="$OUT/variant-$name.log"
+    say "variant $name ($(cat "$vdir/COMMIT"))"
+    cp "$vdir"/_C.cpython-312-*.so flashqla/
+    { echo "== $name $(cat "$vdir/COMMIT")"
+      # a variant that fails (or hangs in) the GPU tests is not timed: a hung kernel would eat the call
+      if timeout ${VARIANT_TEST_TIMEOUT:-90} python3 -m pytest tests/test_gpu_fwd.py -q -x -p no:cacheprovider -s 2>&1 \
+           | tail -15; [ "${PIPESTATUS[0]}" -eq 0 ]; then
+        timeout 60 "$vdir/fq_phases" 2>&1
+        OUT= FLASHQLA_COMMIT=$(cat "$vdir/COMMIT") FLASHQLA_DIRTY=0 timeout ${BENCH_TIMEOUT:-300} python3 -m flashqla.bench \
+          run --cases "$CASES" ${VARIANT_BENCH_ARGS:---fwd-only --libs flashqla,fla_triton --no-accuracy} \
+          --out "$OUT/variant-$name.json" --table /tmp/variant-$name.md --plot /tmp/variant-$name.png 2>&1 | tail -40
+      else
+        echo "variant $name: GPU tests failed or timed out; not timed"
+      fi
+    } > "$vlog" 2>&1
+    grep -E "passed|failed|not timed|anchor:|T=32768|forward, 1 x|flashqla .* ms" "$vlog" | head -40 | tee -a "$LOG"
+  done
+  [ -f /tmp/own_C.so ] && cp /tmp/own_C.so flashqla/_C.cpython-312-x86_64-linux-gnu.so
+fi
+
 if has sanitize; then
   for tool in memcheck racecheck; do
     say "compute-sanitizer $tool"

@@ -1,0 +1,32 @@
+#!/usr/bin/env bash
+# Builds, on this (CPU) machine, the torch extension and the phase profiler of several git refs of the
+# forward kernel, so that one H200 call can compare them (h200.sh STAGES=variants): the Python package is
+# the same on every ref, only the kernels in _C differ, so each variant is its .so plus its profiler.
+#
+#   bash benchmarks/build_variants.sh v2=fwd-v2 v21=fwd-v2.1 v3=fwd-v3     (name=git-ref ...)
+#
+# Needs a venv that mirrors the H200 (Python 3.12, torch 2.11.0; see shared/BUILDING.md): $VENV
+# (default /work/venvs/h200). Writes variants/<name>/{_C.cpython-312-x86_64-linux-gnu.so,fq_phases,COMMIT};
+# carry `variants` (about 9 MB per variant) to the H200 machine.
+set -euo pipefail
+ROOT=$(cd "$(dirname "$0")/.." && pwd)
+VENV=${VENV:-/work/venvs/h200}
+export CUDA_HOME=${CUDA_HOME:-/usr/local/cuda}
+CUTLASS_INC=$("$VENV/bin/python" "$ROOT/third_party/cutlass.py")
+rm -rf "$ROOT/variants"
+for spec in "$@"; do
+  name=${spec%%=*}; ref=${spec#*=}
+  dir=$(mktemp -d /tmp/flashqla-variant-XXXX)
+  git -C "$ROOT" worktree add -q --detach "$dir" "$ref"
+  echo "== $name = $ref ($(git -C "$dir" rev-parse --short HEAD))"
+  (cd "$dir" && MAX_JOBS=${MAX_JOBS:-2} "$VENV/bin/python" setup.py build_ext --inplace > build.log 2>&1) \
+    || { tail -20 "$dir/build.log"; exit 1; }
+  mkdir -p "$ROOT/variants/$name"
+  cp "$dir"/flashqla/_C.cpython-312-*.so "$ROOT/variants/$name/"
+  "$CUDA_HOME/bin/nvcc" -O3 -std=c++17 -gencode=arch=compute_90a,code=sm_90a --expt-relaxed-constexpr \
+    -I"$dir/csrc/include" -I"$dir/csrc" -I"$CUTLASS_INC" "$dir/benchmarks/profile_fwd_phases.cu" \
+    -o "$ROOT/variants/$name/fq_phases"
+  git -C "$dir" rev-parse HEAD > "$ROOT/variants/$name/COMMIT"
+  git -C "$ROOT" worktree remove --force "$dir"
+done
+du -sh "$ROOT/variants"/*
