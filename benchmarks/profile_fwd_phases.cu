@@ -119,7 +119,7 @@ int main() {
   const char* aux_names[fm::kAuxPhases] = {"wait empty", "loads + cumsum", "l2norm", "KK^T, QK^T, L, P",
                                            "inverse diagonal", "inverse merges", "M, X", "W, arrive"};
   for (int role = 0; role < 2; ++role) {
-    const int n = role == 0 ? fm::kStPhases : fm::kAuxPhases;
+    const int n = role == 0 ? int(fm::kStPhases) : int(fm::kAuxPhases);
     unsigned long long tot = 0;
     for (int i = 0; i < n; ++i) tot += rc[role][i];
     std::printf("%-32s %12s %8s\n", role == 0 ? "state warp 0 (CTA 0, per chunk)" : "aux warp 0 (CTA 0, per chunk)",
