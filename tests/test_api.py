@@ -149,3 +149,12 @@ def test_torch_compile_fallback():
     o, s = f(**leaves, output_final_state=True)
     (o.sum() + s.sum()).backward()
     assert all(torch.isfinite(x.grad).all() for x in leaves.values())
+
+
+def test_unsupported_head_dims_raise_on_the_kernel_gpu(monkeypatch):
+    # where the sm_90a kernels run, K or V != 128 is a clear error (naming the escape hatch), not a slow fallback
+    from flashqla import _backend, api
+    monkeypatch.setattr(_backend, "kernels_available", lambda dev: True)
+    d = make_inputs(1, 70, 2, 2, 64, 64, dtype=torch.bfloat16)
+    with pytest.raises(ValueError, match=r"K = V = 128, got K = 64, V = 64.*FLASHQLA_FORCE_FALLBACK"):
+        api.chunk_gdn(**d)
