@@ -9,17 +9,11 @@
 #include <cstdio>
 #include <cstdlib>
 
+#include "examples/example_util.h"  // CUDA_OK
+
 #include "flashqla/gdn_fwd_mma.cuh"
 #include "flashqla/gdn_fwd_simple.cuh"
 
-#define CHECK(x)                                                                    \
-  do {                                                                              \
-    cudaError_t e_ = (x);                                                           \
-    if (e_ != cudaSuccess) {                                                        \
-      std::fprintf(stderr, "%s:%d %s: %s\n", __FILE__, __LINE__, #x, cudaGetErrorString(e_)); \
-      std::exit(1);                                                                 \
-    }                                                                               \
-  } while (0)
 
 namespace fs = flashqla::gdn_fwd_simple;
 namespace fm = flashqla::gdn_fwd_mma;
@@ -39,18 +33,18 @@ int main() {
   const int64_t T = 8192, Hq = 16, Hv = 64, D = 128;
   __nv_bfloat16 *q, *k, *v, *o;
   float *g, *beta;
-  CHECK(cudaMalloc(&q, T * Hq * D * 2));
-  CHECK(cudaMalloc(&k, T * Hq * D * 2));
-  CHECK(cudaMalloc(&v, T * Hv * D * 2));
-  CHECK(cudaMalloc(&o, T * Hv * D * 2));
-  CHECK(cudaMalloc(&g, T * Hv * 4));
-  CHECK(cudaMalloc(&beta, T * Hv * 4));
+  CUDA_OK(cudaMalloc(&q, T * Hq * D * 2));
+  CUDA_OK(cudaMalloc(&k, T * Hq * D * 2));
+  CUDA_OK(cudaMalloc(&v, T * Hv * D * 2));
+  CUDA_OK(cudaMalloc(&o, T * Hv * D * 2));
+  CUDA_OK(cudaMalloc(&g, T * Hv * 4));
+  CUDA_OK(cudaMalloc(&beta, T * Hv * 4));
   fill<<<1024, 256>>>(q, T * Hq * D, -0.15f, 0.15f, 1);
   fill<<<1024, 256>>>(k, T * Hq * D, -0.15f, 0.15f, 2);
   fill<<<1024, 256>>>(v, T * Hv * D, -1.f, 1.f, 3);
   fill<<<1024, 256>>>(g, T * Hv, -0.08f, 0.f, 4);
   fill<<<1024, 256>>>(beta, T * Hv, 0.f, 1.f, 5);
-  CHECK(cudaGetLastError());
+  CUDA_OK(cudaGetLastError());
 
   flashqla_gdn_fwd_params_t p{};
   p.q = q; p.k = k; p.v = v; p.o = o;
@@ -68,21 +62,21 @@ int main() {
   p.batch = 1; p.seqlen = T; p.heads_qk = Hq; p.heads_v = Hv; p.head_dim_k = D; p.head_dim_v = D;
   p.num_seqs = 1; p.scale = 0.08838834764831845f;
 
-  CHECK(fs::launch<__nv_bfloat16>(p, nullptr));  // warm-up
-  CHECK(cudaDeviceSynchronize());
+  CUDA_OK(fs::launch<__nv_bfloat16>(p, nullptr));  // warm-up
+  CUDA_OK(cudaDeviceSynchronize());
   unsigned long long zero[fs::kNumPhases] = {};
-  CHECK(cudaMemcpyToSymbol(fs::g_phase_cycles, zero, sizeof(zero)));
+  CUDA_OK(cudaMemcpyToSymbol(fs::g_phase_cycles, zero, sizeof(zero)));
   cudaEvent_t e0, e1;
-  CHECK(cudaEventCreate(&e0));
-  CHECK(cudaEventCreate(&e1));
-  CHECK(cudaEventRecord(e0));
-  CHECK(fs::launch<__nv_bfloat16>(p, nullptr));
-  CHECK(cudaEventRecord(e1));
-  CHECK(cudaDeviceSynchronize());
+  CUDA_OK(cudaEventCreate(&e0));
+  CUDA_OK(cudaEventCreate(&e1));
+  CUDA_OK(cudaEventRecord(e0));
+  CUDA_OK(fs::launch<__nv_bfloat16>(p, nullptr));
+  CUDA_OK(cudaEventRecord(e1));
+  CUDA_OK(cudaDeviceSynchronize());
   float ms = 0;
-  CHECK(cudaEventElapsedTime(&ms, e0, e1));
+  CUDA_OK(cudaEventElapsedTime(&ms, e0, e1));
   unsigned long long cyc[fs::kNumPhases];
-  CHECK(cudaMemcpyFromSymbol(cyc, fs::g_phase_cycles, sizeof(cyc)));
+  CUDA_OK(cudaMemcpyFromSymbol(cyc, fs::g_phase_cycles, sizeof(cyc)));
   const char* names[fs::kNumPhases] = {"load K/Q/V/g/beta", "cumsum + KK^T, QK^T, KS, QS", "L, P, Y, A=0",
                                        "inverse: 16x16 diagonal", "inverse: merges 16->32->64", "Gamma*A -> T",
                                        "V_new = (Gamma*A) Y", "V_new casts, Z", "P V_new + state update",
@@ -91,7 +85,7 @@ int main() {
   unsigned long long total = 0;
   for (int i = 0; i < fs::kNumPhases; ++i) total += cyc[i];
   int clk_khz = 0;
-  CHECK(cudaDeviceGetAttribute(&clk_khz, cudaDevAttrClockRate, 0));
+  CUDA_OK(cudaDeviceGetAttribute(&clk_khz, cudaDevAttrClockRate, 0));
   std::printf("v1 forward, 1 x %lld tokens, %lld/%lld heads: %.3f ms (%.2f us per chunk per CTA)\n", (long long)T,
               (long long)Hq, (long long)Hv, ms, 1000.0 * ms / chunks);
   std::printf("%-32s %12s %8s\n", "phase (CTA 0, per chunk)", "cycles", "share");
@@ -102,16 +96,16 @@ int main() {
 
   // v2: per-role phases on the same problem, then event times at 2/8 heads (16 CTAs, latency-bound)
   unsigned long long zero2[2][8] = {};
-  CHECK(fm::launch<__nv_bfloat16>(p, nullptr));
-  CHECK(cudaDeviceSynchronize());
-  CHECK(cudaMemcpyToSymbol(fm::g_role_cycles, zero2, sizeof(zero2)));
-  CHECK(cudaEventRecord(e0));
-  CHECK(fm::launch<__nv_bfloat16>(p, nullptr));
-  CHECK(cudaEventRecord(e1));
-  CHECK(cudaDeviceSynchronize());
-  CHECK(cudaEventElapsedTime(&ms, e0, e1));
+  CUDA_OK(fm::launch<__nv_bfloat16>(p, nullptr));
+  CUDA_OK(cudaDeviceSynchronize());
+  CUDA_OK(cudaMemcpyToSymbol(fm::g_role_cycles, zero2, sizeof(zero2)));
+  CUDA_OK(cudaEventRecord(e0));
+  CUDA_OK(fm::launch<__nv_bfloat16>(p, nullptr));
+  CUDA_OK(cudaEventRecord(e1));
+  CUDA_OK(cudaDeviceSynchronize());
+  CUDA_OK(cudaEventElapsedTime(&ms, e0, e1));
   unsigned long long rc[2][8];
-  CHECK(cudaMemcpyFromSymbol(rc, fm::g_role_cycles, sizeof(rc)));
+  CUDA_OK(cudaMemcpyFromSymbol(rc, fm::g_role_cycles, sizeof(rc)));
   std::printf("\nv2 forward, 1 x %lld tokens, %lld/%lld heads: %.3f ms (%.2f us per chunk per CTA)\n", (long long)T,
               (long long)Hq, (long long)Hv, ms, 1000.0 * ms / chunks);
   const char* st_names[fm::kStPhases] = {"wait full", "S->bf16, KS^T + QS^T", "gates, V^T, Z, Y", "O^T += Z^T W^T",
@@ -133,12 +127,12 @@ int main() {
   p.q_stride_batch = p.k_stride_batch = T * 2 * D; p.q_stride_time = p.k_stride_time = 2 * D;
   p.v_stride_batch = p.o_stride_batch = T * 8 * D; p.v_stride_time = p.o_stride_time = 8 * D;
   p.g_stride_batch = p.beta_stride_batch = T * 8; p.g_stride_time = p.beta_stride_time = 8;
-  CHECK(fm::launch<__nv_bfloat16>(p, nullptr));
-  CHECK(cudaEventRecord(e0));
-  CHECK(fm::launch<__nv_bfloat16>(p, nullptr));
-  CHECK(cudaEventRecord(e1));
-  CHECK(cudaDeviceSynchronize());
-  CHECK(cudaEventElapsedTime(&ms, e0, e1));
+  CUDA_OK(fm::launch<__nv_bfloat16>(p, nullptr));
+  CUDA_OK(cudaEventRecord(e0));
+  CUDA_OK(fm::launch<__nv_bfloat16>(p, nullptr));
+  CUDA_OK(cudaEventRecord(e1));
+  CUDA_OK(cudaDeviceSynchronize());
+  CUDA_OK(cudaEventElapsedTime(&ms, e0, e1));
   std::printf("v2 forward, 1 x %lld tokens, 2/8 heads (16 CTAs): %.3f ms (%.2f us per chunk)\n", (long long)T, ms,
               1000.0 * ms / chunks);
   return 0;

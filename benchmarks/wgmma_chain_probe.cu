@@ -11,22 +11,16 @@
 // reference kernel with the same bf16 rounding points checks both. The wgmma
 // descriptor's two byte offsets are tried both ways round (LBO = K-direction
 // core-matrix stride first): the run reports which one the hardware takes.
+#include <cmath>
 #include <cstdio>
 #include <cstdlib>
-#include <cmath>
 #include <vector>
+
+#include "examples/example_util.h"  // CUDA_OK
 
 #include "flashqla/warp_mma.cuh"
 #include "flashqla/wgmma.cuh"
 
-#define CHECK(x)                                                                                 \
-  do {                                                                                           \
-    cudaError_t e_ = (x);                                                                        \
-    if (e_ != cudaSuccess) {                                                                     \
-      std::fprintf(stderr, "%s:%d %s: %s\n", __FILE__, __LINE__, #x, cudaGetErrorString(e_));    \
-      std::exit(1);                                                                              \
-    }                                                                                            \
-  } while (0)
 
 using bf16 = __nv_bfloat16;
 constexpr int kC = 64, kK = 128, kV = 64;  // chunk, key dim, V rows of S^T per warpgroup
@@ -258,47 +252,47 @@ int main() {
   float *VT, *S0, *S_out;
   long long* cyc;
   const int sms = 132;
-  CHECK(cudaMalloc(&K, hk.size() * 2));
-  CHECK(cudaMalloc(&XT, hxt.size() * 2));
-  CHECK(cudaMalloc(&VT, hvt.size() * 4));
-  CHECK(cudaMalloc(&S0, hs0.size() * 4));
-  CHECK(cudaMalloc(&S_out, hs0.size() * 4));
-  CHECK(cudaMalloc(&cyc, sms * sizeof(long long)));
-  CHECK(cudaMemcpy(K, hk.data(), hk.size() * 2, cudaMemcpyHostToDevice));
-  CHECK(cudaMemcpy(XT, hxt.data(), hxt.size() * 2, cudaMemcpyHostToDevice));
-  CHECK(cudaMemcpy(VT, hvt.data(), hvt.size() * 4, cudaMemcpyHostToDevice));
-  CHECK(cudaMemcpy(S0, hs0.data(), hs0.size() * 4, cudaMemcpyHostToDevice));
+  CUDA_OK(cudaMalloc(&K, hk.size() * 2));
+  CUDA_OK(cudaMalloc(&XT, hxt.size() * 2));
+  CUDA_OK(cudaMalloc(&VT, hvt.size() * 4));
+  CUDA_OK(cudaMalloc(&S0, hs0.size() * 4));
+  CUDA_OK(cudaMalloc(&S_out, hs0.size() * 4));
+  CUDA_OK(cudaMalloc(&cyc, sms * sizeof(long long)));
+  CUDA_OK(cudaMemcpy(K, hk.data(), hk.size() * 2, cudaMemcpyHostToDevice));
+  CUDA_OK(cudaMemcpy(XT, hxt.data(), hxt.size() * 2, cudaMemcpyHostToDevice));
+  CUDA_OK(cudaMemcpy(VT, hvt.data(), hvt.size() * 4, cudaMemcpyHostToDevice));
+  CUDA_OK(cudaMemcpy(S0, hs0.data(), hs0.size() * 4, cudaMemcpyHostToDevice));
   std::vector<float> ref(hs0.size()), out(hs0.size());
   chain_ref<<<1, 256>>>(K, XT, VT, S0, S_out, kCheckChunks);
-  CHECK(cudaGetLastError());
-  CHECK(cudaMemcpy(ref.data(), S_out, ref.size() * 4, cudaMemcpyDeviceToHost));
+  CUDA_OK(cudaGetLastError());
+  CUDA_OK(cudaMemcpy(ref.data(), S_out, ref.size() * 4, cudaMemcpyDeviceToHost));
   const size_t smem = kSlots * sizeof(Slot);
-  CHECK(cudaFuncSetAttribute(chain_mma, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
-  CHECK(cudaFuncSetAttribute(chain_wgmma<false>, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
-  CHECK(cudaFuncSetAttribute(chain_wgmma<true>, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
+  CUDA_OK(cudaFuncSetAttribute(chain_mma, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
+  CUDA_OK(cudaFuncSetAttribute(chain_wgmma<false>, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
+  CUDA_OK(cudaFuncSetAttribute(chain_wgmma<true>, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
   int clk_khz = 0;
-  CHECK(cudaDeviceGetAttribute(&clk_khz, cudaDevAttrClockRate, 0));
+  CUDA_OK(cudaDeviceGetAttribute(&clk_khz, cudaDevAttrClockRate, 0));
   using Kern = void (*)(const bf16*, const bf16*, const float*, const float*, float*, long long*, int);
   const Kern kerns[3] = {chain_mma, chain_wgmma<false>, chain_wgmma<true>};
   const char* names[3] = {"mma.sync (4 warps x 16 V rows)", "wgmma, LBO = k-direction stride", "wgmma, LBO/SBO swapped"};
   std::printf("state chain per chunk: KS^T = S^T K^T (64x64x128), Y^T = V^T - KS^T, S^T = 0.95 S^T + Y^T X (64x128x64)\n");
   for (int v = 0; v < 3; ++v) {
-    CHECK(cudaMemset(S_out, 0, hs0.size() * 4));
+    CUDA_OK(cudaMemset(S_out, 0, hs0.size() * 4));
     kerns[v]<<<1, 128, smem>>>(K, XT, VT, S0, S_out, cyc, kCheckChunks);
     cudaError_t e = cudaDeviceSynchronize();
     if (e != cudaSuccess) {
       std::printf("%-34s launch failed: %s\n", names[v], cudaGetErrorString(e));
       return 1;  // a sticky error: nothing after it would be trustworthy
     }
-    CHECK(cudaMemcpy(out.data(), S_out, out.size() * 4, cudaMemcpyDeviceToHost));
+    CUDA_OK(cudaMemcpy(out.data(), S_out, out.size() * 4, cudaMemcpyDeviceToHost));
     const double err = rel_l2(out, ref);
     long long c1 = 0, cn[132];
     kerns[v]<<<1, 128, smem>>>(K, XT, VT, S0, S_out, cyc, kTimeChunks);
-    CHECK(cudaDeviceSynchronize());
-    CHECK(cudaMemcpy(&c1, cyc, sizeof(c1), cudaMemcpyDeviceToHost));
+    CUDA_OK(cudaDeviceSynchronize());
+    CUDA_OK(cudaMemcpy(&c1, cyc, sizeof(c1), cudaMemcpyDeviceToHost));
     kerns[v]<<<sms, 128, smem>>>(K, XT, VT, S0, S_out, cyc, kTimeChunks);
-    CHECK(cudaDeviceSynchronize());
-    CHECK(cudaMemcpy(cn, cyc, sizeof(cn), cudaMemcpyDeviceToHost));
+    CUDA_OK(cudaDeviceSynchronize());
+    CUDA_OK(cudaMemcpy(cn, cyc, sizeof(cn), cudaMemcpyDeviceToHost));
     long long mx = 0;
     for (int i = 0; i < sms; ++i) mx = cn[i] > mx ? cn[i] : mx;
     std::printf("%-34s rel L2 vs reference %.2e %s | %6.0f cycles/chunk alone (%.2f us), %6.0f on all %d SMs\n",

@@ -47,6 +47,37 @@ CUTLASS_DEVICE void sequence_bounds(const flashqla_gdn_fwd_params_t& p, int64_t 
   if (eos < bos) eos = bos;
 }
 
+// What one forward CTA works on: V block vb (of `block_v` columns) of value head h of sequence n.
+struct CtaTile {
+  int vb;
+  int64_t h, n, hq;     // value head, sequence, its q/k head
+  int64_t b, bos, eos;  // batch row and token range
+  int64_t col0;         // first V column
+};
+template <typename IndexT>
+CUTLASS_DEVICE CtaTile decode_cta(const flashqla_gdn_fwd_params_t& p, int64_t block, int vblocks, int block_v) {
+  CtaTile c;
+  c.vb = static_cast<int>(block % vblocks);
+  c.h = (block / vblocks) % p.heads_v;
+  c.n = block / (vblocks * p.heads_v);
+  c.hq = c.h / (p.heads_v / p.heads_qk);
+  sequence_bounds<IndexT>(p, c.n, c.b, c.bos, c.eos);
+  c.col0 = int64_t(c.vb) * block_v;
+  return c;
+}
+
+// Column `col` (< 16) of (I + L)^-1 for the 16 x 16 strictly lower block L (fp32, row-major, leading
+// dimension ld; only its strictly lower part is read), by forward substitution in registers.
+CUTLASS_DEVICE void unit_lower16_inverse_column(const float* L, int ld, int col, float (&x)[16]) {
+#pragma unroll
+  for (int r = 0; r < 16; ++r) {
+    float acc = 0.f;
+#pragma unroll
+    for (int m = 0; m < r; ++m) acc += L[r * ld + m] * x[m];
+    x[r] = r == col ? 1.f : (r < col ? 0.f : -acc);
+  }
+}
+
 // Tail CTA `tail` of `tails`: zero every row of o past the last sequence
 // (varlen with T > cu_seqlens[-1]), 16 bytes per store.
 template <typename T, typename IndexT>

@@ -249,13 +249,7 @@ CUTLASS_DEVICE void aux_role(const flashqla_gdn_fwd_params_t& p, SharedStorage<T
     if (lane < 16) {
       const int o = 16 * w;
       float x[16];
-#pragma unroll
-      for (int r = 0; r < 16; ++r) {
-        float acc = 0.f;
-#pragma unroll
-        for (int m = 0; m < r; ++m) acc += sm.l[(o + r) * kLdF + o + m] * x[m];
-        x[r] = r == lane ? 1.f : (r < lane ? 0.f : -acc);
-      }
+      unit_lower16_inverse_column(&sm.l[o * kLdF + o], kLdF, lane, x);
 #pragma unroll
       for (int r = 0; r < 16; ++r) sm.a[(o + r) * kLdF + o + lane] = x[r];
     }
@@ -322,12 +316,7 @@ CUTLASS_DEVICE void aux_role(const flashqla_gdn_fwd_params_t& p, SharedStorage<T
           mma<T>(xa[2 * np + 1], af, b[2], b[3]);
         }
       }
-#pragma unroll
-      for (int nt = 0; nt < 16; ++nt) {
-        const int j = 8 * nt + 2 * tq;
-        *reinterpret_cast<uint32_t*>(&S.x[i0 * kLdK + j]) = pack2<T>(xa[nt][0], xa[nt][1]);
-        *reinterpret_cast<uint32_t*>(&S.x[i1 * kLdK + j]) = pack2<T>(xa[nt][2], xa[nt][3]);
-      }
+      store_c_tiles<T>(&S.x[16 * w * kLdK], kLdK, xa, lane);
     }
     bar_sync(kBarAux, kAuxThreads);  // M complete
     FLASHQLA_ROLE_PHASE(1, kAuxMX);
@@ -354,12 +343,7 @@ CUTLASS_DEVICE void aux_role(const flashqla_gdn_fwd_params_t& p, SharedStorage<T
           mma<T>(wa[2 * np + 1], pa, b[2], b[3]);
         }
       }
-#pragma unroll
-      for (int nt = 0; nt < 8; ++nt) {
-        const int j = 8 * nt + 2 * tq;
-        *reinterpret_cast<uint32_t*>(&S.w[i0 * kLdC + j]) = pack2<T>(wa[nt][0], wa[nt][1]);
-        *reinterpret_cast<uint32_t*>(&S.w[i1 * kLdC + j]) = pack2<T>(wa[nt][2], wa[nt][3]);
-      }
+      store_c_tiles<T>(&S.w[16 * w * kLdC], kLdC, wa, lane);
     }
 #endif
     bar_arrive(kBarFull + st, kThreads);
@@ -522,13 +506,8 @@ __global__ void __launch_bounds__(kThreads, 1) gdn_fwd_mma_kernel(const __grid_c
     zero_rows_past_end<T, IndexT>(p, blockIdx.x - main_blocks, kTailBlocks, threadIdx.x, kThreads);
     return;
   }
-  const int vb = blockIdx.x % kVBlocks;
-  const int64_t h = (blockIdx.x / kVBlocks) % p.heads_v;
-  const int64_t n = blockIdx.x / (kVBlocks * p.heads_v);
-  const int64_t hq = h / (p.heads_v / p.heads_qk);
-  int64_t b, bos, eos;
-  sequence_bounds<IndexT>(p, n, b, bos, eos);
-  const int64_t col0 = int64_t(vb) * kBlockV;
+  const CtaTile ct = decode_cta<IndexT>(p, blockIdx.x, kVBlocks, kBlockV);
+  const int64_t h = ct.h, n = ct.n, hq = ct.hq, b = ct.b, bos = ct.bos, eos = ct.eos, col0 = ct.col0;
 
   Work<T> wk;
   wk.q = static_cast<const T*>(p.q) + b * p.q_stride_batch + bos * p.q_stride_time + hq * p.q_stride_head;

@@ -122,13 +122,8 @@ __global__ void __launch_bounds__(kThreads, 1) gdn_fwd_simple_kernel(const __gri
     return;
   }
 
-  const int vb = blockIdx.x % kVBlocks;
-  const int64_t h = (blockIdx.x / kVBlocks) % p.heads_v;
-  const int64_t n = blockIdx.x / (kVBlocks * p.heads_v);
-  const int64_t hq = h / (p.heads_v / p.heads_qk);
-  int64_t b, bos, eos;
-  sequence_bounds<IndexT>(p, n, b, bos, eos);
-  const int64_t col0 = int64_t(vb) * kBlockV;
+  const CtaTile ct = decode_cta<IndexT>(p, blockIdx.x, kVBlocks, kBlockV);
+  const int64_t h = ct.h, n = ct.n, hq = ct.hq, b = ct.b, bos = ct.bos, eos = ct.eos, col0 = ct.col0;
 
   const T* qg = static_cast<const T*>(p.q) + b * p.q_stride_batch + hq * p.q_stride_head;
   const T* kg = static_cast<const T*>(p.k) + b * p.k_stride_batch + hq * p.k_stride_head;
@@ -269,13 +264,7 @@ __global__ void __launch_bounds__(kThreads, 1) gdn_fwd_simple_kernel(const __gri
     if (warp < 4 && lane < 16) {
       const int o = warp * 16, c = lane;
       float x[16];
-#pragma unroll
-      for (int r = 0; r < 16; ++r) {
-        float acc = 0.f;
-#pragma unroll
-        for (int m = 0; m < r; ++m) acc += sm.kk[(o + r) * kLdF + o + m] * x[m];
-        x[r] = r == c ? 1.f : (r < c ? 0.f : -acc);
-      }
+      unit_lower16_inverse_column(&sm.kk[o * kLdF + o], kLdF, c, x);
 #pragma unroll
       for (int r = 0; r < 16; ++r) sm.a[(o + r) * kLdF + o + c] = x[r];
     }

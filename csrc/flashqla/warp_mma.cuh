@@ -113,6 +113,18 @@ CUTLASS_DEVICE void store16x16(float* C, int ldc, const float (&c)[2][4], float 
   }
 }
 
+// Stores NT consecutive 16 x 8 C tiles (a 16 x 8NT block) rounded to T into row-major shared memory at
+// `dst` (leading dimension ld elements), two elements per 32-bit store.
+template <typename T, int NT>
+CUTLASS_DEVICE void store_c_tiles(T* dst, int ld, const float (&c)[NT][4], int lane) {
+  const int g = lane >> 2, t = lane & 3;
+#pragma unroll
+  for (int nt = 0; nt < NT; ++nt) {
+    *reinterpret_cast<uint32_t*>(dst + g * ld + 8 * nt + 2 * t) = pack2<T>(c[nt][0], c[nt][1]);
+    *reinterpret_cast<uint32_t*>(dst + (g + 8) * ld + 8 * nt + 2 * t) = pack2<T>(c[nt][2], c[nt][3]);
+  }
+}
+
 // 16-byte global -> shared copy; pred false fills the destination with zeros.
 CUTLASS_DEVICE void cp_async_16(void* dst, const void* src, bool pred) {
   asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(smem_addr(dst)), "l"(src), "r"(pred ? 16 : 0));
