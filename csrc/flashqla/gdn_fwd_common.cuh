@@ -95,4 +95,19 @@ CUTLASS_DEVICE void zero_rows_past_end(const flashqla_gdn_fwd_params_t& p, int64
   }
 }
 
+using GdnFwdKernel = void (*)(flashqla_gdn_fwd_params_t);
+
+// Launches one CTA per (sequence, value head, V block) plus, for packed batches, the tail CTAs; the
+// int64 instantiation reads int64 cu_seqlens.
+inline cudaError_t launch_fwd(const flashqla_gdn_fwd_params_t& p, GdnFwdKernel k32, GdnFwdKernel k64, int vblocks,
+                              int threads, size_t smem, cudaStream_t stream) {
+  const int64_t blocks = p.num_seqs * p.heads_v * vblocks + (p.cu_seqlens != nullptr ? kTailBlocks : 0);
+  if (blocks == 0) return cudaSuccess;
+  const GdnFwdKernel kernel = p.cu_seqlens != nullptr && p.cu_seqlens_dtype == FLASHQLA_INT64 ? k64 : k32;
+  cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem));
+  if (err != cudaSuccess) return err;
+  kernel<<<static_cast<unsigned>(blocks), threads, smem, stream>>>(p);
+  return cudaGetLastError();
+}
+
 }  // namespace flashqla

@@ -369,16 +369,8 @@ __global__ void __launch_bounds__(kThreads, 1) gdn_fwd_simple_kernel(const __gri
 
 template <typename T>
 cudaError_t launch(const flashqla_gdn_fwd_params_t& p, cudaStream_t stream) {
-  const int64_t main_blocks = p.num_seqs * p.heads_v * kVBlocks;
-  const int64_t blocks = main_blocks + (p.cu_seqlens != nullptr ? kTailBlocks : 0);
-  if (blocks == 0) return cudaSuccess;
-  const size_t smem = sizeof(SharedStorage<T>);
-  auto kernel = p.cu_seqlens_dtype == FLASHQLA_INT64 ? gdn_fwd_simple_kernel<T, int64_t>
-                                                     : gdn_fwd_simple_kernel<T, int32_t>;
-  cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem));
-  if (err != cudaSuccess) return err;
-  kernel<<<static_cast<unsigned>(blocks), kThreads, smem, stream>>>(p);
-  return cudaGetLastError();
+  return launch_fwd(p, gdn_fwd_simple_kernel<T, int32_t>, gdn_fwd_simple_kernel<T, int64_t>, kVBlocks, kThreads, sizeof(SharedStorage<T>),
+                    stream);
 }
 
 }  // namespace gdn_fwd_simple
