@@ -8,10 +8,11 @@
 #   FLASHQLA_COMMIT=$(git rev-parse HEAD) bash benchmarks/h200.sh        (carry .whl/build and .whl/fla[,qla])
 #
 # Stages (STAGES, comma-separated; default build,test,cmake,phases,probe,cumsum,bench,sanitize, run in this order):
-#   z3        install .whl/z3 into $SITE only (FlashQLA needs it; it does not fit in one carry with the rest);
-#             also unpacks a carried TileLang kernel cache, .whl/tlcache/*.tar.gz, into $TILELANG_CACHE_DIR
-# TLCACHE_SAVE=1 packs $TILELANG_CACHE_DIR into $OUT/tilelang-cache.tar.gz after the benchmark, so a later
-# session can carry it (in the z3 call) instead of recompiling FlashQLA's kernels for every shape.
+#   z3        install .whl/z3 into $SITE only (FlashQLA needs it; it does not fit in one carry with the rest)
+# Kernel caches: TileLang (FlashQLA compiles each shape, ~15 s) and Triton (FLA) compile into /tmp/kcache,
+# which survives between calls while the machine is warm. Any stage first unpacks carried caches,
+# .whl/kcache/*.tar.gz; CACHE_SAVE=1 packs /tmp/kcache into $OUT/kernel-caches.tar.gz at the end, for a
+# later session to carry (in the z3 call when the other carries are full).
 #   build     pip-install carried wheels into $SITE, build the extension (MAX_JOBS=16)
 #   test      pytest tests (GPU tests run here)
 #   cmake     libflashqla + the C++ examples through CMake, run by ctest on the GPU
@@ -32,7 +33,7 @@ STAGES=${STAGES:-build,test,cmake,phases,probe,cumsum,bench,sanitize}
 CASES=${CASES:-anchors}
 mkdir -p "$OUT" "$SITE"
 export PYTHONUNBUFFERED=1 PYTHONPATH="$SITE:$ROOT${PYTHONPATH:+:$PYTHONPATH}"
-export TILELANG_CACHE_DIR=${TILELANG_CACHE_DIR:-/tmp/tilelang-cache}  # /tmp survives between calls on a warm machine
+export TILELANG_CACHE_DIR=${TILELANG_CACHE_DIR:-/tmp/kcache/tilelang} TRITON_CACHE_DIR=${TRITON_CACHE_DIR:-/tmp/kcache/triton}
 LOG="$OUT/h200.log"
 has() { [[ ",$STAGES," == *",$1,"* ]]; }
 say() { echo "== $*" | tee -a "$LOG"; }
@@ -41,11 +42,12 @@ status=0
 say "$(date -u +%FT%TZ) commit=${FLASHQLA_COMMIT:-unknown} stages=$STAGES"
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.max.sm --format=csv,noheader 2>&1 | tee -a "$LOG"
 
+for t in .whl/kcache/*.tar.gz; do
+  [ -f "$t" ] && mkdir -p /tmp/kcache && tar xzf "$t" -C /tmp/kcache && say "unpacked kernel caches $t"
+done
+
 if has z3; then
   python3 -m pip install -q --no-index --no-deps --no-compile --target "$SITE" .whl/z3/*.whl 2>&1 | tail -2 | tee -a "$LOG"
-  for t in .whl/tlcache/*.tar.gz; do
-    [ -f "$t" ] && mkdir -p "$TILELANG_CACHE_DIR" && tar xzf "$t" -C "$TILELANG_CACHE_DIR" && say "unpacked $t"
-  done
 fi
 
 if has build; then
@@ -109,9 +111,6 @@ if has bench; then
   if [ -n "$newest" ] && [[ ",$CASES," == *",anchors,"* ]] && [ -f ../shared/anchors/h200-2026-11-30.json ]; then
     python3 -m flashqla.bench anchors-check "$newest" 2>&1 | tee -a "$LOG"   # issue 3's +-15% check
   fi
-  if [ "${TLCACHE_SAVE:-0}" = 1 ] && [ -d "$TILELANG_CACHE_DIR" ]; then
-    tar czf "$OUT/tilelang-cache.tar.gz" -C "$TILELANG_CACHE_DIR" . && say "saved $(du -h "$OUT/tilelang-cache.tar.gz" | cut -f1) TileLang cache"
-  fi
 fi
 if has variants; then
   cp flashqla/_C.cpython-312-*.so /tmp/own_C.so 2>/dev/null || true
@@ -144,5 +143,8 @@ if has sanitize; then
   done
 fi
 
+if [ "${CACHE_SAVE:-0}" = 1 ] && [ -d /tmp/kcache ]; then
+  tar czf "$OUT/kernel-caches.tar.gz" -C /tmp/kcache . && say "saved kernel caches ($(du -h "$OUT/kernel-caches.tar.gz" | cut -f1))"
+fi
 say "done status=$status"
 exit $status
