@@ -13,9 +13,9 @@ ROOT=$(cd "$(dirname "$0")/.." && pwd)
 VENV=${VENV:-/work/venvs/h200}
 export CUDA_HOME=${CUDA_HOME:-/usr/local/cuda}
 CUTLASS_INC=$("$VENV/bin/python" "$ROOT/third_party/cutlass.py")
-rm -rf "$ROOT/variants"
 for spec in "$@"; do
   name=${spec%%=*}; ref=${spec#*=}
+  rm -rf "$ROOT/variants/$name"
   dir=$(mktemp -d /tmp/flashqla-variant-XXXX)
   git -C "$ROOT" worktree add -q --detach "$dir" "$ref"
   echo "== $name = $ref ($(git -C "$dir" rev-parse --short HEAD))"
