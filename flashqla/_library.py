@@ -13,17 +13,32 @@ _lib.define("chunk_gdn_fwd(Tensor q, Tensor k, Tensor v, Tensor g, Tensor beta, 
             "bool output_final_state, Tensor? cu_seqlens, bool use_qk_l2norm) -> (Tensor, Tensor)")
 
 
+def _state_dtype(q):
+    """Final states are fp32 (float64 for float64 inputs, which only the CPU reference takes)."""
+    return torch.float64 if q.dtype == torch.float64 else torch.float32
+
+
 @torch.library.register_fake("flashqla::chunk_gdn_fwd")
 def _chunk_gdn_fwd_fake(q, k, v, g, beta, scale, initial_state, output_final_state, cu_seqlens, use_qk_l2norm):
     N = cu_seqlens.shape[0] - 1 if cu_seqlens is not None else q.shape[0]
-    final = (v.new_empty((N, v.shape[2], k.shape[3], v.shape[3]), dtype=torch.float32) if output_final_state
-             else v.new_empty((0,), dtype=torch.float32))
+    sd = _state_dtype(q)
+    final = (v.new_empty((N, v.shape[2], k.shape[3], v.shape[3]), dtype=sd) if output_final_state
+             else v.new_empty((0,), dtype=sd))
     return v.new_empty(v.shape), final
 
 
 @torch.library.register_fake("flashqla::chunk_local_cumsum")
 def _chunk_local_cumsum_fake(g, chunk_size, reverse, scale, cu_seqlens):
     return g.new_empty(g.shape, dtype=torch.float32)
+
+
+@torch.library.impl("flashqla::chunk_gdn_fwd", "cpu")
+def _chunk_gdn_fwd_cpu(q, k, v, g, beta, scale, initial_state, output_final_state, cu_seqlens, use_qk_l2norm):
+    o, final = reference.chunk_gdn_torch(q, k, v, g, beta, scale=scale, initial_state=initial_state,
+                                         output_final_state=output_final_state, cu_seqlens=cu_seqlens,
+                                         use_qk_l2norm_in_kernel=use_qk_l2norm)
+    sd = _state_dtype(q)
+    return o, (final.to(sd) if output_final_state else v.new_empty((0,), dtype=sd))
 
 
 @torch.library.impl("flashqla::chunk_local_cumsum", "cpu")

@@ -1,9 +1,11 @@
 """Public entry points. Thin: validate, choose the implementation, call it."""
 from __future__ import annotations
 
+import functools
+
 import torch
 
-from . import _backend, _validate, reference
+from . import _backend, _cp, _validate, reference
 
 __all__ = ["chunk_gdn", "chunk_gated_delta_rule", "chunk_gdn_fwd", "chunk_gdn_bwd", "chunk_local_cumsum"]
 
@@ -62,12 +64,13 @@ def chunk_gdn(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor
         raise ValueError("head_first=True is not supported: pass [B, T, H, D] tensors")
     shape = _validate.validate_gdn(q, k, v, g, beta, scale, initial_state, cu_seqlens)
     _check_values(shape, q.device, cu_seqlens, cu_seqlens_cpu)
+    lengths = _host_lengths(shape, cu_seqlens, cu_seqlens_cpu)
     args = (q, k, v, g, beta, initial_state)
     if torch.is_grad_enabled() and any(x is not None and x.requires_grad for x in args):
         return _ChunkGDN.apply(q, k, v, g, beta, initial_state, scale, output_final_state,
-                               use_qk_l2norm_in_kernel, cu_seqlens, shape)
+                               use_qk_l2norm_in_kernel, cu_seqlens, shape, lengths)
     return _forward(shape, q, k, v, g, beta, scale, initial_state, output_final_state, use_qk_l2norm_in_kernel,
-                    cu_seqlens)
+                    cu_seqlens, lengths)
 
 
 chunk_gated_delta_rule = chunk_gdn
@@ -84,7 +87,7 @@ def chunk_gdn_fwd(q, k, v, g, beta, scale=None, initial_state=None, output_final
     _check_values(shape, q.device, cu_seqlens, cu_seqlens_cpu)
     with torch.no_grad():
         return _forward(shape, q, k, v, g, beta, scale, initial_state, output_final_state,
-                        use_qk_l2norm_in_kernel, cu_seqlens)
+                        use_qk_l2norm_in_kernel, cu_seqlens, _host_lengths(shape, cu_seqlens, cu_seqlens_cpu))
 
 
 def chunk_gdn_bwd(q, k, v, g, beta, do, dht=None, scale=None, initial_state=None, use_qk_l2norm_in_kernel=False,
@@ -103,8 +106,9 @@ def chunk_gdn_bwd(q, k, v, g, beta, do, dht=None, scale=None, initial_state=None
 
 class _ChunkGDN(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, q, k, v, g, beta, initial_state, scale, output_final_state, l2norm, cu_seqlens, shape):
-        o, final = _forward(shape, q, k, v, g, beta, scale, initial_state, output_final_state, l2norm, cu_seqlens)
+    def forward(ctx, q, k, v, g, beta, initial_state, scale, output_final_state, l2norm, cu_seqlens, shape, lengths):
+        o, final = _forward(shape, q, k, v, g, beta, scale, initial_state, output_final_state, l2norm, cu_seqlens,
+                            lengths)
         ctx.save_for_backward(q, k, v, g, beta, initial_state, cu_seqlens)
         ctx.scale, ctx.l2norm, ctx.shape = scale, l2norm, shape
         return o, final
@@ -116,7 +120,7 @@ class _ChunkGDN(torch.autograd.Function):
             do = torch.zeros_like(v)
         dq, dk, dv, dg, dbeta, dh0 = _backward(ctx.shape, q, k, v, g, beta, do, dht, ctx.scale, initial_state,
                                                ctx.l2norm, cu_seqlens)
-        return dq, dk, dv, dg, dbeta, dh0, None, None, None, None, None
+        return dq, dk, dv, dg, dbeta, dh0, None, None, None, None, None, None
 
 
 def _check_values(shape, dev, cu_seqlens, cu_seqlens_cpu):
@@ -124,7 +128,24 @@ def _check_values(shape, dev, cu_seqlens, cu_seqlens_cpu):
                                  fallback=not _backend.kernels_available(dev))
 
 
-def _forward(shape, q, k, v, g, beta, scale, initial_state, output_final_state, l2norm, cu_seqlens):
+def _host_lengths(shape, cu_seqlens, cu_seqlens_cpu):
+    """Sequence lengths known on the host without a sync (for context parallelism), else None."""
+    if _cp.mode() == "0":
+        return None
+    if cu_seqlens is None:
+        return [shape.T] if shape.B == 1 else None
+    if cu_seqlens_cpu is not None:
+        c = cu_seqlens_cpu.tolist()  # a CPU tensor: no device sync
+        return [b - a for a, b in zip(c[:-1], c[1:])]
+    return None
+
+
+@functools.lru_cache(maxsize=None)
+def _sm_count(index: int) -> int:
+    return torch.cuda.get_device_properties(index).multi_processor_count
+
+
+def _forward(shape, q, k, v, g, beta, scale, initial_state, output_final_state, l2norm, cu_seqlens, lengths=None):
     dev = q.device
     hopper = _backend.kernels_available(dev)
     why = _why_not_kernel(shape, q, g) if hopper else _backend.why_no_kernels(dev)
@@ -137,6 +158,15 @@ def _forward(shape, q, k, v, g, beta, scale, initial_state, output_final_state, 
         q, k, v = (_vector_ready(x) for x in (q, k, v))
         h0 = None if initial_state is None else initial_state.contiguous()
         cu = None if cu_seqlens is None else cu_seqlens.contiguous()
+        if lengths is not None and shape.K == shape.V:
+            sms = _sm_count(dev.index if dev.index is not None else torch.cuda.current_device()) \
+                if dev.type == "cuda" else 132
+            plan = _cp.plan(lengths, shape.H_v, sms)
+            if plan is not None:
+                out = _cp.forward(torch.ops.flashqla.chunk_gdn_fwd, q, k, v, g, beta, scale, h0, plan, l2norm,
+                                  index_dtype=cu.dtype if cu is not None else torch.int32)
+                if out is not None:
+                    return out[0], (out[1] if output_final_state else None)
         o, final = torch.ops.flashqla.chunk_gdn_fwd(q, k, v, g, beta, scale, h0, output_final_state, cu, l2norm)
         return o, (final if output_final_state else None)
     _warn_fallback(hopper, dev, why, "forward")

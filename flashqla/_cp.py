@@ -1,0 +1,140 @@
+"""Exact context parallelism for the forward on one GPU (gdn-algorithm.md section 3).
+
+When sequences x value heads cannot fill the GPU (a few long sequences, few
+heads per GPU under tensor parallelism), each long sequence is cut into
+segments that run as separate sequences of one kernel call. Per segment the
+chunk recurrence is affine, S_end = Phi S_start + B, so:
+
+1. B   = the segment's final state from a zero initial state (the real v);
+   Phi = the segment's final state from the identity with v = 0 (K = V);
+2. a short scan over each sequence's segments gives every segment its true
+   initial state (S_{p+1} = Phi_p S_p + B_p, starting from the sequence's h0);
+3. one more call from those initial states gives o and the final states.
+
+No truncation: the result is the same algebra as the unsegmented chain (the
+kernel's rounding of S differs only in where the chain restarts). It costs
+three kernel passes over the tokens, so it only runs where the plan predicts
+a gain. Planning reads host-known sequence lengths only (dense shapes or
+cu_seqlens_cpu): no device sync. The device copies of the plan are cached per
+plan, so a warm-up call before CUDA-graph capture makes capture work; during
+capture an uncached plan falls back to the unsegmented call.
+"""
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+
+import torch
+
+CHUNK = 64
+MIN_SEGMENT_CHUNKS = 8
+V_BLOCKS = 2          # CTAs per (sequence, value head) in the forward kernel
+GAIN = 0.75           # run CP when its predicted time is below this fraction of the plain call's
+
+
+def mode() -> str:
+    """FLASHQLA_CP: 0 (off, the default until measured on the H200), 1 (on where the plan predicts a gain)."""
+    return os.environ.get("FLASHQLA_CP", "0").strip() or "0"
+
+
+@dataclass(frozen=True)
+class Plan:
+    cu: tuple             # segment boundaries (token offsets), len = segments + 1
+    seq_of: tuple         # sequence of each segment
+    rank_of: tuple        # position of each segment within its sequence
+    last_of_seq: tuple    # each sequence's last segment
+    ranks: int            # most segments of one sequence
+    segment_chunks: int
+
+    @property
+    def segments(self) -> int:
+        return len(self.cu) - 1
+
+
+def _waves(ctas: int, sms: int) -> int:
+    return -(-ctas // sms)
+
+
+def plan(lengths, heads_v: int, sms: int, chunk: int = CHUNK):
+    """A Plan, or None when segments would not help. lengths: host ints (tokens per sequence)."""
+    lengths = [int(x) for x in lengths]
+    chunks = [-(-n // chunk) for n in lengths]
+    longest = max(chunks, default=0)
+    per_seq = heads_v * V_BLOCKS
+    if longest < 2 * MIN_SEGMENT_CHUNKS or len(lengths) * per_seq * 2 > sms:
+        return None
+    plain = longest * _waves(len(lengths) * per_seq, sms)
+    best = None
+    seg = MIN_SEGMENT_CHUNKS
+    while seg < longest:
+        segs = sum(max(1, -(-c // seg)) for c in chunks)
+        # pass 1 runs B and Phi (two calls of `segs` segments), pass 2 one call
+        t = seg * (2 * _waves(segs * per_seq, sms) + _waves(segs * per_seq, sms))
+        if best is None or t <= best[0]:  # ties: the longer segments (fewer of them)
+            best = (t, seg)
+        seg *= 2
+    if best is None or best[0] >= GAIN * plain:
+        return None
+    seg = best[1]
+    cu, seq_of, rank_of, last = [0], [], [], []
+    start = 0
+    for s, (n, c) in enumerate(zip(lengths, chunks)):
+        pieces = max(1, -(-c // seg))
+        for r in range(pieces):
+            end = min(start + (r + 1) * seg * chunk, start + n)
+            cu.append(end)
+            seq_of.append(s)
+            rank_of.append(r)
+        last.append(len(seq_of) - 1)
+        start += n
+    return Plan(tuple(cu), tuple(seq_of), tuple(rank_of), tuple(last), max(rank_of) + 1, seg)
+
+
+_DEVICE_PLANS: dict = {}
+
+
+def device_plan(p: Plan, device: torch.device, index_dtype=torch.int32):
+    """Device tensors of a plan (cu_seqlens of the segments; per rank, its segments and their sequences;
+    each sequence's last segment), cached. During CUDA-graph capture only a cached copy can be used (a copy
+    from the host cannot be captured): None when there is none."""
+    key = (p, str(device), index_dtype)
+    hit = _DEVICE_PLANS.get(key)
+    if hit is not None or (device.type == "cuda" and torch.cuda.is_current_stream_capturing()):
+        return hit
+    cu = torch.tensor(p.cu, dtype=index_dtype).to(device)
+    by_rank = []
+    for r in range(p.ranks):
+        segs = [i for i in range(p.segments) if p.rank_of[i] == r]
+        by_rank.append((torch.tensor(segs, dtype=torch.long).to(device),
+                        torch.tensor([p.seq_of[i] for i in segs], dtype=torch.long).to(device)))
+    last = torch.tensor(p.last_of_seq, dtype=torch.long).to(device)
+    if len(_DEVICE_PLANS) >= 64:
+        _DEVICE_PLANS.clear()
+    _DEVICE_PLANS[key] = (cu, by_rank, last)
+    return _DEVICE_PLANS[key]
+
+
+def forward(fwd, q, k, v, g, beta, scale, initial_state, p: Plan, l2norm: bool, index_dtype=torch.int32):
+    """o and the final states [N, H_v, K, V] through segments. `fwd` has the signature of the chunk_gdn_fwd
+    op: (q, k, v, g, beta, scale, initial_state, output_final_state, cu_seqlens, use_qk_l2norm) -> (o, final).
+    q/k/v/g/beta are packed ([1, T, ...]); returns None when the plan's device copies are unavailable."""
+    dp = device_plan(p, q.device, index_dtype)
+    if dp is None:
+        return None
+    cu, by_rank, last = dp
+    H, K, V = v.shape[2], k.shape[3], v.shape[3]
+    NS = p.segments
+    _, b_end = fwd(q, k, v, g, beta, scale, None, True, cu, l2norm)
+    sd = b_end.dtype  # the op's state dtype (fp32 on the GPU)
+    eye = torch.eye(K, dtype=sd, device=q.device).expand(NS, H, K, K).contiguous()
+    _, phi = fwd(q, k, torch.zeros_like(v), g, beta, scale, eye, True, cu, l2norm)
+    N = len(p.last_of_seq)
+    S = (initial_state.to(sd).clone() if initial_state is not None
+         else torch.zeros(N, H, K, V, dtype=sd, device=q.device))
+    init = torch.empty(NS, H, K, V, dtype=sd, device=q.device)
+    for segs, seqs in by_rank:
+        cur = S.index_select(0, seqs)
+        init.index_copy_(0, segs, cur)
+        S.index_copy_(0, seqs, torch.matmul(phi.index_select(0, segs), cur) + b_end.index_select(0, segs))
+    o, final = fwd(q, k, v, g, beta, scale, init, True, cu, l2norm)
+    return o, final.index_select(0, last)

@@ -1,0 +1,64 @@
+"""Exact context parallelism (flashqla._cp): plans, and the segmented forward against the plain one in
+float64 on the CPU (through the chunk_gdn_fwd op's reference implementation)."""
+import pytest
+import torch
+
+import flashqla
+from flashqla import _backend, _cp, reference
+from util import make_inputs
+
+
+def test_plan_only_where_segments_help():
+    assert _cp.plan([32768], 64, 132) is None          # 128 CTAs already fill the GPU
+    assert _cp.plan([2048], 8, 132) is None            # too short to cut
+    p = _cp.plan([32768], 8, 132)                      # TP8 1 x 32768: 16 CTAs
+    assert p is not None and p.segments > 1 and p.cu[0] == 0 and p.cu[-1] == 32768
+    assert all((b - a) % 64 == 0 for a, b in zip(p.cu[:-2], p.cu[1:-1]))   # segments start on chunks
+
+
+def test_plan_covers_every_sequence_in_order():
+    lengths = [28672, 0, 4096, 130]
+    p = _cp.plan(lengths, 8, 132)
+    assert p is not None and p.cu[-1] == sum(lengths)
+    assert list(p.cu) == sorted(p.cu)
+    starts = [0, 28672, 28672, 32768]
+    for s, n in enumerate(lengths):
+        segs = [i for i in range(p.segments) if p.seq_of[i] == s]
+        assert segs and p.cu[segs[0]] == starts[s] and p.cu[segs[-1] + 1] == starts[s] + n
+        assert [p.rank_of[i] for i in segs] == list(range(len(segs))) and p.last_of_seq[s] == segs[-1]
+
+
+def _op(q, k, v, g, beta, scale, h0, ofs, cu, l2):
+    return torch.ops.flashqla.chunk_gdn_fwd(q, k, v, g, beta, scale, h0, ofs, cu, l2)
+
+
+@pytest.mark.parametrize("l2norm", [False, True])
+def test_segmented_forward_equals_plain_float64(monkeypatch, l2norm):
+    monkeypatch.setattr(_cp, "MIN_SEGMENT_CHUNKS", 1)
+    lengths = [700, 0, 333, 64]
+    d = make_inputs(1, sum(lengths) + 10, 1, 2, 16, 16, n_seqs=len(lengths), seed=3)   # and a tail
+    d["cu_seqlens"] = torch.tensor([0, 700, 700, 1033, 1097])
+    p = _cp.plan(lengths, 2, 64)
+    assert p is not None and p.segments > len(lengths)
+    o, final = _cp.forward(_op, d["q"], d["k"], d["v"], d["g"], d["beta"], 0.25, d["initial_state"], p, l2norm,
+                           index_dtype=torch.int64)
+    ro, rf = reference.chunk_gdn_torch(d["q"], d["k"], d["v"], d["g"], d["beta"], scale=0.25,
+                                       initial_state=d["initial_state"], output_final_state=True,
+                                       cu_seqlens=d["cu_seqlens"], use_qk_l2norm_in_kernel=l2norm)
+    assert (o - ro).abs().max() < 1e-10 and (final - rf).abs().max() < 1e-10
+
+
+def test_api_takes_the_segmented_path(monkeypatch):
+    # the kernel path with FLASHQLA_CP=1 on host-known lengths, run on the CPU through the op's reference
+    monkeypatch.setenv("FLASHQLA_CP", "1")
+    monkeypatch.setattr(_backend, "kernels_available", lambda dev: True)
+    monkeypatch.setattr(_cp, "MIN_SEGMENT_CHUNKS", 1)
+    monkeypatch.setattr(flashqla.api, "KERNEL_HEAD_DIM", 16)
+    monkeypatch.setattr(flashqla.api, "_why_not_kernel", lambda shape, q, g: None)
+    calls = []
+    real = _cp.forward
+    monkeypatch.setattr(_cp, "forward", lambda *a, **kw: calls.append(1) or real(*a, **kw))
+    d = make_inputs(1, 640, 1, 1, 16, 16, h0=True, seed=4)
+    o, final = flashqla.chunk_gdn(**d, output_final_state=True)
+    ro, rf = reference.chunk_gdn_torch(**d, output_final_state=True)
+    assert calls and (o - ro).abs().max() < 1e-10 and (final - rf).abs().max() < 1e-10
