@@ -130,3 +130,29 @@ def test_segment_scan_is_exact(seg, case):
     for a, b in zip(g1, g2):
         if a is not None:
             assert rel_l2(b, a) < 1e-12
+
+
+def test_backward_state_chain_is_two_products_per_chunk():
+    # The kernel form of the reverse chain (the blueprint of the backward dS kernel): per chunk
+    #   dS = gamma_C dS' - R (K dS') + D,  R = K^T diag(gamma beta) M^T diag(gamma_C / gamma),
+    #   D = scale Q^T diag(gamma) dO - K^T diag(gamma beta) M^T (scale P^T dO),   M = Gamma * A, P = Q K^T * Gamma:
+    # the forward's chain (K S, then X^T Y) with R for X^T and D added; R and D do not depend on dS.
+    from flashqla.reference import _gather_chunks, _prepare, chunk_gdn_bwd_torch
+    d = make_inputs(1, 300, 2, 4, 16, 16, seed=5)
+    gen = torch.Generator().manual_seed(6)
+    do = torch.randn(d["v"].shape, generator=gen, dtype=torch.float64)
+    dht = torch.randn(d["initial_state"].shape, generator=gen, dtype=torch.float64)
+    dh0 = chunk_gdn_bwd_torch(d["q"], d["k"], d["v"], d["g"], d["beta"], do, dht,
+                              initial_state=d["initial_state"])[-1]
+    P = _prepare(d["q"], d["k"], d["v"], d["g"], d["beta"], None, d["initial_state"], None, False, 64)
+    dOc = _gather_chunks(do.reshape(300, 4, 16), P.tok_idx).permute(0, 2, 1, 3)
+    Pm = (P.Qc @ P.Kc.transpose(-1, -2)) * P.Gamma
+    U1 = P.scale * Pm.transpose(-1, -2) @ dOc
+    T1 = P.scale * P.Qc.transpose(-1, -2) @ (P.gamma[..., None] * dOc)
+    KtGbMt = P.Kc.transpose(-1, -2) @ ((P.gamma * P.bc)[..., :, None] * P.M.transpose(-1, -2))
+    R = KtGbMt * P.dte[..., None, :]
+    D = T1 - KtGbMt @ U1
+    dS = dht[0]
+    for c in reversed(range(P.NC)):
+        dS = P.gamma_C[c][..., None] * dS - R[c] @ (P.Kc[c] @ dS) + D[c]
+    assert (dS - dh0[0]).abs().max() < 1e-10
