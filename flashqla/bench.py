@@ -197,10 +197,7 @@ def git_info(repo_root=REPO_ROOT) -> tuple:
     if head and len(head.strip()) == 40:
         status = _git(["status", "--porcelain", "--untracked-files=no", "--", *DIRTY_PATHS], repo_root)
         return head.strip(), (bool(status.strip()) if status is not None else None)
-    commit = os.environ.get("FLASHQLA_COMMIT", "").strip() or "unknown"
-    dirty_env = os.environ.get("FLASHQLA_DIRTY", "").strip()
-    dirty = {"0": False, "1": True}.get(dirty_env)
-    return commit, dirty
+    return "unknown", None
 
 
 def _dist_version(*names):
