@@ -149,10 +149,6 @@ def _forward(shape, q, k, v, g, beta, scale, initial_state, output_final_state, 
     dev = q.device
     hopper = _backend.kernels_available(dev)
     why = _why_not_kernel(shape, q, g) if hopper else _backend.why_no_kernels(dev)
-    if hopper and (shape.K != KERNEL_HEAD_DIM or shape.V != KERNEL_HEAD_DIM):
-        # a silent 20x slower path would be worse than an error on the GPU the kernels are for
-        raise ValueError(f"flashqla's sm_90a kernels support head dims K = V = {KERNEL_HEAD_DIM}, got K = {shape.K}, "
-                         f"V = {shape.V}; set FLASHQLA_FORCE_FALLBACK=1 to run the (slow) PyTorch implementation")
     if why is None:
         scale = shape.K ** -0.5 if scale is None else float(scale)
         q, k, v = (_vector_ready(x) for x in (q, k, v))
@@ -208,9 +204,11 @@ KERNEL_HEAD_DIM = 128
 
 
 def _why_not_kernel(shape, q, g):
-    """None if the sm_90a forward kernel takes these inputs, else the reason."""
+    """None if the sm_90a forward kernel takes these inputs, else the reason (a fallback with a warning).
+    Head dims it cannot take are an error: a 20x slower path would be worse on the GPU the kernels are for."""
     if shape.K != KERNEL_HEAD_DIM or shape.V != KERNEL_HEAD_DIM:
-        return f"the sm_90a forward kernel supports K = V = {KERNEL_HEAD_DIM} (got K = {shape.K}, V = {shape.V})"
+        raise ValueError(f"flashqla's sm_90a kernels support head dims K = V = {KERNEL_HEAD_DIM}, got K = {shape.K}, "
+                         f"V = {shape.V}; set FLASHQLA_FORCE_FALLBACK=1 to run the (slow) PyTorch implementation")
     if q.dtype not in (torch.bfloat16, torch.float16):
         return f"the sm_90a forward kernel takes bfloat16 or float16 q/k/v (got {q.dtype})"
     if g.dtype == torch.float64:
