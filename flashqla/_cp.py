@@ -127,9 +127,11 @@ def forward(fwd, q, k, v, g, beta, scale, initial_state, p: Plan, l2norm: bool, 
     _, b_end = fwd(q, k, v, g, beta, scale, None, True, cu, l2norm)
     sd = b_end.dtype  # the op's state dtype (fp32 on the GPU)
     eye = torch.eye(K, dtype=sd, device=q.device).expand(NS, H, K, K).contiguous()
-    _, phi = fwd(q, k, torch.zeros_like(v), g, beta, scale, eye, True, cu, l2norm)
+    # v = 0 as one zero row broadcast over tokens and heads (stride 0): nothing written to or read from HBM
+    zero_v = v.new_zeros(V).expand(v.shape)
+    _, phi = fwd(q, k, zero_v, g, beta, scale, eye, True, cu, l2norm)
     N = len(p.last_of_seq)
-    S = (initial_state.to(sd).clone() if initial_state is not None
+    S = (initial_state.to(sd, copy=True) if initial_state is not None
          else torch.zeros(N, H, K, V, dtype=sd, device=q.device))
     init = torch.empty(NS, H, K, V, dtype=sd, device=q.device)
     for segs, seqs in by_rank:
