@@ -53,129 +53,127 @@ __device__ void load_slots(Slot* sl, const bf16* K, const bf16* XT, const float*
   __syncthreads();
 }
 
-// One warpgroup: S^T (64 x 128 fp32) in wgmma accumulators.
-template <bool kSwap>
-__global__ void __launch_bounds__(128, 1) chain_wgmma(const bf16* K, const bf16* XT, const float* VT, const float* S0,
-                                                      float* S_out, long long* cycles, int chunks) {
-  using namespace flashqla::warp;
-  using namespace flashqla::gmma;
-  extern __shared__ __align__(128) unsigned char smem_raw[];
-  Slot* sl = reinterpret_cast<Slot*>(smem_raw);
-  load_slots(sl, K, XT, VT);
-  const int w = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
-  float s[64];
+// What both variants share. Each warp holds 16 V rows of S^T (and of KS^T, Y^T) as mma C tiles: the
+// wgmma accumulator of a warpgroup is the four warps' mma.sync tiles, so only the two products differ.
+struct Lane {
+  int w, g, t;
+  __device__ Lane() : w(threadIdx.x >> 5), g((threadIdx.x & 31) >> 2), t(threadIdx.x & 3) {}
+  __device__ int row(int e) const { return 16 * w + g + 8 * (e >> 1); }   // V row of element e of a tile
+  __device__ int col(int j, int e) const { return 8 * j + 2 * t + (e & 1); }
+};
+
+__device__ void load_state(float (&s)[16][4], const float* S0, const Lane& L) {
 #pragma unroll
   for (int j = 0; j < 16; ++j)
 #pragma unroll
-    for (int e = 0; e < 4; ++e) s[4 * j + e] = S0[(16 * w + g + 8 * (e >> 1)) * kK + 8 * j + 2 * t + (e & 1)];
-  const int lbo_k = kSwap ? kK / 8 * 128 : 128, sbo_k = kSwap ? 128 : kK / 8 * 128;
-  const int lbo_x = kSwap ? kC / 8 * 128 : 128, sbo_x = kSwap ? 128 : kC / 8 * 128;
-  const long long t_start = clock64();
-  for (int c = 0; c < chunks; ++c) {
-    const Slot& S = sl[c % kSlots];
-    uint32_t sa[8][4];
-#pragma unroll
-    for (int kk = 0; kk < 8; ++kk) {
-      sa[kk][0] = pack2<bf16>(s[8 * kk + 0], s[8 * kk + 1]);
-      sa[kk][1] = pack2<bf16>(s[8 * kk + 2], s[8 * kk + 3]);
-      sa[kk][2] = pack2<bf16>(s[8 * kk + 4], s[8 * kk + 5]);
-      sa[kk][3] = pack2<bf16>(s[8 * kk + 6], s[8 * kk + 7]);
-    }
-    float ks[32];
-#pragma unroll
-    for (int i = 0; i < 32; ++i) ks[i] = 0.f;
-    fence();
-    pin(ks);
-#pragma unroll
-    for (int kk = 0; kk < 8; ++kk)  // 16 K columns per step: two core matrices along k
-      wgmma_rs<64, bf16>(ks, sa[kk], make_desc(reinterpret_cast<const char*>(S.k) + kmaj_off(0, 16 * kk, kK), lbo_k, sbo_k));
-    commit();
-    wait_all();
-    pin(ks);
-    uint32_t ya[4][4];
-#pragma unroll
-    for (int j = 0; j < 8; ++j) {
-      const int v0 = 16 * w + g, col = 8 * j + 2 * t;
-      const float y0 = S.vt[v0 * kLdVt + col] - ks[4 * j + 0], y1 = S.vt[v0 * kLdVt + col + 1] - ks[4 * j + 1];
-      const float y2 = S.vt[(v0 + 8) * kLdVt + col] - ks[4 * j + 2], y3 = S.vt[(v0 + 8) * kLdVt + col + 1] - ks[4 * j + 3];
-      ya[j >> 1][2 * (j & 1) + 0] = pack2<bf16>(y0, y1);
-      ya[j >> 1][2 * (j & 1) + 1] = pack2<bf16>(y2, y3);
-    }
-#pragma unroll
-    for (int i = 0; i < 64; ++i) s[i] *= kDecay;
-    fence();
-    pin(s);
-#pragma unroll
-    for (int kk = 0; kk < 4; ++kk)  // 16 chunk rows per step
-      wgmma_rs<128, bf16>(s, ya[kk], make_desc(reinterpret_cast<const char*>(S.xt) + kmaj_off(0, 16 * kk, kC), lbo_x, sbo_x));
-    commit();
-    wait_all();
-    pin(s);
-  }
-  const long long t_end = clock64();
-  if (threadIdx.x == 0) cycles[blockIdx.x] = t_end - t_start;
-  if (blockIdx.x == 0) {
-#pragma unroll
-    for (int j = 0; j < 16; ++j)
-#pragma unroll
-      for (int e = 0; e < 4; ++e) S_out[(16 * w + g + 8 * (e >> 1)) * kK + 8 * j + 2 * t + (e & 1)] = s[4 * j + e];
-  }
+    for (int e = 0; e < 4; ++e) s[j][e] = S0[L.row(e) * kK + L.col(j, e)];
 }
 
-// Four warps, 16 V rows each, mma.sync m16n8k16 (v2's state chain), same shared-memory bytes via ldmatrix.
-__global__ void __launch_bounds__(128, 1) chain_mma(const bf16* K, const bf16* XT, const float* VT, const float* S0,
-                                                    float* S_out, long long* cycles, int chunks) {
-  using namespace flashqla::warp;
-  extern __shared__ __align__(128) unsigned char smem_raw[];
-  Slot* sl = reinterpret_cast<Slot*>(smem_raw);
-  load_slots(sl, K, XT, VT);
-  const int w = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
-  const LdsmOffsets ld(lane);
-  float s[16][4];
+__device__ void store_state(const float (&s)[16][4], float* S_out, const Lane& L) {
 #pragma unroll
   for (int j = 0; j < 16; ++j)
 #pragma unroll
-    for (int e = 0; e < 4; ++e) s[j][e] = S0[(16 * w + g + 8 * (e >> 1)) * kK + 8 * j + 2 * t + (e & 1)];
+    for (int e = 0; e < 4; ++e) S_out[L.row(e) * kK + L.col(j, e)] = s[j][e];
+}
+
+// Y^T = V^T - KS^T, rounded into the A fragments of the update product; then S^T *= decay.
+__device__ void chain_middle(const Slot& S, const float (&ks)[8][4], uint32_t (&ya)[4][4], float (&s)[16][4],
+                             const Lane& L) {
+  float y[8][4];
+#pragma unroll
+  for (int j = 0; j < 8; ++j)
+#pragma unroll
+    for (int e = 0; e < 4; ++e) y[j][e] = S.vt[L.row(e) * kLdVt + L.col(j, e)] - ks[j][e];
+#pragma unroll
+  for (int kk = 0; kk < 4; ++kk) flashqla::warp::c_to_a<bf16>(ya[kk], y[2 * kk], y[2 * kk + 1]);
+#pragma unroll
+  for (int j = 0; j < 16; ++j)
+#pragma unroll
+    for (int e = 0; e < 4; ++e) s[j][e] *= kDecay;
+}
+
+// The chain over `chunks` chunks (cycling through the resident slots); Products supplies KS^T and the update.
+template <class Products>
+__device__ void run_chain(const bf16* K, const bf16* XT, const float* VT, const float* S0, float* S_out,
+                          long long* cycles, int chunks, const Products& prod) {
+  extern __shared__ __align__(128) unsigned char smem_raw[];
+  Slot* sl = reinterpret_cast<Slot*>(smem_raw);
+  load_slots(sl, K, XT, VT);
+  const Lane L;
+  float s[16][4];
+  load_state(s, S0, L);
   const long long t_start = clock64();
   for (int c = 0; c < chunks; ++c) {
     const Slot& S = sl[c % kSlots];
-    const char* kb = reinterpret_cast<const char*>(S.k);
-    const char* xb = reinterpret_cast<const char*>(S.xt);
     uint32_t sa[8][4];
 #pragma unroll
-    for (int kk = 0; kk < 8; ++kk) {
-      sa[kk][0] = pack2<bf16>(s[2 * kk][0], s[2 * kk][1]);
-      sa[kk][1] = pack2<bf16>(s[2 * kk][2], s[2 * kk][3]);
-      sa[kk][2] = pack2<bf16>(s[2 * kk + 1][0], s[2 * kk + 1][1]);
-      sa[kk][3] = pack2<bf16>(s[2 * kk + 1][2], s[2 * kk + 1][3]);
-    }
+    for (int kk = 0; kk < 8; ++kk) flashqla::warp::c_to_a<bf16>(sa[kk], s[2 * kk], s[2 * kk + 1]);
     float ks[8][4];
 #pragma unroll
     for (int j = 0; j < 8; ++j)
 #pragma unroll
       for (int e = 0; e < 4; ++e) ks[j][e] = 0.f;
+    prod.ks(ks, sa, S);
+    uint32_t ya[4][4];
+    chain_middle(S, ks, ya, s, L);
+    prod.update(s, ya, S);
+  }
+  const long long t_end = clock64();
+  if (threadIdx.x == 0) cycles[blockIdx.x] = t_end - t_start;
+  if (blockIdx.x == 0) store_state(s, S_out, L);
+}
+
+// One warpgroup, wgmma with the register A operand; the descriptor offsets either way round.
+template <bool kSwap>
+struct WgmmaProducts {
+  static constexpr int kLboK = kSwap ? kK / 8 * 128 : 128, kSboK = kSwap ? 128 : kK / 8 * 128;
+  static constexpr int kLboX = kSwap ? kC / 8 * 128 : 128, kSboX = kSwap ? 128 : kC / 8 * 128;
+  __device__ void ks(float (&acc)[8][4], const uint32_t (&sa)[8][4], const Slot& S) const {
+    using namespace flashqla::gmma;
+    auto& a32 = reinterpret_cast<float(&)[32]>(acc);
+    fence();
+    pin(a32);
+#pragma unroll
+    for (int kk = 0; kk < 8; ++kk)  // 16 K columns per step: two core matrices along k
+      wgmma_rs<64, bf16>(a32, sa[kk], make_desc(reinterpret_cast<const char*>(S.k) + kmaj_off(0, 16 * kk, kK), kLboK, kSboK));
+    commit();
+    wait_all();
+    pin(a32);
+  }
+  __device__ void update(float (&s)[16][4], const uint32_t (&ya)[4][4], const Slot& S) const {
+    using namespace flashqla::gmma;
+    auto& s64 = reinterpret_cast<float(&)[64]>(s);
+    fence();
+    pin(s64);
+#pragma unroll
+    for (int kk = 0; kk < 4; ++kk)  // 16 chunk rows per step
+      wgmma_rs<128, bf16>(s64, ya[kk], make_desc(reinterpret_cast<const char*>(S.xt) + kmaj_off(0, 16 * kk, kC), kLboX, kSboX));
+    commit();
+    wait_all();
+    pin(s64);
+  }
+};
+
+// Four warps, mma.sync m16n8k16 (v2's state chain), the same shared-memory bytes through ldmatrix.
+struct MmaProducts {
+  __device__ void ks(float (&acc)[8][4], const uint32_t (&sa)[8][4], const Slot& S) const {
+    using namespace flashqla::warp;
+    const LdsmOffsets ld(threadIdx.x & 31);
+    const char* kb = reinterpret_cast<const char*>(S.k);
 #pragma unroll
     for (int kk = 0; kk < 8; ++kk)
 #pragma unroll
       for (int np = 0; np < 4; ++np) {
         uint32_t b[4];
         ldsm_x4(b, kb + kmaj_off(16 * np + ld.b_row, 16 * kk + ld.b_col, kK));
-        mma<bf16>(ks[2 * np], sa[kk], b[0], b[1]);
-        mma<bf16>(ks[2 * np + 1], sa[kk], b[2], b[3]);
+        mma<bf16>(acc[2 * np], sa[kk], b[0], b[1]);
+        mma<bf16>(acc[2 * np + 1], sa[kk], b[2], b[3]);
       }
-    uint32_t ya[4][4];
-#pragma unroll
-    for (int j = 0; j < 8; ++j) {
-      const int v0 = 16 * w + g, col = 8 * j + 2 * t;
-      const float y0 = S.vt[v0 * kLdVt + col] - ks[j][0], y1 = S.vt[v0 * kLdVt + col + 1] - ks[j][1];
-      const float y2 = S.vt[(v0 + 8) * kLdVt + col] - ks[j][2], y3 = S.vt[(v0 + 8) * kLdVt + col + 1] - ks[j][3];
-      ya[j >> 1][2 * (j & 1) + 0] = pack2<bf16>(y0, y1);
-      ya[j >> 1][2 * (j & 1) + 1] = pack2<bf16>(y2, y3);
-    }
-#pragma unroll
-    for (int j = 0; j < 16; ++j)
-#pragma unroll
-      for (int e = 0; e < 4; ++e) s[j][e] *= kDecay;
+  }
+  __device__ void update(float (&s)[16][4], const uint32_t (&ya)[4][4], const Slot& S) const {
+    using namespace flashqla::warp;
+    const LdsmOffsets ld(threadIdx.x & 31);
+    const char* xb = reinterpret_cast<const char*>(S.xt);
 #pragma unroll
     for (int kk = 0; kk < 4; ++kk)
 #pragma unroll
@@ -186,14 +184,17 @@ __global__ void __launch_bounds__(128, 1) chain_mma(const bf16* K, const bf16* X
         mma<bf16>(s[2 * np + 1], ya[kk], b[2], b[3]);
       }
   }
-  const long long t_end = clock64();
-  if (threadIdx.x == 0) cycles[blockIdx.x] = t_end - t_start;
-  if (blockIdx.x == 0) {
-#pragma unroll
-    for (int j = 0; j < 16; ++j)
-#pragma unroll
-      for (int e = 0; e < 4; ++e) S_out[(16 * w + g + 8 * (e >> 1)) * kK + 8 * j + 2 * t + (e & 1)] = s[j][e];
-  }
+};
+
+template <bool kSwap>
+__global__ void __launch_bounds__(128, 1) chain_wgmma(const bf16* K, const bf16* XT, const float* VT, const float* S0,
+                                                      float* S_out, long long* cycles, int chunks) {
+  run_chain(K, XT, VT, S0, S_out, cycles, chunks, WgmmaProducts<kSwap>{});
+}
+
+__global__ void __launch_bounds__(128, 1) chain_mma(const bf16* K, const bf16* XT, const float* VT, const float* S0,
+                                                    float* S_out, long long* cycles, int chunks) {
+  run_chain(K, XT, VT, S0, S_out, cycles, chunks, MmaProducts{});
 }
 
 // Reference: plain fp32 arithmetic with the same bf16 rounding points (S^T before K S, Y before X).

@@ -331,9 +331,8 @@ CUTLASS_DEVICE void aux_role(const flashqla_gdn_fwd_params_t& p, SharedStorage<T
 #pragma unroll
       for (int kb = 0; kb < 4; ++kb) {
         if (kb > w) continue;
-        const uint32_t pa[4] = {pack2<T>(qk[2 * kb][0], qk[2 * kb][1]), pack2<T>(qk[2 * kb][2], qk[2 * kb][3]),
-                                pack2<T>(qk[2 * kb + 1][0], qk[2 * kb + 1][1]),
-                                pack2<T>(qk[2 * kb + 1][2], qk[2 * kb + 1][3])};
+        uint32_t pa[4];
+        c_to_a<T>(pa, qk[2 * kb], qk[2 * kb + 1]);
 #pragma unroll
         for (int np = 0; np < 4; ++np) {
           if (np > kb) continue;
@@ -381,12 +380,7 @@ CUTLASS_DEVICE void state_role(const flashqla_gdn_fwd_params_t& p, SharedStorage
     // S^T as the A operand (k = K dimension), rounded once per chunk
     uint32_t sa[8][4];
 #pragma unroll
-    for (int kk = 0; kk < 8; ++kk) {
-      sa[kk][0] = pack2<T>(sacc[2 * kk][0], sacc[2 * kk][1]);
-      sa[kk][1] = pack2<T>(sacc[2 * kk][2], sacc[2 * kk][3]);
-      sa[kk][2] = pack2<T>(sacc[2 * kk + 1][0], sacc[2 * kk + 1][1]);
-      sa[kk][3] = pack2<T>(sacc[2 * kk + 1][2], sacc[2 * kk + 1][3]);
-    }
+    for (int kk = 0; kk < 8; ++kk) c_to_a<T>(sa[kk], sacc[2 * kk], sacc[2 * kk + 1]);
     // KS^T and QS^T (16 V rows x 64 chunk columns)
     float ks[8][4], os[8][4];
 #pragma unroll

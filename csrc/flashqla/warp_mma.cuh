@@ -63,6 +63,16 @@ template <> CUTLASS_DEVICE float2 unpack2<__nv_bfloat16>(uint32_t v) {
 }
 template <> CUTLASS_DEVICE float2 unpack2<__half>(uint32_t v) { return __half22float2(*reinterpret_cast<__half2*>(&v)); }
 
+// The A fragment of one k16 step from the two adjacent 16 x 8 C tiles c0 (k 0-7) and c1 (k 8-15), rounded
+// to T: a product's accumulators feed the next product without leaving registers.
+template <typename T>
+CUTLASS_DEVICE void c_to_a(uint32_t (&a)[4], const float (&c0)[4], const float (&c1)[4]) {
+  a[0] = pack2<T>(c0[0], c0[1]);
+  a[1] = pack2<T>(c0[2], c0[3]);
+  a[2] = pack2<T>(c1[0], c1[1]);
+  a[3] = pack2<T>(c1[2], c1[3]);
+}
+
 // d += a * b, m16n8k16, fp32 accumulation.
 template <typename T> CUTLASS_DEVICE void mma(float (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1);
 template <> CUTLASS_DEVICE void mma<__nv_bfloat16>(float (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
