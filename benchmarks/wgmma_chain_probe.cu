@@ -156,33 +156,25 @@ struct WgmmaProducts {
 
 // Four warps, mma.sync m16n8k16 (v2's state chain), the same shared-memory bytes through ldmatrix.
 struct MmaProducts {
-  __device__ void ks(float (&acc)[8][4], const uint32_t (&sa)[8][4], const Slot& S) const {
+  template <int KS, int NP, int KT>
+  __device__ static void product(float (&acc)[2 * NP][4], const uint32_t (&a)[KS][4], const bf16* tile) {
     using namespace flashqla::warp;
     const LdsmOffsets ld(threadIdx.x & 31);
-    const char* kb = reinterpret_cast<const char*>(S.k);
+    const char* base = reinterpret_cast<const char*>(tile);
 #pragma unroll
-    for (int kk = 0; kk < 8; ++kk)
+    for (int kk = 0; kk < KS; ++kk)
 #pragma unroll
-      for (int np = 0; np < 4; ++np) {
+      for (int np = 0; np < NP; ++np) {
         uint32_t b[4];
-        ldsm_x4(b, kb + kmaj_off(16 * np + ld.b_row, 16 * kk + ld.b_col, kK));
-        mma<bf16>(acc[2 * np], sa[kk], b[0], b[1]);
-        mma<bf16>(acc[2 * np + 1], sa[kk], b[2], b[3]);
+        ldsm_x4(b, base + kmaj_off(16 * np + ld.b_row, 16 * kk + ld.b_col, KT));
+        mma_pair<bf16>(acc, np, a[kk], b);
       }
   }
+  __device__ void ks(float (&acc)[8][4], const uint32_t (&sa)[8][4], const Slot& S) const {
+    product<8, 4, kK>(acc, sa, S.k);
+  }
   __device__ void update(float (&s)[16][4], const uint32_t (&ya)[4][4], const Slot& S) const {
-    using namespace flashqla::warp;
-    const LdsmOffsets ld(threadIdx.x & 31);
-    const char* xb = reinterpret_cast<const char*>(S.xt);
-#pragma unroll
-    for (int kk = 0; kk < 4; ++kk)
-#pragma unroll
-      for (int np = 0; np < 8; ++np) {
-        uint32_t b[4];
-        ldsm_x4(b, xb + kmaj_off(16 * np + ld.b_row, 16 * kk + ld.b_col, kC));
-        mma<bf16>(s[2 * np], ya[kk], b[0], b[1]);
-        mma<bf16>(s[2 * np + 1], ya[kk], b[2], b[3]);
-      }
+    product<4, 8, kC>(s, ya, S.xt);
   }
 };
 

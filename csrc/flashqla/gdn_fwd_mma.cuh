@@ -218,10 +218,8 @@ CUTLASS_DEVICE void aux_role(const flashqla_gdn_fwd_params_t& p, SharedStorage<T
         if (np > w) continue;
         uint32_t b[4];
         ldsm_x4(b, &S.k[(16 * np + ld.b_row) * kLdK + 16 * ks + ld.b_col]);
-        mma<T>(kk[2 * np], ak, b[0], b[1]);
-        mma<T>(kk[2 * np + 1], ak, b[2], b[3]);
-        mma<T>(qk[2 * np], aq, b[0], b[1]);
-        mma<T>(qk[2 * np + 1], aq, b[2], b[3]);
+        mma_pair<T>(kk, np, ak, b);
+        mma_pair<T>(qk, np, aq, b);
       }
     }
     // L = StrictLower(diag(beta) K K^T) to shared memory; P = Q K^T * Gamma stays in registers (in qk)
@@ -312,8 +310,7 @@ CUTLASS_DEVICE void aux_role(const flashqla_gdn_fwd_params_t& p, SharedStorage<T
         for (int np = 0; np < 8; ++np) {
           uint32_t b[4];
           ldsm_x4_trans(b, &S.k[(16 * ks + ld.bt_row) * kLdK + 16 * np + ld.bt_col]);
-          mma<T>(xa[2 * np], af, b[0], b[1]);
-          mma<T>(xa[2 * np + 1], af, b[2], b[3]);
+          mma_pair<T>(xa, np, af, b);
         }
       }
       store_c_tiles<T>(&S.x[16 * w * kLdK], kLdK, xa, lane);
@@ -338,8 +335,7 @@ CUTLASS_DEVICE void aux_role(const flashqla_gdn_fwd_params_t& p, SharedStorage<T
           if (np > kb) continue;
           uint32_t b[4];
           ldsm_x4_trans(b, &sm.m[(16 * kb + ld.bt_row) * kLdC + 16 * np + ld.bt_col]);
-          mma<T>(wa[2 * np], pa, b[0], b[1]);
-          mma<T>(wa[2 * np + 1], pa, b[2], b[3]);
+          mma_pair<T>(wa, np, pa, b);
         }
       }
       store_c_tiles<T>(&S.w[16 * w * kLdC], kLdC, wa, lane);
@@ -387,19 +383,12 @@ CUTLASS_DEVICE void state_role(const flashqla_gdn_fwd_params_t& p, SharedStorage
     for (int nt = 0; nt < 8; ++nt)
 #pragma unroll
       for (int e = 0; e < 4; ++e) ks[nt][e] = os[nt][e] = 0.f;
-#pragma unroll
-    for (int kk = 0; kk < 8; ++kk) {
-#pragma unroll
-      for (int np = 0; np < 4; ++np) {
-        uint32_t b[4];
-        ldsm_x4(b, &S.k[(16 * np + ld.b_row) * kLdK + 16 * kk + ld.b_col]);
-        mma<T>(ks[2 * np], sa[kk], b[0], b[1]);
-        mma<T>(ks[2 * np + 1], sa[kk], b[2], b[3]);
-        ldsm_x4(b, &S.q[(16 * np + ld.b_row) * kLdK + 16 * kk + ld.b_col]);
-        mma<T>(os[2 * np], sa[kk], b[0], b[1]);
-        mma<T>(os[2 * np + 1], sa[kk], b[2], b[3]);
-      }
-    }
+    for_b_fragments<8, 4, false>(S.k, kLdK, ld, [&](int kk, int np, const uint32_t (&b)[4]) {
+      mma_pair<T>(ks, np, sa[kk], b);
+    });
+    for_b_fragments<8, 4, false>(S.q, kLdK, ld, [&](int kk, int np, const uint32_t (&b)[4]) {
+      mma_pair<T>(os, np, sa[kk], b);
+    });
     FLASHQLA_ROLE_PHASE(0, kStKsQs);
 
     // Z^T = V^T - KS^T diag(gamma), Y^T = V^T diag(decay) - gamma_C KS^T, O^T = QS^T diag(gamma)
@@ -435,8 +424,7 @@ CUTLASS_DEVICE void state_role(const flashqla_gdn_fwd_params_t& p, SharedStorage
         if (np < kb) continue;
         uint32_t b[4];
         ldsm_x4(b, &S.w[(16 * np + ld.b_row) * kLdC + 16 * kb + ld.b_col]);
-        mma<T>(os[2 * np], za[kb], b[0], b[1]);
-        mma<T>(os[2 * np + 1], za[kb], b[2], b[3]);
+        mma_pair<T>(os, np, za[kb], b);
       }
     }
     // S^T = gamma_C S^T + Y^T X
@@ -445,18 +433,10 @@ CUTLASS_DEVICE void state_role(const flashqla_gdn_fwd_params_t& p, SharedStorage
     for (int j = 0; j < 16; ++j)
 #pragma unroll
       for (int e = 0; e < 4; ++e) sacc[j][e] *= gamma_c;
-#pragma unroll
-    for (int kb = 0; kb < 4; ++kb) {
-#pragma unroll
-      for (int np = 0; np < 8; ++np) {
-        uint32_t b[4];
-        ldsm_x4_trans(b, &S.x[(16 * kb + ld.bt_row) * kLdK + 16 * np + ld.bt_col]);
-        mma<T>(sacc[2 * np], yh[kb], b[0], b[1]);
-        mma<T>(sacc[2 * np + 1], yh[kb], b[2], b[3]);
-        mma<T>(sacc[2 * np], yl[kb], b[0], b[1]);
-        mma<T>(sacc[2 * np + 1], yl[kb], b[2], b[3]);
-      }
-    }
+    for_b_fragments<4, 8, true>(S.x, kLdK, ld, [&](int kb, int np, const uint32_t (&b)[4]) {
+      mma_pair<T>(sacc, np, yh[kb], b);
+      mma_pair<T>(sacc, np, yl[kb], b);
+    });
 #endif
     if (c + kStages < wk.num_chunks) bar_arrive(kBarEmpty + st, kThreads);
     FLASHQLA_ROLE_PHASE(0, kStUpdate);

@@ -86,6 +86,31 @@ template <> CUTLASS_DEVICE void mma<__half>(float (&d)[4], const uint32_t (&a)[4
                : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
 }
 
+// acc[2 np], acc[2 np + 1] += a * (the two n-tiles of b).
+template <typename T, int N>
+CUTLASS_DEVICE void mma_pair(float (&acc)[N][4], int np, const uint32_t (&a)[4], const uint32_t (&b)[4]) {
+  mma<T>(acc[2 * np], a, b[0], b[1]);
+  mma<T>(acc[2 * np + 1], a, b[2], b[3]);
+}
+
+// Calls f(kk, np, b) for each k16 step kk < KS and pair np < NP of 8-column n-tiles of a B operand in
+// shared memory, b being that pair's fragments: B stored [n][k] (kTrans false) or [k][n] (true), leading
+// dimension ld elements. The caller's f issues the products, so one B load serves several of them.
+template <int KS, int NP, bool kTrans, typename T, typename F>
+CUTLASS_DEVICE void for_b_fragments(const T* B, int ld, const LdsmOffsets& o, F&& f) {
+#pragma unroll
+  for (int kk = 0; kk < KS; ++kk)
+#pragma unroll
+    for (int np = 0; np < NP; ++np) {
+      uint32_t b[4];
+      if constexpr (kTrans)
+        ldsm_x4_trans(b, B + (16 * kk + o.bt_row) * ld + 16 * np + o.bt_col);
+      else
+        ldsm_x4(b, B + (16 * np + o.b_row) * ld + 16 * kk + o.b_col);
+      f(kk, np, b);
+    }
+}
+
 CUTLASS_DEVICE uint32_t to_tf32(float x) {
   uint32_t r;
   asm("cvt.rna.tf32.f32 %0, %1;\n" : "=r"(r) : "f"(x));
