@@ -38,6 +38,11 @@ LOG="$OUT/h200.log"
 has() { [[ ",$STAGES," == *",$1,"* ]]; }
 say() { echo "== $*" | tee -a "$LOG"; }
 status=0
+# A standalone CUDA tool of benchmarks/ (torch-free, sm_90a): source, binary.
+cuda_tool() {
+  nvcc -O3 -std=c++17 -gencode=arch=compute_90a,code=sm_90a --expt-relaxed-constexpr -Icsrc/include -Icsrc \
+       -I"$(python3 third_party/cutlass.py)" "$1" -o "$2" 2>&1 | tail -5 | tee -a "$LOG"
+}
 
 say "$(date -u +%FT%TZ) commit=${FLASHQLA_COMMIT:-unknown} stages=$STAGES"
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.max.sm --format=csv,noheader 2>&1 | tee -a "$LOG"
@@ -81,16 +86,14 @@ fi
 
 if has phases; then
   say "forward v1 phase timers"
-  nvcc -O3 -std=c++17 -gencode=arch=compute_90a,code=sm_90a --expt-relaxed-constexpr -Icsrc/include -Icsrc \
-       -I"$(python3 third_party/cutlass.py)" benchmarks/profile_fwd_phases.cu -o /tmp/fq_phases 2>&1 | tail -5 | tee -a "$LOG"
+  cuda_tool benchmarks/profile_fwd_phases.cu /tmp/fq_phases
   /tmp/fq_phases 2>&1 | tee -a "$LOG"
   [ "${PIPESTATUS[0]}" -eq 0 ] || status=1
 fi
 
 if has probe; then
   say "wgmma chain probe"
-  nvcc -O3 -std=c++17 -gencode=arch=compute_90a,code=sm_90a --expt-relaxed-constexpr -Icsrc/include -Icsrc \
-       -I"$(python3 third_party/cutlass.py)" benchmarks/wgmma_chain_probe.cu -o /tmp/fq_probe 2>&1 | tail -5 | tee -a "$LOG"
+  cuda_tool benchmarks/wgmma_chain_probe.cu /tmp/fq_probe
   timeout 60 /tmp/fq_probe 2>&1 | tee -a "$LOG"
   [ "${PIPESTATUS[0]}" -eq 0 ] || status=1
 fi
