@@ -20,7 +20,8 @@
 #   phases    per-phase cycle counts of the forward kernels (benchmarks/profile_fwd_phases.cu)
 #   probe     the state chain with wgmma vs mma.sync, checked against a reference (benchmarks/wgmma_chain_probe.cu)
 #   cumsum    the cumsum kernel record (benchmarks/bench_cumsum.py)
-#   bench     python -m flashqla.bench run --cases $CASES $BENCH_ARGS (default anchors)
+#   bench     python -m flashqla.bench run --cases $CASES --prewarm $PREWARM $BENCH_ARGS (default anchors; the
+#             competitors' kernels compile first in $PREWARM (16) parallel processes, not case by case)
 #   variants  for each prebuilt variants/<name>/ (benchmarks/build_variants.sh; carry `variants`): swap its
 #             _C into flashqla/, run the forward GPU tests, its phase profiler and the benchmark with
 #             $VARIANT_BENCH_ARGS; one log and one record per variant (not in the default stages)
@@ -106,7 +107,7 @@ fi
 
 if has bench; then
   say "benchmark $CASES"
-  timeout ${BENCH_TIMEOUT:-300} python3 -m flashqla.bench run --cases "$CASES" ${BENCH_ARGS:-} \
+  timeout ${BENCH_TIMEOUT:-300} python3 -m flashqla.bench run --cases "$CASES" --prewarm ${PREWARM:-16} ${BENCH_ARGS:-} \
     --table "$OUT/bench-$CASES.md" --plot "$OUT/bench-$CASES.png" > "$OUT/bench.log" 2>&1
   [ $? -eq 0 ] || status=1
   tail -60 "$OUT/bench.log"
@@ -127,7 +128,7 @@ if has variants; then
            | tail -15; [ "${PIPESTATUS[0]}" -eq 0 ]; then
         timeout 60 "$vdir/fq_phases" 2>&1
         OUT= FLASHQLA_COMMIT=$(cat "$vdir/COMMIT") FLASHQLA_DIRTY=0 timeout ${BENCH_TIMEOUT:-300} python3 -m flashqla.bench \
-          run --cases "$CASES" ${VARIANT_BENCH_ARGS:---fwd-only --libs flashqla,fla_triton --no-accuracy} \
+          run --cases "$CASES" --prewarm ${PREWARM:-16} ${VARIANT_BENCH_ARGS:---fwd-only --libs flashqla,fla_triton --no-accuracy} \
           --out "$OUT/variant-$name.json" --table /tmp/variant-$name.md --plot /tmp/variant-$name.png 2>&1 | tail -40
       else
         echo "variant $name: GPU tests failed or timed out; not timed"

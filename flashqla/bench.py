@@ -40,6 +40,7 @@ import shutil
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -436,6 +437,71 @@ def run_case(case: Case, libs: dict, device: str, graph: bool, cpu_reps: int = 5
     notes = {"flashqla": "flashqla.chunk_gdn_bwd (PyTorch chunked backward; no kernel yet)"} \
         if case.direction == "bwd" else None
     return case_entry(case, ms, errors, notes)
+
+
+# --------------------------------------------------------------------------- prewarm
+# FLA (Triton) and FlashQLA (TileLang) compile on their first call of each configuration: ~35 s per
+# head configuration for FLA and 15-130 s per kernel for FlashQLA, which ran the anchors set past a device
+# call's 10 minutes. Both compile through on-disk caches that are safe for concurrent processes, so
+# compiling every configuration once in parallel worker processes (one per library and group of cases
+# sharing head counts and direction) before the timed loop moves that work onto the CPU cores at once.
+# Workers run FLA with FLA_CACHE_RESULTS=0: its autotuner's choices, made while workers share the GPU,
+# are not persisted, so the timed process still autotunes alone (on compiled kernels).
+def prewarm_groups(cases, libs, accuracy_case: bool) -> list:
+    """[(lib, [case dicts], accuracy?)]: one job per library and (h_qk, h_v, direction)."""
+    from dataclasses import asdict
+    groups = {}
+    for c in cases:
+        groups.setdefault((c.h_qk, c.h_v, c.direction), []).append(asdict(c))
+    jobs = []
+    for lib in libs:
+        jobs += [(lib, cs, False) for cs in groups.values()]
+        if accuracy_case:
+            jobs.append((lib, [], True))
+    return jobs
+
+
+def prewarm(cases, libs, accuracy_case: bool, jobs: int) -> float:
+    """Compile the competitors' kernels for `cases` in up to `jobs` parallel processes; returns seconds."""
+    t0 = time.perf_counter()
+    todo = prewarm_groups(cases, libs, accuracy_case)
+    env = dict(os.environ, FLA_CACHE_RESULTS="0")
+    running, failed = [], 0
+    while todo or running:
+        while todo and len(running) < max(1, jobs):
+            lib, cs, acc = todo.pop(0)
+            spec = json.dumps({"lib": lib, "cases": cs, "accuracy": acc})
+            log = tempfile.TemporaryFile(mode="w+")   # compilers log a lot: a pipe could fill and block
+            running.append((subprocess.Popen([sys.executable, "-m", "flashqla.bench", "prewarm-worker", spec],
+                                             env=env, stdout=log, stderr=subprocess.STDOUT), log))
+        time.sleep(0.5)
+        for pr, log in [r for r in running if r[0].poll() is not None]:
+            running.remove((pr, log))
+            if pr.returncode != 0:
+                failed += 1
+                log.seek(0)
+                print(f"    prewarm worker failed (rc {pr.returncode}): {log.read()[-400:]}", flush=True)
+            log.close()
+    dt = time.perf_counter() - t0
+    print(f"prewarm: {len(prewarm_groups(cases, libs, accuracy_case))} jobs in {dt:.0f} s ({failed} failed; "
+          "a failure only means that library compiles in the timed loop)", flush=True)
+    return dt
+
+
+def prewarm_worker(spec: str) -> int:
+    import torch
+    s = json.loads(spec)
+    libs = load_libs([s["lib"]], "cuda")
+    impl = libs[s["lib"]]
+    if isinstance(impl, str):
+        return 0                                  # not installed: nothing to compile
+    for cd in s["cases"]:
+        case = Case(**{**cd, "seqlens": tuple(cd["seqlens"])})
+        build_fn(s["lib"], impl, case, make_inputs(case, "cuda"))()
+        torch.cuda.synchronize()
+    if s["accuracy"]:                             # the accuracy step runs each library's autograd API
+        accuracy({s["lib"]: impl}, "cuda")
+    return 0
 
 
 # --------------------------------------------------------------------------- accuracy
@@ -885,6 +951,9 @@ def run(args) -> dict:
           f"{[lib for lib, i in libs.items() if not isinstance(i, str)]}; flashqla path: {rec['flashqla_path']}",
           flush=True)
     t_start = time.perf_counter()
+    warm = [lib for lib in COMPETITORS if isinstance(libs.get(lib), dict)]
+    if args.prewarm > 0 and device == "cuda" and warm:
+        rec["prewarm_s"] = round(prewarm(cases, warm, not args.no_accuracy, args.prewarm), 1)
     for i, c in enumerate(cases):
         print(f"[{i + 1}/{len(cases)}] {c.direction} {c.model} {c.name} (h_qk={c.h_qk}, h_v={c.h_v}, "
               f"T={c.tokens})", flush=True)
@@ -947,7 +1016,9 @@ def _save(rec, args):
 
 def main(argv=None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
-    cmd = argv.pop(0) if argv and argv[0] in ("run", "readme", "merge", "anchors-check") else "run"
+    cmd = argv.pop(0) if argv and argv[0] in ("run", "readme", "merge", "anchors-check", "prewarm-worker") else "run"
+    if cmd == "prewarm-worker":
+        return prewarm_worker(argv[0])
     if cmd == "anchors-check":
         ap = argparse.ArgumentParser(prog="python -m flashqla.bench anchors-check",
                                      description="Compare a record's FLA/FlashQLA times with the shared anchors.")
@@ -993,6 +1064,9 @@ def main(argv=None) -> int:
     ap.add_argument("--no-graph", action="store_true", help="skip the CUDA-graph timings")
     ap.add_argument("--no-accuracy", action="store_true", help="skip the accuracy check")
     ap.add_argument("--libs", default=",".join(LIBS))
+    ap.add_argument("--prewarm", type=int, default=0, metavar="N",
+                    help="compile FLA's and FlashQLA's kernels for the chosen cases in N parallel processes "
+                         "before timing (GPU only; 0 = compile on first call in the timed loop)")
     ap.add_argument("--device", choices=("auto", "cuda", "cpu"), default="auto")
     ap.add_argument("--cpu-reps", type=int, default=5, help="timed calls per case on CPU")
     ap.add_argument("--out", help="record path (default benchmarks/results/<gpu>-<sets>-<UTC time>.json)")

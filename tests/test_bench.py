@@ -325,3 +325,19 @@ def test_compare_anchors_flags_outliers():
     assert "| fwd | TP8 (2/8) | 1x32768 | 1.00 | 0.90 | – | 1.50 * |" in md
     assert "| bwd | hk4_hv8 | 8k_4seq | 1.05 | – | – | – |" in md
     assert "3 of 4 figures within +-15%" in md and "FlashQLA graph" in md and "1x99" not in md
+
+
+def test_prewarm_groups_cover_every_case_once_per_library():
+    cases = bench.cases_for("anchors")
+    jobs = bench.prewarm_groups(cases, ["fla_triton", "flash_qla_tilelang"], accuracy_case=True)
+    for lib in ("fla_triton", "flash_qla_tilelang"):
+        mine = [(cs, acc) for lb, cs, acc in jobs if lb == lib]
+        assert sum(acc for _, acc in mine) == 1                     # one job runs the accuracy shapes
+        got = sorted((c["direction"], c["h_qk"], c["h_v"], c["name"]) for cs, _ in mine for c in cs)
+        assert got == sorted((c.direction, c.h_qk, c.h_v, c.name) for c in cases)
+        for cs, _ in mine:                                          # a job never mixes head configurations
+            assert len({(c["h_qk"], c["h_v"], c["direction"]) for c in cs}) <= 1
+    # the spec a worker receives rebuilds the same Case
+    lib, cs, _ = jobs[0]
+    c = cs[0]
+    assert bench.Case(**{**c, "seqlens": tuple(c["seqlens"])}) in cases
