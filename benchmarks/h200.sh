@@ -24,7 +24,7 @@
 #             competitors' kernels compile first in $PREWARM (16) parallel processes, not case by case)
 #   variants  for each prebuilt variants/<name>/ (benchmarks/build_variants.sh; carry `variants`): swap its
 #             _C into flashqla/, run the forward GPU tests, its phase profiler and the benchmark with
-#             $VARIANT_BENCH_ARGS; one log and one record per variant (not in the default stages)
+#             $VARIANT_BENCH_ARGS; one record per variant, one log (variants.log) for all (not in the default stages)
 set -uo pipefail
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
 cd "$ROOT"
@@ -119,7 +119,7 @@ fi
 if has variants; then
   cp flashqla/_C.cpython-312-*.so /tmp/own_C.so 2>/dev/null || true
   for vdir in variants/*/; do
-    name=$(basename "$vdir"); vlog="$OUT/variant-$name.log"
+    name=$(basename "$vdir"); vlog="$OUT/variants.log"   # one log for all: $OUT brings back 8 files at most
     say "variant $name ($(cat "$vdir/COMMIT"))"
     cp "$vdir"/_C.cpython-312-*.so flashqla/
     { echo "== $name $(cat "$vdir/COMMIT")"
@@ -133,8 +133,9 @@ if has variants; then
       else
         echo "variant $name: GPU tests failed or timed out; not timed"
       fi
-    } > "$vlog" 2>&1
-    grep -E "passed|failed|not timed|anchor:|T=32768|forward, 1 x|flashqla .* ms" "$vlog" | head -40 | tee -a "$LOG"
+    } > /tmp/variant-$name.log 2>&1
+    cat /tmp/variant-$name.log >> "$vlog"
+    grep -E "passed|failed|not timed|anchor:|T=32768|forward, 1 x|flashqla .* ms" /tmp/variant-$name.log | head -40 | tee -a "$LOG"
   done
   [ -f /tmp/own_C.so ] && cp /tmp/own_C.so flashqla/_C.cpython-312-x86_64-linux-gnu.so
 fi
