@@ -67,13 +67,21 @@ CUTLASS_DEVICE CtaTile decode_cta(const flashqla_gdn_fwd_params_t& p, int64_t bl
 }
 
 // Column `col` (< 16) of (I + L)^-1 for the 16 x 16 strictly lower block L (fp32, row-major, leading
-// dimension ld; only its strictly lower part is read), by forward substitution in registers.
+// dimension ld; rows 16-byte aligned; only the strictly lower part is used), by forward substitution in
+// registers, reading each row of L four floats per (broadcast) load.
 CUTLASS_DEVICE void unit_lower16_inverse_column(const float* L, int ld, int col, float (&x)[16]) {
 #pragma unroll
   for (int r = 0; r < 16; ++r) {
     float acc = 0.f;
 #pragma unroll
-    for (int m = 0; m < r; ++m) acc += L[r * ld + m] * x[m];
+    for (int q = 0; q < 4; ++q) {
+      if (4 * q >= r) continue;
+      const float4 l4 = *reinterpret_cast<const float4*>(L + r * ld + 4 * q);
+      acc += l4.x * x[4 * q];
+      if (4 * q + 1 < r) acc += l4.y * x[4 * q + 1];
+      if (4 * q + 2 < r) acc += l4.z * x[4 * q + 2];
+      if (4 * q + 3 < r) acc += l4.w * x[4 * q + 3];
+    }
     x[r] = r == col ? 1.f : (r < col ? 0.f : -acc);
   }
 }

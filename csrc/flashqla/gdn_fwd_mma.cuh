@@ -2,8 +2,9 @@
 // the serial state chain kept entirely in registers.
 //
 // One CTA per (sequence, value head, 64-column V block), two roles:
-//  * 4 aux warps (one 16-row block of the chunk each) load chunk c into a
-//    2-stage shared-memory ring (cp.async) and compute everything that does not
+//  * 2 aux warpgroups, on alternate chunks (group g fills stage g); in each,
+//    4 warps (one 16-row block of the chunk each) load the chunk (cp.async)
+//    and compute everything that does not
 //    depend on the state: the cumsum of g, K K^T and Q K^T, the fp32 inverse
 //    A = (I + StrictLower(diag(beta) K K^T))^-1 (tf32 block merges),
 //    X = diag(beta) A^T K and W = (Q K^T * Gamma)(Gamma * A) diag(beta).
@@ -18,12 +19,15 @@
 //    S^T -> KS^T -> Y^T -> S^T never leaves registers, and the four warps
 //    never talk to each other on the chain (V columns are independent).
 // The roles hand stages over through named barriers (full / empty per stage),
-// so the aux warps work on chunk c + 1 while the state warps run chunk c.
+// so the aux groups load and prepare chunks c + 1 and c + 2 while the state
+// warps run chunk c. setmaxnreg gives the state warps 232 registers.
 // Math: gdn-algorithm.md section 2 (S' = gamma_C S + X^T Y, O through K S).
 #pragma once
 
 #include "gdn_fwd_common.cuh"
 #include "warp_mma.cuh"
+
+#include <cutlass/arch/reg_reconfig.h>
 
 namespace flashqla {
 namespace gdn_fwd_mma {
@@ -34,11 +38,17 @@ constexpr int kDimV = 128;
 constexpr int kBlockV = 64;                       // V columns per CTA
 constexpr int kVBlocks = kDimV / kBlockV;
 constexpr int kStateWarps = kBlockV / 16;         // 16 V columns (rows of S^T) each
-constexpr int kAuxWarps = kChunk / 16;            // 16 chunk rows each
+constexpr int kAuxWarps = kChunk / 16;            // per aux group: 16 chunk rows each
+constexpr int kAuxGroups = 2;                     // aux warpgroups, on alternate chunks
 constexpr int kStateThreads = kStateWarps * 32;
-constexpr int kAuxThreads = kAuxWarps * 32;
-constexpr int kThreads = kStateThreads + kAuxThreads;
-constexpr int kStages = 2;
+constexpr int kAuxThreads = kAuxWarps * 32;       // per group
+constexpr int kThreads = kStateThreads + kAuxGroups * kAuxThreads;
+constexpr int kHandoffThreads = kStateThreads + kAuxThreads;  // a stage changes hands between the state warps and one group
+// Registers per thread after setmaxnreg: the state warps hold S^T (64 fp32) plus the chunk's
+// products; the aux warps make do with 136. 128 x 232 + 256 x 136 <= 64 K.
+constexpr int kStateRegs = 232;
+constexpr int kAuxRegs = 136;
+constexpr int kStages = kAuxGroups;               // aux group g fills stage g
 constexpr int kLdK = kDimK + 8;                   // 272-byte rows: the 8 rows of an ldmatrix hit distinct banks
 constexpr int kLdC = kChunk + 8;                  // 64-wide 16-bit tiles
 constexpr int kLdF = kChunk + 4;                  // 64-wide fp32 tiles
@@ -47,8 +57,8 @@ constexpr int kLdS = 32 + 4;                      // 32-wide fp32 scratch
 enum Barrier : uint32_t {
   kBarFull = 1,                  // + stage: aux -> state, the stage holds a chunk's operands
   kBarEmpty = kBarFull + kStages,  // + stage: state -> aux, the stage may be refilled
-  kBarAux = kBarEmpty + kStages,   // among the aux warps
-  kBarState = kBarAux + 1,         // among the state warps
+  kBarAux = kBarEmpty + kStages,   // + group: among one aux group's warps
+  kBarState = kBarAux + kAuxGroups,  // among the state warps
 };
 
 // Diagnostics only (benchmarks/profile_fwd_phases.cu): with FLASHQLA_PHASE_TIMERS,
@@ -88,15 +98,20 @@ struct alignas(128) Stage {
   float decay[kChunk];  // e^{G_C - G_i}
 };
 
+// One aux group's private buffers.
+template <typename T>
+struct AuxScratch {
+  alignas(16) float la[kChunk * kLdF];  // L = StrictLower(diag(beta) K K^T), inverted in place into A = (I + L)^-1
+  alignas(16) float scratch[32 * kLdS]; // inverse merge products
+  alignas(16) T m[kChunk * kLdC];       // (Gamma * A) diag(beta)
+  float G[kChunk], beta[kChunk];
+};
+
 template <typename T>
 struct SharedStorage {
   Stage<T> stage[kStages];
-  alignas(16) float l[kChunk * kLdF];   // L = StrictLower(diag(beta) K K^T)   (aux only)
-  alignas(16) float a[kChunk * kLdF];   // A = (I + L)^-1                      (aux only)
-  alignas(16) float scratch[32 * kLdS]; // inverse merge products              (aux only)
-  alignas(16) T m[kChunk * kLdC];       // (Gamma * A) diag(beta)              (aux only)
-  alignas(16) T o[2][kChunk * kLdC];    // output tiles on their way out      (state only)
-  float G[kChunk], beta[kChunk];        //                                     (aux only)
+  AuxScratch<T> aux[kAuxGroups];
+  alignas(16) T o[2][kChunk * kLdC];    // output tiles on their way out (state warps)
 };
 
 // Where one CTA's work lives.
@@ -111,20 +126,25 @@ struct Work {
 };
 
 template <typename T>
-CUTLASS_DEVICE void aux_role(const flashqla_gdn_fwd_params_t& p, SharedStorage<T>& sm, const Work<T>& wk) {
+CUTLASS_DEVICE void aux_role(const flashqla_gdn_fwd_params_t& p, SharedStorage<T>& sm, const Work<T>& wk,
+                             int group) {
   using namespace warp;
-  const int tid = threadIdx.x - kStateThreads, w = tid >> 5, lane = tid & 31;
+  const int tid = (threadIdx.x - kStateThreads) % kAuxThreads, w = tid >> 5, lane = tid & 31;
+  AuxScratch<T>& ax = sm.aux[group];
+  const uint32_t bar_aux = kBarAux + group;
+  const int64_t g_off = wk.b * p.g_stride_batch + wk.h * p.g_stride_head;
+  const int64_t beta_off = wk.b * p.beta_stride_batch + wk.h * p.beta_stride_head;
   const int gq = lane >> 2, tq = lane & 3;
   const LdsmOffsets ld(lane);
   const int i0 = 16 * w + gq, i1 = i0 + 8;  // this thread's two chunk rows in C fragments
   FLASHQLA_ROLE_TIMER;
 
-  for (int64_t c = 0; c < wk.num_chunks; ++c) {
-    const int st = static_cast<int>(c % kStages);
+  for (int64_t c = group; c < wk.num_chunks; c += kAuxGroups) {
+    const int st = group;
     Stage<T>& S = sm.stage[st];
     const int64_t t0 = wk.t0 + c * kChunk;
     const int rows = static_cast<int>(wk.len - c * kChunk < kChunk ? wk.len - c * kChunk : kChunk);
-    if (c >= kStages) bar_sync(kBarEmpty + st, kThreads);
+    if (c >= kStages) bar_sync(kBarEmpty + st, kHandoffThreads);
     FLASHQLA_ROLE_PHASE(1, kAuxWaitEmpty);
 
     // ---- loads: K, Q, V rows (zero past the end), g and beta (0 past the end)
@@ -146,9 +166,8 @@ CUTLASS_DEVICE void aux_role(const flashqla_gdn_fwd_params_t& p, SharedStorage<T
       for (int e = 0; e < 2; ++e) {
         const int r = 2 * lane + e;
         const int64_t t = t0 + r;
-        gv[e] = r < rows ? load_scalar(p.g, p.g_dtype, wk.b * p.g_stride_batch + t * p.g_stride_time + wk.h * p.g_stride_head) : 0.f;
-        bv[e] = r < rows ? load_scalar(p.beta, p.beta_dtype,
-                                       wk.b * p.beta_stride_batch + t * p.beta_stride_time + wk.h * p.beta_stride_head) : 0.f;
+        gv[e] = r < rows ? load_scalar(p.g, p.g_dtype, g_off + t * p.g_stride_time) : 0.f;
+        bv[e] = r < rows ? load_scalar(p.beta, p.beta_dtype, beta_off + t * p.beta_stride_time) : 0.f;
       }
       float incl = gv[0] + gv[1];
 #pragma unroll
@@ -158,17 +177,17 @@ CUTLASS_DEVICE void aux_role(const flashqla_gdn_fwd_params_t& p, SharedStorage<T
       }
       const float Gc = __shfl_sync(0xffffffffu, incl, 31);  // padding has g = 0: the last real G
       const float G1 = incl, G0 = incl - gv[1];
-      sm.G[2 * lane] = G0;
-      sm.G[2 * lane + 1] = G1;
-      sm.beta[2 * lane] = bv[0];
-      sm.beta[2 * lane + 1] = bv[1];
+      ax.G[2 * lane] = G0;
+      ax.G[2 * lane + 1] = G1;
+      ax.beta[2 * lane] = bv[0];
+      ax.beta[2 * lane + 1] = bv[1];
       S.gamma[2 * lane] = __expf(G0);
       S.gamma[2 * lane + 1] = __expf(G1);
       S.decay[2 * lane] = __expf(Gc - G0);
       S.decay[2 * lane + 1] = __expf(Gc - G1);
     }
     cp_async_wait_all();
-    bar_sync(kBarAux, kAuxThreads);
+    bar_sync(bar_aux, kAuxThreads);
     FLASHQLA_ROLE_PHASE(1, kAuxLoad);
 
 #if FLASHQLA_V2_EXPERIMENT != 1
@@ -176,7 +195,7 @@ CUTLASS_DEVICE void aux_role(const flashqla_gdn_fwd_params_t& p, SharedStorage<T
       // one thread per row: 64 K rows, then 64 Q rows
       T* row = tid < kChunk ? &S.k[tid * kLdK] : &S.q[(tid - kChunk) * kLdK];
       float ss = 0.f;
-#pragma unroll
+#pragma unroll 4
       for (int j = 0; j < kDimK; j += 8) {
         const uint4 u = *reinterpret_cast<const uint4*>(row + j);
         const uint32_t* pw = reinterpret_cast<const uint32_t*>(&u);
@@ -187,7 +206,7 @@ CUTLASS_DEVICE void aux_role(const flashqla_gdn_fwd_params_t& p, SharedStorage<T
         }
       }
       const float rn = rsqrtf(ss + 1e-6f);
-#pragma unroll
+#pragma unroll 4
       for (int j = 0; j < kDimK; j += 8) {
         uint4 u = *reinterpret_cast<const uint4*>(row + j);
         uint32_t* pw = reinterpret_cast<uint32_t*>(&u);
@@ -198,7 +217,7 @@ CUTLASS_DEVICE void aux_role(const flashqla_gdn_fwd_params_t& p, SharedStorage<T
         }
         *reinterpret_cast<uint4*>(row + j) = u;
       }
-      bar_sync(kBarAux, kAuxThreads);
+      bar_sync(bar_aux, kAuxThreads);
     }
     FLASHQLA_ROLE_PHASE(1, kAuxL2norm);
 
@@ -224,98 +243,77 @@ CUTLASS_DEVICE void aux_role(const flashqla_gdn_fwd_params_t& p, SharedStorage<T
     }
     // L = StrictLower(diag(beta) K K^T) to shared memory; P = Q K^T * Gamma stays in registers (in qk)
     {
-      const float G0 = sm.G[i0], G1 = sm.G[i1], b0 = sm.beta[i0], b1 = sm.beta[i1];
+      const float G0 = ax.G[i0], G1 = ax.G[i1], b0 = ax.beta[i0], b1 = ax.beta[i1];
 #pragma unroll
       for (int nt = 0; nt < 8; ++nt) {
         if (nt > 2 * w + 1) continue;
         const int j = 8 * nt + 2 * tq;
-        const float Gj0 = sm.G[j], Gj1 = sm.G[j + 1];
-        sm.l[i0 * kLdF + j] = j < i0 ? b0 * kk[nt][0] : 0.f;
-        sm.l[i0 * kLdF + j + 1] = j + 1 < i0 ? b0 * kk[nt][1] : 0.f;
-        sm.l[i1 * kLdF + j] = j < i1 ? b1 * kk[nt][2] : 0.f;
-        sm.l[i1 * kLdF + j + 1] = j + 1 < i1 ? b1 * kk[nt][3] : 0.f;
+        const float Gj0 = ax.G[j], Gj1 = ax.G[j + 1];
+        ax.la[i0 * kLdF + j] = j < i0 ? b0 * kk[nt][0] : 0.f;
+        ax.la[i0 * kLdF + j + 1] = j + 1 < i0 ? b0 * kk[nt][1] : 0.f;
+        ax.la[i1 * kLdF + j] = j < i1 ? b1 * kk[nt][2] : 0.f;
+        ax.la[i1 * kLdF + j + 1] = j + 1 < i1 ? b1 * kk[nt][3] : 0.f;
         qk[nt][0] = j <= i0 ? qk[nt][0] * __expf(G0 - Gj0) : 0.f;
         qk[nt][1] = j + 1 <= i0 ? qk[nt][1] * __expf(G0 - Gj1) : 0.f;
         qk[nt][2] = j <= i1 ? qk[nt][2] * __expf(G1 - Gj0) : 0.f;
         qk[nt][3] = j + 1 <= i1 ? qk[nt][3] * __expf(G1 - Gj1) : 0.f;
       }
     }
-    bar_sync(kBarAux, kAuxThreads);
+    bar_sync(bar_aux, kAuxThreads);
     FLASHQLA_ROLE_PHASE(1, kAuxGram);
 
     // ---- A = (I + L)^-1, fp32. Diagonal 16 x 16 blocks by forward substitution: lane < 16 owns a column.
+    float x[16];
     if (lane < 16) {
       const int o = 16 * w;
-      float x[16];
-      unit_lower16_inverse_column(&sm.l[o * kLdF + o], kLdF, lane, x);
-#pragma unroll
-      for (int r = 0; r < 16; ++r) sm.a[(o + r) * kLdF + o + lane] = x[r];
+      unit_lower16_inverse_column(&ax.la[o * kLdF + o], kLdF, lane, x);
     }
-    bar_sync(kBarAux, kAuxThreads);
+    __syncwarp();  // every lane has read the L block: A's diagonal block overwrites it
+    if (lane < 16) {
+      const int o = 16 * w;
+#pragma unroll
+      for (int r = 0; r < 16; ++r) ax.la[(o + r) * kLdF + o + lane] = x[r];
+    }
+    bar_sync(bar_aux, kAuxThreads);
     FLASHQLA_ROLE_PHASE(1, kAuxInvDiag);
     // 16 -> 32 (warps 1 and 3): A21 = -A22 (L21 A11)
     if (w & 1) {
       const int o = 16 * (w - 1);
-      float* tmp = &sm.scratch[o / 2 * kLdS];
+      float* tmp = &ax.scratch[o / 2 * kLdS];
       float t[2][4] = {};
-      mma16x16_tf32(t, &sm.l[(o + 16) * kLdF + o], kLdF, &sm.a[o * kLdF + o], kLdF, 2, lane);
+      mma16x16_tf32(t, &ax.la[(o + 16) * kLdF + o], kLdF, &ax.la[o * kLdF + o], kLdF, 2, lane);
       store16x16(tmp, kLdS, t, 1.f, lane);
       __syncwarp();
       float r[2][4] = {};
-      mma16x16_tf32(r, &sm.a[(o + 16) * kLdF + o + 16], kLdF, tmp, kLdS, 2, lane);
-      store16x16(&sm.a[(o + 16) * kLdF + o], kLdF, r, -1.f, lane);
+      mma16x16_tf32(r, &ax.la[(o + 16) * kLdF + o + 16], kLdF, tmp, kLdS, 2, lane);
+      store16x16(&ax.la[(o + 16) * kLdF + o], kLdF, r, -1.f, lane);
     }
-    bar_sync(kBarAux, kAuxThreads);
+    bar_sync(bar_aux, kAuxThreads);
     // 32 -> 64: T = L_bl A_tl (warp w: 16 x 16 block (w / 2, w % 2)), then A_bl = -A_br T
     {
       const int rb = w >> 1, cb = w & 1;
       float t[2][4] = {};
       for (int kb = cb; kb < 2; ++kb)
-        mma16x16_tf32(t, &sm.l[(32 + 16 * rb) * kLdF + 16 * kb], kLdF, &sm.a[16 * kb * kLdF + 16 * cb], kLdF, 2, lane);
-      store16x16(&sm.scratch[16 * rb * kLdS + 16 * cb], kLdS, t, 1.f, lane);
-      bar_sync(kBarAux, kAuxThreads);
+        mma16x16_tf32(t, &ax.la[(32 + 16 * rb) * kLdF + 16 * kb], kLdF, &ax.la[16 * kb * kLdF + 16 * cb], kLdF, 2, lane);
+      store16x16(&ax.scratch[16 * rb * kLdS + 16 * cb], kLdS, t, 1.f, lane);
+      bar_sync(bar_aux, kAuxThreads);
       float r[2][4] = {};
       for (int kb = 0; kb <= rb; ++kb)
-        mma16x16_tf32(r, &sm.a[(32 + 16 * rb) * kLdF + 32 + 16 * kb], kLdF, &sm.scratch[16 * kb * kLdS + 16 * cb], kLdS,
+        mma16x16_tf32(r, &ax.la[(32 + 16 * rb) * kLdF + 32 + 16 * kb], kLdF, &ax.scratch[16 * kb * kLdS + 16 * cb], kLdS,
                       2, lane);
-      store16x16(&sm.a[(32 + 16 * rb) * kLdF + 16 * cb], kLdF, r, -1.f, lane);
+      store16x16(&ax.la[(32 + 16 * rb) * kLdF + 16 * cb], kLdF, r, -1.f, lane);
     }
-    bar_sync(kBarAux, kAuxThreads);
+    bar_sync(bar_aux, kAuxThreads);
     FLASHQLA_ROLE_PHASE(1, kAuxInvMerge);
 
     // ---- M = (Gamma * A) diag(beta) (shared, T)
+#pragma unroll 4
     for (int e = tid; e < kChunk * kChunk; e += kAuxThreads) {
       const int i = e >> 6, j = e & 63;
-      const float val = j <= i ? __expf(sm.G[i] - sm.G[j]) * sm.a[i * kLdF + j] * sm.beta[j] : 0.f;
-      sm.m[i * kLdC + j] = from_f<T>(val);
+      const float val = j <= i ? __expf(ax.G[i] - ax.G[j]) * ax.la[i * kLdF + j] * ax.beta[j] : 0.f;
+      ax.m[i * kLdC + j] = from_f<T>(val);
     }
-    // ---- X = diag(beta) A^T K, rows [16w, 16w + 16): A operand (i, m) = beta_i A[m][i], m >= 16w
-    {
-      const float b0 = sm.beta[i0], b1 = sm.beta[i1];
-      float xa[16][4];
-#pragma unroll
-      for (int nt = 0; nt < 16; ++nt)
-#pragma unroll
-        for (int e = 0; e < 4; ++e) xa[nt][e] = 0.f;
-#pragma unroll
-      for (int ks = 0; ks < 4; ++ks) {
-        if (ks < w) continue;
-        const int m0 = 16 * ks + 2 * tq;
-        const float* A = sm.a;
-        const uint32_t af[4] = {pack2<T>(b0 * A[m0 * kLdF + i0], b0 * A[(m0 + 1) * kLdF + i0]),
-                                pack2<T>(b1 * A[m0 * kLdF + i1], b1 * A[(m0 + 1) * kLdF + i1]),
-                                pack2<T>(b0 * A[(m0 + 8) * kLdF + i0], b0 * A[(m0 + 9) * kLdF + i0]),
-                                pack2<T>(b1 * A[(m0 + 8) * kLdF + i1], b1 * A[(m0 + 9) * kLdF + i1])};
-#pragma unroll
-        for (int np = 0; np < 8; ++np) {
-          uint32_t b[4];
-          ldsm_x4_trans(b, &S.k[(16 * ks + ld.bt_row) * kLdK + 16 * np + ld.bt_col]);
-          mma_pair<T>(xa, np, af, b);
-        }
-      }
-      store_c_tiles<T>(&S.x[16 * w * kLdK], kLdK, xa, lane);
-    }
-    bar_sync(kBarAux, kAuxThreads);  // M complete
+    bar_sync(bar_aux, kAuxThreads);  // M complete
     FLASHQLA_ROLE_PHASE(1, kAuxMX);
 
     // ---- W = P M, rows [16w, 16w + 16); P from registers, M lower triangular
@@ -334,15 +332,44 @@ CUTLASS_DEVICE void aux_role(const flashqla_gdn_fwd_params_t& p, SharedStorage<T
         for (int np = 0; np < 4; ++np) {
           if (np > kb) continue;
           uint32_t b[4];
-          ldsm_x4_trans(b, &sm.m[(16 * kb + ld.bt_row) * kLdC + 16 * np + ld.bt_col]);
+          ldsm_x4_trans(b, &ax.m[(16 * kb + ld.bt_row) * kLdC + 16 * np + ld.bt_col]);
           mma_pair<T>(wa, np, pa, b);
         }
       }
       store_c_tiles<T>(&S.w[16 * w * kLdC], kLdC, wa, lane);
     }
-#endif
-    bar_arrive(kBarFull + st, kThreads);
+    // ---- X = diag(beta) A^T K, rows [16w, 16w + 16): A operand (i, m) = beta_i A[m][i], m >= 16w
+    {
+      const float b0 = ax.beta[i0], b1 = ax.beta[i1];
+#pragma unroll 1
+      for (int half = 0; half < 2; ++half) {  // two 64-column halves: half the accumulators
+        float xa[8][4];
+#pragma unroll
+        for (int nt = 0; nt < 8; ++nt)
+#pragma unroll
+          for (int e = 0; e < 4; ++e) xa[nt][e] = 0.f;
+#pragma unroll
+        for (int ks = 0; ks < 4; ++ks) {
+          if (ks < w) continue;
+          const int m0 = 16 * ks + 2 * tq;
+          const float* A = ax.la;
+          const uint32_t af[4] = {pack2<T>(b0 * A[m0 * kLdF + i0], b0 * A[(m0 + 1) * kLdF + i0]),
+                                  pack2<T>(b1 * A[m0 * kLdF + i1], b1 * A[(m0 + 1) * kLdF + i1]),
+                                  pack2<T>(b0 * A[(m0 + 8) * kLdF + i0], b0 * A[(m0 + 9) * kLdF + i0]),
+                                  pack2<T>(b1 * A[(m0 + 8) * kLdF + i1], b1 * A[(m0 + 9) * kLdF + i1])};
+#pragma unroll
+          for (int np = 0; np < 4; ++np) {
+            uint32_t b[4];
+            ldsm_x4_trans(b, &S.k[(16 * ks + ld.bt_row) * kLdK + 64 * half + 16 * np + ld.bt_col]);
+            mma_pair<T>(xa, np, af, b);
+          }
+        }
+        store_c_tiles<T>(&S.x[16 * w * kLdK + 64 * half], kLdK, xa, lane);
+      }
+    }
     FLASHQLA_ROLE_PHASE(1, kAuxW);
+#endif
+    bar_arrive(kBarFull + st, kHandoffThreads);
   }
 }
 
@@ -369,7 +396,7 @@ CUTLASS_DEVICE void state_role(const flashqla_gdn_fwd_params_t& p, SharedStorage
     const int st = static_cast<int>(c % kStages);
     const Stage<T>& S = sm.stage[st];
     const int rows = static_cast<int>(wk.len - c * kChunk < kChunk ? wk.len - c * kChunk : kChunk);
-    bar_sync(kBarFull + st, kThreads);
+    bar_sync(kBarFull + st, kHandoffThreads);
     FLASHQLA_ROLE_PHASE(0, kStWaitFull);
 
 #if FLASHQLA_V2_EXPERIMENT != 2
@@ -438,7 +465,7 @@ CUTLASS_DEVICE void state_role(const flashqla_gdn_fwd_params_t& p, SharedStorage
       mma_pair<T>(sacc, np, yl[kb], b);
     });
 #endif
-    if (c + kStages < wk.num_chunks) bar_arrive(kBarEmpty + st, kThreads);
+    if (c + kStages < wk.num_chunks) bar_arrive(kBarEmpty + st, kHandoffThreads);
     FLASHQLA_ROLE_PHASE(0, kStUpdate);
 
 #if FLASHQLA_V2_EXPERIMENT != 2
@@ -495,10 +522,13 @@ __global__ void __launch_bounds__(kThreads, 1) gdn_fwd_mma_kernel(const __grid_c
   wk.num_chunks = (wk.len + kChunk - 1) / kChunk;
   wk.state_off = (n * p.heads_v + h) * int64_t(kDimK) * kDimV + col0;
 
-  if (threadIdx.x < kStateThreads)
+  if (threadIdx.x < kStateThreads) {
+    cutlass::arch::warpgroup_reg_alloc<kStateRegs>();
     state_role<T>(p, sm, wk);
-  else
-    aux_role<T>(p, sm, wk);
+  } else {
+    cutlass::arch::warpgroup_reg_dealloc<kAuxRegs>();
+    aux_role<T>(p, sm, wk, (threadIdx.x - kStateThreads) / kAuxThreads);
+  }
 }
 
 template <typename T>
