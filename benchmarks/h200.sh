@@ -22,9 +22,12 @@
 #   cumsum    the cumsum kernel record (benchmarks/bench_cumsum.py)
 #   bench     python -m flashqla.bench run --cases $CASES --prewarm $PREWARM $BENCH_ARGS (default anchors; the
 #             competitors' kernels compile first in $PREWARM (16) parallel processes, not case by case)
+#   ncu       Nsight Compute on the v2 forward kernel of the phase profiler: scheduler and warp-state
+#             sections, and the source lines with the most stall samples (benchmarks/ncu_source_top.py)
+#   cp        the TP8/TP4 single-sequence forward cases with FLASHQLA_CP=1 against FLA (record cp-*.json)
 #   variants  for each prebuilt variants/<name>/ (benchmarks/build_variants.sh; carry `variants`): swap its
 #             _C into flashqla/, run the forward GPU tests, its phase profiler and the benchmark with
-#             $VARIANT_BENCH_ARGS; one record per variant, one log (variants.log) for all (not in the default stages)
+#             $VARIANT_BENCH_ARGS (VARIANT_STEPS picks among test,phases,bench,racecheck); one record per variant, one log (variants.log) for all (not in the default stages)
 set -uo pipefail
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
 cd "$ROOT"
@@ -41,7 +44,7 @@ say() { echo "== $*" | tee -a "$LOG"; }
 status=0
 # A standalone CUDA tool of benchmarks/ (torch-free, sm_90a): source, binary.
 cuda_tool() {
-  nvcc -O3 -std=c++17 -gencode=arch=compute_90a,code=sm_90a --expt-relaxed-constexpr -Icsrc/include -Icsrc \
+  nvcc -O3 -lineinfo -std=c++17 -gencode=arch=compute_90a,code=sm_90a --expt-relaxed-constexpr -Icsrc/include -Icsrc \
        -I"$(python3 third_party/cutlass.py)" "$1" -o "$2" 2>&1 | tail -5 | tee -a "$LOG"
 }
 
@@ -116,6 +119,28 @@ if has bench; then
     python3 -m flashqla.bench anchors-check "$newest" 2>&1 | tee -a "$LOG"   # issue 3's +-15% check
   fi
 fi
+if has ncu; then
+  say "ncu: v2 forward kernel (1 x 8192 tokens, 16/64 heads)"
+  cuda_tool benchmarks/profile_fwd_phases.cu /tmp/fq_phases_ncu
+  NCU=$(command -v ncu || echo /usr/local/cuda/bin/ncu)
+  timeout ${NCU_TIMEOUT:-240} "$NCU" --section SchedulerStats --section WarpStateStats --section ComputeWorkloadAnalysis \
+    --section SourceCounters --import-source yes -k regex:gdn_fwd_mma_kernel --launch-count 1 -f -o /tmp/fq_ncu \
+    /tmp/fq_phases_ncu > /tmp/ncu-run.log 2>&1 || { tail -20 /tmp/ncu-run.log | tee -a "$LOG"; status=1; }
+  { "$NCU" -i /tmp/fq_ncu.ncu-rep --print-summary none 2>&1 | grep -vE "^\s*$"
+    "$NCU" -i /tmp/fq_ncu.ncu-rep --page source --csv --print-source cuda > /tmp/ncu-source.csv 2> /tmp/ncu-source.err
+    python3 benchmarks/ncu_source_top.py /tmp/ncu-source.csv 2>&1 || cat /tmp/ncu-source.err
+  } > "$OUT/ncu.txt" 2>&1
+  grep -E "Issued Warp|Eligible Warps|Active Warps|Warp Cycles Per Issued|Issue Slots Busy" "$OUT/ncu.txt" | tee -a "$LOG"
+fi
+
+if has cp; then
+  say "context parallelism (FLASHQLA_CP=1) on the single-sequence TP8/TP4 rows"
+  FLASHQLA_CP=1 timeout ${BENCH_TIMEOUT:-300} python3 -m flashqla.bench run --cases anchors --fwd-only --prewarm ${PREWARM:-16} \
+    --libs flashqla,fla_triton --no-accuracy --match '^fwd TP[48] .*(1x32768|1x8192|28672\+4096)$' \
+    --out "$OUT/cp-anchors.json" --table /tmp/cp.md --plot /tmp/cp.png > /tmp/cp.log 2>&1 || status=1
+  tail -12 /tmp/cp.log | tee -a "$LOG"
+fi
+
 if has variants; then
   cp flashqla/_C.cpython-312-*.so /tmp/own_C.so 2>/dev/null || true
   for vdir in variants/*/; do
@@ -124,10 +149,16 @@ if has variants; then
     cp "$vdir"/_C.cpython-312-*.so flashqla/
     { echo "== $name $(cat "$vdir/COMMIT")"
       # a variant that fails (or hangs in) the GPU tests is not timed: a hung kernel would eat the call
-      if timeout ${VARIANT_TEST_TIMEOUT:-90} python3 -m pytest tests/test_gpu_fwd.py -q -x -p no:cacheprovider -s 2>&1 \
+      steps=",${VARIANT_STEPS:-test,phases,bench},"
+      if [[ $steps == *,racecheck,* ]]; then
+        timeout ${SAN_TIMEOUT:-120} compute-sanitizer --tool racecheck --error-exitcode 3 python3 benchmarks/sanitize_cases.py 2>&1 | tail -12
+      fi
+      if [[ $steps != *,test,* ]]; then
+        :
+      elif timeout ${VARIANT_TEST_TIMEOUT:-90} python3 -m pytest tests/test_gpu_fwd.py -q -x -p no:cacheprovider -s 2>&1 \
            | tail -15; [ "${PIPESTATUS[0]}" -eq 0 ]; then
-        timeout 60 "$vdir/fq_phases" 2>&1
-        OUT= FLASHQLA_COMMIT=$(cat "$vdir/COMMIT") FLASHQLA_DIRTY=0 timeout ${BENCH_TIMEOUT:-300} python3 -m flashqla.bench \
+        [[ $steps == *,phases,* ]] && timeout 60 "$vdir/fq_phases" 2>&1
+        [[ $steps == *,bench,* ]] && OUT= FLASHQLA_COMMIT=$(cat "$vdir/COMMIT") FLASHQLA_DIRTY=0 timeout ${BENCH_TIMEOUT:-300} python3 -m flashqla.bench \
           run --cases "$CASES" --prewarm ${PREWARM:-16} ${VARIANT_BENCH_ARGS:---fwd-only --libs flashqla,fla_triton --no-accuracy} \
           --out "$OUT/variant-$name.json" --table /tmp/variant-$name.md --plot /tmp/variant-$name.png 2>&1 | tail -40
       else
@@ -135,7 +166,7 @@ if has variants; then
       fi
     } > /tmp/variant-$name.log 2>&1
     cat /tmp/variant-$name.log >> "$vlog"
-    grep -E "passed|failed|not timed|anchor:|T=32768|forward, 1 x|flashqla .* ms" /tmp/variant-$name.log | head -40 | tee -a "$LOG"
+    grep -E "passed|failed|not timed|anchor:|T=32768|forward, 1 x|flashqla .* ms|SUMMARY" /tmp/variant-$name.log | head -40 | tee -a "$LOG"
   done
   [ -f /tmp/own_C.so ] && cp /tmp/own_C.so flashqla/_C.cpython-312-x86_64-linux-gnu.so
 fi
@@ -152,4 +183,8 @@ if [ "${CACHE_SAVE:-0}" = 1 ] && [ -d /tmp/kcache ]; then
   tar czf "$OUT/kernel-caches.tar.gz" -C /tmp/kcache . && say "saved kernel caches ($(du -h "$OUT/kernel-caches.tar.gz" | cut -f1))"
 fi
 say "done status=$status"
+# the device tool brings back 8 files at most: past that, logs travel as one tarball
+if [ "$(ls "$OUT" | wc -l)" -gt 8 ]; then
+  (cd "$OUT" && tar czf logs.tar.gz $(ls | grep -E "\.(log|txt)$" | grep -v "^h200.log$") && rm -f $(ls | grep -E "\.(log|txt)$" | grep -v "^h200.log$"))
+fi
 exit $status

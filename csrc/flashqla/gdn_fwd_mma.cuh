@@ -369,6 +369,10 @@ CUTLASS_DEVICE void aux_role(const flashqla_gdn_fwd_params_t& p, SharedStorage<T
     }
     FLASHQLA_ROLE_PHASE(1, kAuxW);
 #endif
+    // bar.arrive orders this thread's stores before the state warps' bar.sync (PTX), but
+    // compute-sanitizer's racecheck does not model that and flags W and X; one group-wide sync
+    // first (the group's warps finish within a few cycles of each other) keeps racecheck usable.
+    bar_sync(bar_aux, kAuxThreads);
     bar_arrive(kBarFull + st, kHandoffThreads);
   }
 }
