@@ -149,11 +149,12 @@ def test_long_sequence_against_float64_chunked():
 
 
 def test_context_parallel_forward(monkeypatch):
-    # FLASHQLA_CP=1 on a TP8-like shape (2/8 heads, one long sequence + one short): the segmented forward
+    # context parallelism (FLASHQLA_CP=1, the default) on a TP8-like shape (2/8 heads, one long sequence + one short): the segmented forward
     # against the float64 chunked reference, no worse than the plain kernel; graph capture after a warm-up
     from flashqla import _cp
     d = make([12288, 1000], 2, 8, seed=13)
     cu_cpu = d["cu_seqlens"].cpu()
+    monkeypatch.setenv("FLASHQLA_CP", "0")
     plain_o, plain_s = run_ours(d, cu_seqlens_cpu=cu_cpu)
     monkeypatch.setenv("FLASHQLA_CP", "1")
     calls = []
