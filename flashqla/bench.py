@@ -247,6 +247,9 @@ def record_meta(device: str | None = None) -> dict:
         "flash_qla": _dist_version("flash-qla", "flash_qla"), "tilelang": _dist_version("tilelang"),
         "flashqla": getattr(fqla, "__version__", None) or _dist_version("flashqla"),
     }
+    # switches that change what flashqla runs (context parallelism, kernel choice, fallback)
+    meta["env"] = {k: v for k, v in sorted(os.environ.items())
+                   if k.startswith("FLASHQLA_") and k not in ("FLASHQLA_COMMIT", "FLASHQLA_DIRTY")}
     return meta
 
 
@@ -628,6 +631,9 @@ def render_markdown(rec: dict, heading_level: int = 3) -> str:
     comps = [c for c in COMPETITORS if c in libs]
     cpu = rec.get("device") != "cuda"
     lines = []
+    if rec.get("partial"):
+        lines += [f"**Partial record**: the run stopped at its time limit after {len(rec['cases'])} cases; the cases "
+                  "not listed were not measured in it.", ""]
     if cpu:
         lines += ["**CPU fallback timings** (time.perf_counter medians of the PyTorch implementation): these are "
                   "not kernel timings, which need a Hopper (sm_90) GPU.", ""]
@@ -767,7 +773,9 @@ def make_plot(rec: dict, path) -> Path:
 
 # --------------------------------------------------------------------------- README
 def newest_record(directory=None) -> Path:
-    """Newest GPU record (by its 'date', then file mtime) under benchmarks/results/; CPU records are ignored."""
+    """Newest complete GPU record (by its 'date', then file mtime) under benchmarks/results/; CPU records are
+    ignored; records cut short by a time limit ('partial') and subset runs (--match) count only when there is
+    no complete one."""
     best = None
     for p in Path(directory or results_dir()).glob("*.json"):
         try:
@@ -776,7 +784,7 @@ def newest_record(directory=None) -> Path:
             continue
         if not isinstance(rec, dict) or rec.get("device", "cuda") != "cuda" or "cases" not in rec:
             continue
-        key = (str(rec.get("date", "")), p.stat().st_mtime)
+        key = (not rec.get("partial", False), not rec.get("match"), str(rec.get("date", "")), p.stat().st_mtime)
         if best is None or key > best[0]:
             best = (key, p)
     if best is None:

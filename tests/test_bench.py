@@ -184,6 +184,8 @@ def test_record_meta_and_git_env(tmp_path, monkeypatch):
     monkeypatch.delenv("FLASHQLA_COMMIT")
     monkeypatch.delenv("FLASHQLA_DIRTY")
     assert bench.git_info(tmp_path) == ("unknown", None)
+    monkeypatch.setenv("FLASHQLA_CP", "0")                         # switches that change what runs are recorded
+    assert bench.record_meta("cpu")["env"]["FLASHQLA_CP"] == "0"
 
 
 def test_default_out_names():
@@ -234,6 +236,17 @@ def test_readme_update(tmp_path):
         (results / name).write_text(json.dumps(r))
     (results / "junk.json").write_text("{not json")
     assert bench.newest_record(results).name == "h200-a-new.json"   # CPU records are never picked
+    cut = _fake_record(date="2026-12-05T00:00:00Z")
+    cut["partial"] = True
+    (results / "h200-a-cut.json").write_text(json.dumps(cut))
+    assert bench.newest_record(results).name == "h200-a-new.json"   # a complete record beats a newer partial one
+    assert "Partial record" in bench.render_markdown(cut) and "Partial record" not in bench.render_markdown(new)
+    (results / "h200-a-cut.json").unlink()
+    sub = _fake_record(date="2026-12-06T00:00:00Z")
+    sub["match"] = "TP8"
+    (results / "h200-a-sub.json").write_text(json.dumps(sub))
+    assert bench.newest_record(results).name == "h200-a-new.json"   # ... and so does a full set over a --match run
+    (results / "h200-a-sub.json").unlink()
     readme = tmp_path / "README.md"
     readme.write_text(f"# title\n\nintro\n\n{bench.README_START}\nstale text\n{bench.README_END}\n\ntail\n")
     bench.update_readme(readme, results / "h200-a-new.json")
