@@ -7,7 +7,8 @@
 #
 # Needs a venv that mirrors the H200 (Python 3.12, torch 2.11.0; see shared/BUILDING.md): $VENV
 # (default /work/venvs/h200). Writes variants/<name>/{_C.cpython-312-x86_64-linux-gnu.so,fq_phases,COMMIT};
-# carry `variants` (about 9 MB per variant) to the H200 machine.
+# carry `variants` (about 9 MB per variant) to the H200 machine. A variant may also get an ENV file
+# (KEY=VALUE lines) that h200.sh sets for it only: two names for one ref compare two runtime modes.
 set -euo pipefail
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
 VENV=${VENV:-/work/venvs/h200}

@@ -147,7 +147,10 @@ if has variants; then
     name=$(basename "$vdir"); vlog="$OUT/variants.log"   # one log for all: $OUT brings back 8 files at most
     say "variant $name ($(cat "$vdir/COMMIT"))"
     cp "$vdir"/_C.cpython-312-*.so flashqla/
-    { echo "== $name $(cat "$vdir/COMMIT")"
+    # variants/<name>/ENV (optional): KEY=VALUE lines set for this variant only (e.g. FLASHQLA_FWD_SPLIT=0)
+    venv=$( [ -f "$vdir/ENV" ] && grep -E '^[A-Z_][A-Z0-9_]*=' "$vdir/ENV" | tr '\n' ' ' )
+    { echo "== $name $(cat "$vdir/COMMIT") ${venv}"
+      [ -n "$venv" ] && export $venv
       # a variant that fails (or hangs in) the GPU tests is not timed: a hung kernel would eat the call
       steps=",${VARIANT_STEPS:-test,phases,bench},"
       if [[ $steps == *,racecheck,* ]]; then
@@ -165,6 +168,7 @@ if has variants; then
         echo "variant $name: GPU tests failed or timed out; not timed"
       fi
     } > /tmp/variant-$name.log 2>&1
+    [ -n "$venv" ] && unset $(echo "$venv" | sed -E 's/=[^ ]*//g')
     cat /tmp/variant-$name.log >> "$vlog"
     grep -E "passed|failed|not timed|anchor:|T=32768|forward, 1 x|flashqla .* ms|SUMMARY" /tmp/variant-$name.log | head -40 | tee -a "$LOG"
   done

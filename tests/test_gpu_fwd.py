@@ -255,3 +255,25 @@ def test_torch_compile_kernel_path():
     o, s = f(**d, output_final_state=True)
     o2, s2 = flashqla.chunk_gdn(**d, output_final_state=True)
     assert torch.equal(o, o2) and torch.equal(s, s2)
+
+
+@pytest.mark.parametrize("case", ["varlen", "dense", "l2norm_fp16"])
+def test_split_and_fused_forward_agree_bitwise(monkeypatch, case):
+    # the split mode (prep kernel + loading recurrent kernel, FLASHQLA_FWD_SPLIT=1, the default) computes the
+    # same X and W in the same dtype as the fused mode, only through global memory: outputs must be identical
+    if case == "varlen":   # zero-length sequences, tails, one long sequence, GVA 2
+        d, kw = make([0, 65, 1, 700, 0, 130, 2300], 2, 4, seed=21), {}
+    elif case == "dense":
+        d, kw = make([333], 1, 3, dense_B=3, seed=22), {}
+    else:
+        d, kw = make([64, 191, 1500], 2, 8, dtype=torch.float16, seed=23), {"use_qk_l2norm_in_kernel": True}
+        d["q"], d["k"] = d["q"] * 3, d["k"] * 0.5   # not unit rows: the kernels normalise them
+    monkeypatch.setenv("FLASHQLA_CP", "0")
+    out = {}
+    for mode in ("0", "1"):
+        monkeypatch.setenv("FLASHQLA_FWD_SPLIT", mode)
+        out[mode] = run_ours(d, **kw)
+    assert torch.equal(out["0"][0], out["1"][0]) and torch.equal(out["0"][1], out["1"][1])
+    x = {k: (v.double() if isinstance(v, torch.Tensor) and v.is_floating_point() else v) for k, v in d.items()}
+    ro, rs = chunk_gdn_torch(**x, output_final_state=True, **kw)
+    assert rel_l2(out["1"][0], ro) < 5e-3 and rel_l2(out["1"][1], rs) < 5e-3

@@ -29,6 +29,8 @@
 
 #include <cutlass/arch/reg_reconfig.h>
 
+#include <cstdlib>
+
 namespace flashqla {
 namespace gdn_fwd_mma {
 
@@ -75,7 +77,7 @@ enum StatePhase { kStWaitFull, kStKsQs, kStZY, kStO, kStUpdate, kStStore, kStPha
 __device__ unsigned long long g_role_cycles[2][8];
 #define FLASHQLA_ROLE_PHASE(role, ph)                                              \
   do {                                                                             \
-    if (blockIdx.x == 0 && (threadIdx.x == 0 || threadIdx.x == kStateThreads)) {   \
+    if (blockIdx.x == 0 && threadIdx.x == ((role) == 0 ? 0 : kStateThreads)) {     \
       const long long now_ = clock64();                                            \
       g_role_cycles[role][ph] += (unsigned long long)(now_ - t_mark);              \
       t_mark = now_;                                                               \
@@ -123,252 +125,306 @@ struct Work {
   T* o;
   int64_t b, h, t0, len, state_off;
   int64_t num_chunks;
+  int64_t flat0;  // b * seqlen + t0: the row of the prepared X / W buffers holding this sequence's first token
 };
 
+// Split mode (FLASHQLA_FWD_SPLIT, default on): a chunk-parallel kernel (gdn_prep_kernel) computes every
+// chunk's X and W into these buffers, [batch * seqlen, heads_v, 128] and [batch * seqlen, heads_v, 64]
+// (row = token), and the recurrent kernel's aux warps only load them. The fused mode computes them in
+// the recurrent kernel, on the critical path of each CTA.
 template <typename T>
-CUTLASS_DEVICE void aux_role(const flashqla_gdn_fwd_params_t& p, SharedStorage<T>& sm, const Work<T>& wk,
-                             int group) {
+struct PrepBuffers {
+  T* x;
+  T* w;
+};
+enum class AuxMode { kFused, kLoadPrepared, kPrep };
+
+// The chunk's products (K K^T, Q K^T, L, P, the inverse A, M, W, X) from the loaded K, Q, G and beta.
+template <typename T>
+CUTLASS_DEVICE void aux_products(Stage<T>& S, AuxScratch<T>& ax, int tid, uint32_t bar_aux, long long& t_mark) {
   using namespace warp;
-  const int tid = (threadIdx.x - kStateThreads) % kAuxThreads, w = tid >> 5, lane = tid & 31;
-  AuxScratch<T>& ax = sm.aux[group];
-  const uint32_t bar_aux = kBarAux + group;
-  const int64_t g_off = wk.b * p.g_stride_batch + wk.h * p.g_stride_head;
-  const int64_t beta_off = wk.b * p.beta_stride_batch + wk.h * p.beta_stride_head;
+  (void)t_mark;
+  const int w = tid >> 5, lane = tid & 31;
   const int gq = lane >> 2, tq = lane & 3;
   const LdsmOffsets ld(lane);
   const int i0 = 16 * w + gq, i1 = i0 + 8;  // this thread's two chunk rows in C fragments
-  FLASHQLA_ROLE_TIMER;
 
-  for (int64_t c = group; c < wk.num_chunks; c += kAuxGroups) {
-    const int st = group;
-    Stage<T>& S = sm.stage[st];
-    const int64_t t0 = wk.t0 + c * kChunk;
-    const int rows = static_cast<int>(wk.len - c * kChunk < kChunk ? wk.len - c * kChunk : kChunk);
-    if (c >= kStages) bar_sync(kBarEmpty + st, kHandoffThreads);
-    FLASHQLA_ROLE_PHASE(1, kAuxWaitEmpty);
-
-    // ---- loads: K, Q, V rows (zero past the end), g and beta (0 past the end)
-    for (int i = tid; i < kChunk * kDimK / 8; i += kAuxThreads) {
-      const int r = i >> 4, c8 = (i & 15) * 8;
-      const bool ok = r < rows;
-      cp_async_16(&S.k[r * kLdK + c8], ok ? wk.k + (t0 - wk.t0 + r) * p.k_stride_time + c8 : wk.k, ok);
-      cp_async_16(&S.q[r * kLdK + c8], ok ? wk.q + (t0 - wk.t0 + r) * p.q_stride_time + c8 : wk.q, ok);
+  // ---- K K^T and Q K^T for rows [16w, 16w + 16), column tiles up to the diagonal
+  float kk[8][4], qk[8][4];
+#pragma unroll
+  for (int nt = 0; nt < 8; ++nt)
+#pragma unroll
+    for (int e = 0; e < 4; ++e) kk[nt][e] = qk[nt][e] = 0.f;
+#pragma unroll
+  for (int ks = 0; ks < kDimK / 16; ++ks) {
+    uint32_t ak[4], aq[4];
+    ldsm_x4(ak, &S.k[(16 * w + ld.a_row) * kLdK + 16 * ks + ld.a_col]);
+    ldsm_x4(aq, &S.q[(16 * w + ld.a_row) * kLdK + 16 * ks + ld.a_col]);
+#pragma unroll
+    for (int np = 0; np < 4; ++np) {
+      if (np > w) continue;
+      uint32_t b[4];
+      ldsm_x4(b, &S.k[(16 * np + ld.b_row) * kLdK + 16 * ks + ld.b_col]);
+      mma_pair<T>(kk, np, ak, b);
+      mma_pair<T>(qk, np, aq, b);
     }
+  }
+  // L = StrictLower(diag(beta) K K^T) to shared memory; P = Q K^T * Gamma stays in registers (in qk)
+  {
+    const float G0 = ax.G[i0], G1 = ax.G[i1], b0 = ax.beta[i0], b1 = ax.beta[i1];
+#pragma unroll
+    for (int nt = 0; nt < 8; ++nt) {
+      if (nt > 2 * w + 1) continue;
+      const int j = 8 * nt + 2 * tq;
+      const float Gj0 = ax.G[j], Gj1 = ax.G[j + 1];
+      ax.la[i0 * kLdF + j] = j < i0 ? b0 * kk[nt][0] : 0.f;
+      ax.la[i0 * kLdF + j + 1] = j + 1 < i0 ? b0 * kk[nt][1] : 0.f;
+      ax.la[i1 * kLdF + j] = j < i1 ? b1 * kk[nt][2] : 0.f;
+      ax.la[i1 * kLdF + j + 1] = j + 1 < i1 ? b1 * kk[nt][3] : 0.f;
+      qk[nt][0] = j <= i0 ? qk[nt][0] * __expf(G0 - Gj0) : 0.f;
+      qk[nt][1] = j + 1 <= i0 ? qk[nt][1] * __expf(G0 - Gj1) : 0.f;
+      qk[nt][2] = j <= i1 ? qk[nt][2] * __expf(G1 - Gj0) : 0.f;
+      qk[nt][3] = j + 1 <= i1 ? qk[nt][3] * __expf(G1 - Gj1) : 0.f;
+    }
+  }
+  bar_sync(bar_aux, kAuxThreads);
+  FLASHQLA_ROLE_PHASE(1, kAuxGram);
+
+  // ---- A = (I + L)^-1, fp32. Diagonal 16 x 16 blocks by forward substitution: lane < 16 owns a column.
+  float x[16];
+  if (lane < 16) {
+    const int o = 16 * w;
+    unit_lower16_inverse_column(&ax.la[o * kLdF + o], kLdF, lane, x);
+  }
+  __syncwarp();  // every lane has read the L block: A's diagonal block overwrites it
+  if (lane < 16) {
+    const int o = 16 * w;
+#pragma unroll
+    for (int r = 0; r < 16; ++r) ax.la[(o + r) * kLdF + o + lane] = x[r];
+  }
+  bar_sync(bar_aux, kAuxThreads);
+  FLASHQLA_ROLE_PHASE(1, kAuxInvDiag);
+  // 16 -> 32 (warps 1 and 3): A21 = -A22 (L21 A11)
+  if (w & 1) {
+    const int o = 16 * (w - 1);
+    float* tmp = &ax.scratch[o / 2 * kLdS];
+    float t[2][4] = {};
+    mma16x16_tf32(t, &ax.la[(o + 16) * kLdF + o], kLdF, &ax.la[o * kLdF + o], kLdF, 2, lane);
+    store16x16(tmp, kLdS, t, 1.f, lane);
+    __syncwarp();
+    float r[2][4] = {};
+    mma16x16_tf32(r, &ax.la[(o + 16) * kLdF + o + 16], kLdF, tmp, kLdS, 2, lane);
+    store16x16(&ax.la[(o + 16) * kLdF + o], kLdF, r, -1.f, lane);
+  }
+  bar_sync(bar_aux, kAuxThreads);
+  // 32 -> 64: T = L_bl A_tl (warp w: 16 x 16 block (w / 2, w % 2)), then A_bl = -A_br T
+  {
+    const int rb = w >> 1, cb = w & 1;
+    float t[2][4] = {};
+    for (int kb = cb; kb < 2; ++kb)
+      mma16x16_tf32(t, &ax.la[(32 + 16 * rb) * kLdF + 16 * kb], kLdF, &ax.la[16 * kb * kLdF + 16 * cb], kLdF, 2, lane);
+    store16x16(&ax.scratch[16 * rb * kLdS + 16 * cb], kLdS, t, 1.f, lane);
+    bar_sync(bar_aux, kAuxThreads);
+    float r[2][4] = {};
+    for (int kb = 0; kb <= rb; ++kb)
+      mma16x16_tf32(r, &ax.la[(32 + 16 * rb) * kLdF + 32 + 16 * kb], kLdF, &ax.scratch[16 * kb * kLdS + 16 * cb], kLdS,
+                    2, lane);
+    store16x16(&ax.la[(32 + 16 * rb) * kLdF + 16 * cb], kLdF, r, -1.f, lane);
+  }
+  bar_sync(bar_aux, kAuxThreads);
+  FLASHQLA_ROLE_PHASE(1, kAuxInvMerge);
+
+  // ---- M = (Gamma * A) diag(beta) (shared, T)
+#pragma unroll 4
+  for (int e = tid; e < kChunk * kChunk; e += kAuxThreads) {
+    const int i = e >> 6, j = e & 63;
+    const float val = j <= i ? __expf(ax.G[i] - ax.G[j]) * ax.la[i * kLdF + j] * ax.beta[j] : 0.f;
+    ax.m[i * kLdC + j] = from_f<T>(val);
+  }
+  bar_sync(bar_aux, kAuxThreads);  // M complete
+  FLASHQLA_ROLE_PHASE(1, kAuxMX);
+
+  // ---- W = P M, rows [16w, 16w + 16); P from registers, M lower triangular
+  {
+    float wa[8][4];
+#pragma unroll
+    for (int nt = 0; nt < 8; ++nt)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) wa[nt][e] = 0.f;
+#pragma unroll
+    for (int kb = 0; kb < 4; ++kb) {
+      if (kb > w) continue;
+      uint32_t pa[4];
+      c_to_a<T>(pa, qk[2 * kb], qk[2 * kb + 1]);
+#pragma unroll
+      for (int np = 0; np < 4; ++np) {
+        if (np > kb) continue;
+        uint32_t b[4];
+        ldsm_x4_trans(b, &ax.m[(16 * kb + ld.bt_row) * kLdC + 16 * np + ld.bt_col]);
+        mma_pair<T>(wa, np, pa, b);
+      }
+    }
+    store_c_tiles<T>(&S.w[16 * w * kLdC], kLdC, wa, lane);
+  }
+  // ---- X = diag(beta) A^T K, rows [16w, 16w + 16): A operand (i, m) = beta_i A[m][i], m >= 16w
+  {
+    const float b0 = ax.beta[i0], b1 = ax.beta[i1];
+#pragma unroll 1
+    for (int half = 0; half < 2; ++half) {  // two 64-column halves: half the accumulators
+      float xa[8][4];
+#pragma unroll
+      for (int nt = 0; nt < 8; ++nt)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) xa[nt][e] = 0.f;
+#pragma unroll
+      for (int ks = 0; ks < 4; ++ks) {
+        if (ks < w) continue;
+        const int m0 = 16 * ks + 2 * tq;
+        const float* A = ax.la;
+        const uint32_t af[4] = {pack2<T>(b0 * A[m0 * kLdF + i0], b0 * A[(m0 + 1) * kLdF + i0]),
+                                pack2<T>(b1 * A[m0 * kLdF + i1], b1 * A[(m0 + 1) * kLdF + i1]),
+                                pack2<T>(b0 * A[(m0 + 8) * kLdF + i0], b0 * A[(m0 + 9) * kLdF + i0]),
+                                pack2<T>(b1 * A[(m0 + 8) * kLdF + i1], b1 * A[(m0 + 9) * kLdF + i1])};
+#pragma unroll
+        for (int np = 0; np < 4; ++np) {
+          uint32_t b[4];
+          ldsm_x4_trans(b, &S.k[(16 * ks + ld.bt_row) * kLdK + 64 * half + 16 * np + ld.bt_col]);
+          mma_pair<T>(xa, np, af, b);
+        }
+      }
+      store_c_tiles<T>(&S.x[16 * w * kLdK + 64 * half], kLdK, xa, lane);
+    }
+  }
+  FLASHQLA_ROLE_PHASE(1, kAuxW);
+}
+
+// One chunk's aux work on `S` by one 128-thread group: loads (K, Q, g, beta; V unless kPrep; X and W when
+// kLoadPrepared), the gates, l2norm, and unless kLoadPrepared the products (aux_products). Ends before the
+// group's closing sync (the callers do it).
+template <typename T, AuxMode kMode>
+CUTLASS_DEVICE void aux_chunk(const flashqla_gdn_fwd_params_t& p, Stage<T>& S, AuxScratch<T>& ax, const Work<T>& wk,
+                              int64_t c, int tid, uint32_t bar_aux, const PrepBuffers<T>& pb, long long& t_mark) {
+  using namespace warp;
+  (void)t_mark;
+  (void)pb;
+  const int w = tid >> 5, lane = tid & 31;
+  const int64_t g_off = wk.b * p.g_stride_batch + wk.h * p.g_stride_head;
+  const int64_t beta_off = wk.b * p.beta_stride_batch + wk.h * p.beta_stride_head;
+  const int64_t t0 = wk.t0 + c * kChunk;
+  const int rows = static_cast<int>(wk.len - c * kChunk < kChunk ? wk.len - c * kChunk : kChunk);
+
+  // ---- loads: K, Q, V rows (zero past the end), g and beta (0 past the end)
+  for (int i = tid; i < kChunk * kDimK / 8; i += kAuxThreads) {
+    const int r = i >> 4, c8 = (i & 15) * 8;
+    const bool ok = r < rows;
+    cp_async_16(&S.k[r * kLdK + c8], ok ? wk.k + (t0 - wk.t0 + r) * p.k_stride_time + c8 : wk.k, ok);
+    cp_async_16(&S.q[r * kLdK + c8], ok ? wk.q + (t0 - wk.t0 + r) * p.q_stride_time + c8 : wk.q, ok);
+  }
+  if constexpr (kMode != AuxMode::kPrep) {
     for (int i = tid; i < kChunk * kBlockV / 8; i += kAuxThreads) {
       const int r = i >> 3, c8 = (i & 7) * 8;
       const bool ok = r < rows;
       cp_async_16(&S.v[r * kLdC + c8], ok ? wk.v + (t0 - wk.t0 + r) * p.v_stride_time + c8 : wk.v, ok);
     }
-    if (w == 0) {
-      // chunk-local cumsum: lane holds rows 2 lane, 2 lane + 1
-      float gv[2], bv[2];
-#pragma unroll
-      for (int e = 0; e < 2; ++e) {
-        const int r = 2 * lane + e;
-        const int64_t t = t0 + r;
-        gv[e] = r < rows ? load_scalar(p.g, p.g_dtype, g_off + t * p.g_stride_time) : 0.f;
-        bv[e] = r < rows ? load_scalar(p.beta, p.beta_dtype, beta_off + t * p.beta_stride_time) : 0.f;
-      }
-      float incl = gv[0] + gv[1];
-#pragma unroll
-      for (int off = 1; off < 32; off <<= 1) {
-        const float up = __shfl_up_sync(0xffffffffu, incl, off);
-        if (lane >= off) incl += up;
-      }
-      const float Gc = __shfl_sync(0xffffffffu, incl, 31);  // padding has g = 0: the last real G
-      const float G1 = incl, G0 = incl - gv[1];
-      ax.G[2 * lane] = G0;
-      ax.G[2 * lane + 1] = G1;
-      ax.beta[2 * lane] = bv[0];
-      ax.beta[2 * lane + 1] = bv[1];
-      S.gamma[2 * lane] = __expf(G0);
-      S.gamma[2 * lane + 1] = __expf(G1);
-      S.decay[2 * lane] = __expf(Gc - G0);
-      S.decay[2 * lane + 1] = __expf(Gc - G1);
+  }
+  if constexpr (kMode == AuxMode::kLoadPrepared) {  // X and W rows of this chunk, from the prep kernel
+    const int64_t row0 = wk.flat0 + c * kChunk;
+    const T* xs = pb.x + row0 * p.heads_v * kDimK + wk.h * kDimK;
+    const T* ws = pb.w + row0 * p.heads_v * kChunk + wk.h * kChunk;
+    for (int i = tid; i < kChunk * kDimK / 8; i += kAuxThreads) {
+      const int r = i >> 4, c8 = (i & 15) * 8;
+      const bool ok = r < rows;
+      cp_async_16(&S.x[r * kLdK + c8], ok ? xs + int64_t(r) * p.heads_v * kDimK + c8 : xs, ok);
     }
-    cp_async_wait_all();
-    bar_sync(bar_aux, kAuxThreads);
-    FLASHQLA_ROLE_PHASE(1, kAuxLoad);
+    for (int i = tid; i < kChunk * kChunk / 8; i += kAuxThreads) {
+      const int r = i >> 3, c8 = (i & 7) * 8;
+      const bool ok = r < rows;
+      cp_async_16(&S.w[r * kLdC + c8], ok ? ws + int64_t(r) * p.heads_v * kChunk + c8 : ws, ok);
+    }
+  }
+  if (w == 0) {
+    // chunk-local cumsum: lane holds rows 2 lane, 2 lane + 1
+    float gv[2], bv[2];
+#pragma unroll
+    for (int e = 0; e < 2; ++e) {
+      const int r = 2 * lane + e;
+      const int64_t t = t0 + r;
+      gv[e] = r < rows ? load_scalar(p.g, p.g_dtype, g_off + t * p.g_stride_time) : 0.f;
+      bv[e] = r < rows ? load_scalar(p.beta, p.beta_dtype, beta_off + t * p.beta_stride_time) : 0.f;
+    }
+    float incl = gv[0] + gv[1];
+#pragma unroll
+    for (int off = 1; off < 32; off <<= 1) {
+      const float up = __shfl_up_sync(0xffffffffu, incl, off);
+      if (lane >= off) incl += up;
+    }
+    const float Gc = __shfl_sync(0xffffffffu, incl, 31);  // padding has g = 0: the last real G
+    const float G1 = incl, G0 = incl - gv[1];
+    ax.G[2 * lane] = G0;
+    ax.G[2 * lane + 1] = G1;
+    ax.beta[2 * lane] = bv[0];
+    ax.beta[2 * lane + 1] = bv[1];
+    S.gamma[2 * lane] = __expf(G0);
+    S.gamma[2 * lane + 1] = __expf(G1);
+    S.decay[2 * lane] = __expf(Gc - G0);
+    S.decay[2 * lane + 1] = __expf(Gc - G1);
+  }
+  cp_async_wait_all();
+  bar_sync(bar_aux, kAuxThreads);
+  FLASHQLA_ROLE_PHASE(1, kAuxLoad);
 
 #if FLASHQLA_V2_EXPERIMENT != 1
-    if (p.use_qk_l2norm) {
-      // one thread per row: 64 K rows, then 64 Q rows
-      T* row = tid < kChunk ? &S.k[tid * kLdK] : &S.q[(tid - kChunk) * kLdK];
-      float ss = 0.f;
+  if (p.use_qk_l2norm) {
+    // one thread per row: 64 K rows, then 64 Q rows
+    T* row = tid < kChunk ? &S.k[tid * kLdK] : &S.q[(tid - kChunk) * kLdK];
+    float ss = 0.f;
 #pragma unroll 4
-      for (int j = 0; j < kDimK; j += 8) {
-        const uint4 u = *reinterpret_cast<const uint4*>(row + j);
-        const uint32_t* pw = reinterpret_cast<const uint32_t*>(&u);
+    for (int j = 0; j < kDimK; j += 8) {
+      const uint4 u = *reinterpret_cast<const uint4*>(row + j);
+      const uint32_t* pw = reinterpret_cast<const uint32_t*>(&u);
 #pragma unroll
-        for (int e = 0; e < 4; ++e) {
-          const float2 f = unpack2<T>(pw[e]);
-          ss += f.x * f.x + f.y * f.y;
-        }
+      for (int e = 0; e < 4; ++e) {
+        const float2 f = unpack2<T>(pw[e]);
+        ss += f.x * f.x + f.y * f.y;
       }
-      const float rn = rsqrtf(ss + 1e-6f);
+    }
+    const float rn = rsqrtf(ss + 1e-6f);
 #pragma unroll 4
-      for (int j = 0; j < kDimK; j += 8) {
-        uint4 u = *reinterpret_cast<const uint4*>(row + j);
-        uint32_t* pw = reinterpret_cast<uint32_t*>(&u);
+    for (int j = 0; j < kDimK; j += 8) {
+      uint4 u = *reinterpret_cast<const uint4*>(row + j);
+      uint32_t* pw = reinterpret_cast<uint32_t*>(&u);
 #pragma unroll
-        for (int e = 0; e < 4; ++e) {
-          const float2 f = unpack2<T>(pw[e]);
-          pw[e] = pack2<T>(f.x * rn, f.y * rn);
-        }
-        *reinterpret_cast<uint4*>(row + j) = u;
+      for (int e = 0; e < 4; ++e) {
+        const float2 f = unpack2<T>(pw[e]);
+        pw[e] = pack2<T>(f.x * rn, f.y * rn);
       }
-      bar_sync(bar_aux, kAuxThreads);
-    }
-    FLASHQLA_ROLE_PHASE(1, kAuxL2norm);
-
-    // ---- K K^T and Q K^T for rows [16w, 16w + 16), column tiles up to the diagonal
-    float kk[8][4], qk[8][4];
-#pragma unroll
-    for (int nt = 0; nt < 8; ++nt)
-#pragma unroll
-      for (int e = 0; e < 4; ++e) kk[nt][e] = qk[nt][e] = 0.f;
-#pragma unroll
-    for (int ks = 0; ks < kDimK / 16; ++ks) {
-      uint32_t ak[4], aq[4];
-      ldsm_x4(ak, &S.k[(16 * w + ld.a_row) * kLdK + 16 * ks + ld.a_col]);
-      ldsm_x4(aq, &S.q[(16 * w + ld.a_row) * kLdK + 16 * ks + ld.a_col]);
-#pragma unroll
-      for (int np = 0; np < 4; ++np) {
-        if (np > w) continue;
-        uint32_t b[4];
-        ldsm_x4(b, &S.k[(16 * np + ld.b_row) * kLdK + 16 * ks + ld.b_col]);
-        mma_pair<T>(kk, np, ak, b);
-        mma_pair<T>(qk, np, aq, b);
-      }
-    }
-    // L = StrictLower(diag(beta) K K^T) to shared memory; P = Q K^T * Gamma stays in registers (in qk)
-    {
-      const float G0 = ax.G[i0], G1 = ax.G[i1], b0 = ax.beta[i0], b1 = ax.beta[i1];
-#pragma unroll
-      for (int nt = 0; nt < 8; ++nt) {
-        if (nt > 2 * w + 1) continue;
-        const int j = 8 * nt + 2 * tq;
-        const float Gj0 = ax.G[j], Gj1 = ax.G[j + 1];
-        ax.la[i0 * kLdF + j] = j < i0 ? b0 * kk[nt][0] : 0.f;
-        ax.la[i0 * kLdF + j + 1] = j + 1 < i0 ? b0 * kk[nt][1] : 0.f;
-        ax.la[i1 * kLdF + j] = j < i1 ? b1 * kk[nt][2] : 0.f;
-        ax.la[i1 * kLdF + j + 1] = j + 1 < i1 ? b1 * kk[nt][3] : 0.f;
-        qk[nt][0] = j <= i0 ? qk[nt][0] * __expf(G0 - Gj0) : 0.f;
-        qk[nt][1] = j + 1 <= i0 ? qk[nt][1] * __expf(G0 - Gj1) : 0.f;
-        qk[nt][2] = j <= i1 ? qk[nt][2] * __expf(G1 - Gj0) : 0.f;
-        qk[nt][3] = j + 1 <= i1 ? qk[nt][3] * __expf(G1 - Gj1) : 0.f;
-      }
+      *reinterpret_cast<uint4*>(row + j) = u;
     }
     bar_sync(bar_aux, kAuxThreads);
-    FLASHQLA_ROLE_PHASE(1, kAuxGram);
-
-    // ---- A = (I + L)^-1, fp32. Diagonal 16 x 16 blocks by forward substitution: lane < 16 owns a column.
-    float x[16];
-    if (lane < 16) {
-      const int o = 16 * w;
-      unit_lower16_inverse_column(&ax.la[o * kLdF + o], kLdF, lane, x);
-    }
-    __syncwarp();  // every lane has read the L block: A's diagonal block overwrites it
-    if (lane < 16) {
-      const int o = 16 * w;
-#pragma unroll
-      for (int r = 0; r < 16; ++r) ax.la[(o + r) * kLdF + o + lane] = x[r];
-    }
-    bar_sync(bar_aux, kAuxThreads);
-    FLASHQLA_ROLE_PHASE(1, kAuxInvDiag);
-    // 16 -> 32 (warps 1 and 3): A21 = -A22 (L21 A11)
-    if (w & 1) {
-      const int o = 16 * (w - 1);
-      float* tmp = &ax.scratch[o / 2 * kLdS];
-      float t[2][4] = {};
-      mma16x16_tf32(t, &ax.la[(o + 16) * kLdF + o], kLdF, &ax.la[o * kLdF + o], kLdF, 2, lane);
-      store16x16(tmp, kLdS, t, 1.f, lane);
-      __syncwarp();
-      float r[2][4] = {};
-      mma16x16_tf32(r, &ax.la[(o + 16) * kLdF + o + 16], kLdF, tmp, kLdS, 2, lane);
-      store16x16(&ax.la[(o + 16) * kLdF + o], kLdF, r, -1.f, lane);
-    }
-    bar_sync(bar_aux, kAuxThreads);
-    // 32 -> 64: T = L_bl A_tl (warp w: 16 x 16 block (w / 2, w % 2)), then A_bl = -A_br T
-    {
-      const int rb = w >> 1, cb = w & 1;
-      float t[2][4] = {};
-      for (int kb = cb; kb < 2; ++kb)
-        mma16x16_tf32(t, &ax.la[(32 + 16 * rb) * kLdF + 16 * kb], kLdF, &ax.la[16 * kb * kLdF + 16 * cb], kLdF, 2, lane);
-      store16x16(&ax.scratch[16 * rb * kLdS + 16 * cb], kLdS, t, 1.f, lane);
-      bar_sync(bar_aux, kAuxThreads);
-      float r[2][4] = {};
-      for (int kb = 0; kb <= rb; ++kb)
-        mma16x16_tf32(r, &ax.la[(32 + 16 * rb) * kLdF + 32 + 16 * kb], kLdF, &ax.scratch[16 * kb * kLdS + 16 * cb], kLdS,
-                      2, lane);
-      store16x16(&ax.la[(32 + 16 * rb) * kLdF + 16 * cb], kLdF, r, -1.f, lane);
-    }
-    bar_sync(bar_aux, kAuxThreads);
-    FLASHQLA_ROLE_PHASE(1, kAuxInvMerge);
-
-    // ---- M = (Gamma * A) diag(beta) (shared, T)
-#pragma unroll 4
-    for (int e = tid; e < kChunk * kChunk; e += kAuxThreads) {
-      const int i = e >> 6, j = e & 63;
-      const float val = j <= i ? __expf(ax.G[i] - ax.G[j]) * ax.la[i * kLdF + j] * ax.beta[j] : 0.f;
-      ax.m[i * kLdC + j] = from_f<T>(val);
-    }
-    bar_sync(bar_aux, kAuxThreads);  // M complete
-    FLASHQLA_ROLE_PHASE(1, kAuxMX);
-
-    // ---- W = P M, rows [16w, 16w + 16); P from registers, M lower triangular
-    {
-      float wa[8][4];
-#pragma unroll
-      for (int nt = 0; nt < 8; ++nt)
-#pragma unroll
-        for (int e = 0; e < 4; ++e) wa[nt][e] = 0.f;
-#pragma unroll
-      for (int kb = 0; kb < 4; ++kb) {
-        if (kb > w) continue;
-        uint32_t pa[4];
-        c_to_a<T>(pa, qk[2 * kb], qk[2 * kb + 1]);
-#pragma unroll
-        for (int np = 0; np < 4; ++np) {
-          if (np > kb) continue;
-          uint32_t b[4];
-          ldsm_x4_trans(b, &ax.m[(16 * kb + ld.bt_row) * kLdC + 16 * np + ld.bt_col]);
-          mma_pair<T>(wa, np, pa, b);
-        }
-      }
-      store_c_tiles<T>(&S.w[16 * w * kLdC], kLdC, wa, lane);
-    }
-    // ---- X = diag(beta) A^T K, rows [16w, 16w + 16): A operand (i, m) = beta_i A[m][i], m >= 16w
-    {
-      const float b0 = ax.beta[i0], b1 = ax.beta[i1];
-#pragma unroll 1
-      for (int half = 0; half < 2; ++half) {  // two 64-column halves: half the accumulators
-        float xa[8][4];
-#pragma unroll
-        for (int nt = 0; nt < 8; ++nt)
-#pragma unroll
-          for (int e = 0; e < 4; ++e) xa[nt][e] = 0.f;
-#pragma unroll
-        for (int ks = 0; ks < 4; ++ks) {
-          if (ks < w) continue;
-          const int m0 = 16 * ks + 2 * tq;
-          const float* A = ax.la;
-          const uint32_t af[4] = {pack2<T>(b0 * A[m0 * kLdF + i0], b0 * A[(m0 + 1) * kLdF + i0]),
-                                  pack2<T>(b1 * A[m0 * kLdF + i1], b1 * A[(m0 + 1) * kLdF + i1]),
-                                  pack2<T>(b0 * A[(m0 + 8) * kLdF + i0], b0 * A[(m0 + 9) * kLdF + i0]),
-                                  pack2<T>(b1 * A[(m0 + 8) * kLdF + i1], b1 * A[(m0 + 9) * kLdF + i1])};
-#pragma unroll
-          for (int np = 0; np < 4; ++np) {
-            uint32_t b[4];
-            ldsm_x4_trans(b, &S.k[(16 * ks + ld.bt_row) * kLdK + 64 * half + 16 * np + ld.bt_col]);
-            mma_pair<T>(xa, np, af, b);
-          }
-        }
-        store_c_tiles<T>(&S.x[16 * w * kLdK + 64 * half], kLdK, xa, lane);
-      }
-    }
-    FLASHQLA_ROLE_PHASE(1, kAuxW);
+  }
+  FLASHQLA_ROLE_PHASE(1, kAuxL2norm);
+  if constexpr (kMode != AuxMode::kLoadPrepared) aux_products<T>(S, ax, tid, bar_aux, t_mark);
 #endif
+}
+
+template <typename T, AuxMode kMode>
+CUTLASS_DEVICE void aux_role(const flashqla_gdn_fwd_params_t& p, SharedStorage<T>& sm, const Work<T>& wk,
+                             int group, const PrepBuffers<T>& pb) {
+  using namespace warp;
+  const int tid = (threadIdx.x - kStateThreads) % kAuxThreads;
+  AuxScratch<T>& ax = sm.aux[group];
+  const uint32_t bar_aux = kBarAux + group;
+  long long t_mark = 0;
+#ifdef FLASHQLA_PHASE_TIMERS
+  t_mark = clock64();
+#endif
+
+  for (int64_t c = group; c < wk.num_chunks; c += kAuxGroups) {
+    const int st = group;
+    Stage<T>& S = sm.stage[st];
+    if (c >= kStages) bar_sync(kBarEmpty + st, kHandoffThreads);
+    FLASHQLA_ROLE_PHASE(1, kAuxWaitEmpty);
+    aux_chunk<T, kMode>(p, S, ax, wk, c, tid, bar_aux, pb, t_mark);
     // bar.arrive orders this thread's stores before the state warps' bar.sync (PTX), but
     // compute-sanitizer's racecheck does not model that and flags W and X; one group-wide sync
     // first (the group's warps finish within a few cycles of each other) keeps racecheck usable.
@@ -502,8 +558,9 @@ CUTLASS_DEVICE void state_role(const flashqla_gdn_fwd_params_t& p, SharedStorage
   }
 }
 
-template <typename T, typename IndexT>
-__global__ void __launch_bounds__(kThreads, 1) gdn_fwd_mma_kernel(const __grid_constant__ flashqla_gdn_fwd_params_t p) {
+template <typename T, typename IndexT, AuxMode kMode>
+__global__ void __launch_bounds__(kThreads, 1) gdn_fwd_mma_kernel(const __grid_constant__ flashqla_gdn_fwd_params_t p,
+                                                                  const PrepBuffers<T> pb) {
   extern __shared__ __align__(128) unsigned char smem_raw[];
   auto& sm = *reinterpret_cast<SharedStorage<T>*>(smem_raw);
   const int64_t main_blocks = p.num_seqs * p.heads_v * kVBlocks;
@@ -525,20 +582,173 @@ __global__ void __launch_bounds__(kThreads, 1) gdn_fwd_mma_kernel(const __grid_c
   wk.len = eos - bos;
   wk.num_chunks = (wk.len + kChunk - 1) / kChunk;
   wk.state_off = (n * p.heads_v + h) * int64_t(kDimK) * kDimV + col0;
+  wk.flat0 = b * p.seqlen + bos;
 
   if (threadIdx.x < kStateThreads) {
     cutlass::arch::warpgroup_reg_alloc<kStateRegs>();
     state_role<T>(p, sm, wk);
   } else {
     cutlass::arch::warpgroup_reg_dealloc<kAuxRegs>();
-    aux_role<T>(p, sm, wk, (threadIdx.x - kStateThreads) / kAuxThreads);
+    aux_role<T, kMode>(p, sm, wk, (threadIdx.x - kStateThreads) / kAuxThreads, pb);
   }
+}
+
+// ---- split mode: the chunk-parallel prep kernel
+constexpr int kPrepThreads = kAuxThreads;
+template <typename T>
+struct PrepStorage {
+  Stage<T> stage;
+  AuxScratch<T> aux;
+  int64_t seq, chunk;  // what this CTA works on (-1: nothing)
+};
+
+// Upper bound on the number of chunks of all sequences, known on the host without reading cu_seqlens:
+// every sequence adds at most one partial chunk to ceil(total tokens / 64).
+inline int64_t prep_chunk_bound(const flashqla_gdn_fwd_params_t& p) {
+  return p.cu_seqlens == nullptr ? p.batch * ((p.seqlen + kChunk - 1) / kChunk)
+                                 : (p.seqlen + kChunk - 1) / kChunk + p.num_seqs;
+}
+
+// Chunk `k` (over all sequences, in order) -> (sequence, chunk within it); (-1, -1) past the last chunk.
+// Varlen: one warp scans the sequences' chunk counts 32 at a time.
+template <typename IndexT>
+CUTLASS_DEVICE void locate_chunk(const flashqla_gdn_fwd_params_t& p, int64_t k, int lane, int64_t& seq,
+                                 int64_t& chunk) {
+  seq = -1;
+  chunk = -1;
+  if (p.cu_seqlens == nullptr) {
+    const int64_t per = (p.seqlen + kChunk - 1) / kChunk;
+    if (per > 0 && k < p.batch * per) {
+      seq = k / per;
+      chunk = k % per;
+    }
+    return;
+  }
+  int64_t base = 0;
+  for (int64_t s0 = 0; s0 < p.num_seqs; s0 += 32) {
+    const int64_t s = s0 + lane;
+    int64_t cnt = 0;
+    if (s < p.num_seqs) {
+      int64_t b, bos, eos;
+      sequence_bounds<IndexT>(p, s, b, bos, eos);
+      cnt = (eos - bos + kChunk - 1) / kChunk;
+    }
+    int64_t incl = cnt;
+#pragma unroll
+    for (int off = 1; off < 32; off <<= 1) {
+      const int64_t up = __shfl_up_sync(0xffffffffu, incl, off);
+      if (lane >= off) incl += up;
+    }
+    const bool mine = k >= base + incl - cnt && k < base + incl;  // at most one lane
+    const unsigned hit = __ballot_sync(0xffffffffu, mine);
+    if (hit != 0) {
+      const int src = __ffs(hit) - 1;
+      seq = __shfl_sync(0xffffffffu, s, src);
+      chunk = __shfl_sync(0xffffffffu, k - (base + incl - cnt), src);
+      return;
+    }
+    base += __shfl_sync(0xffffffffu, incl, 31);
+  }
+}
+
+// One CTA per (chunk, value head): the aux products of that chunk, written to the prep buffers. No
+// recurrence, so the whole GPU works on them at once instead of two warpgroups per recurrent CTA.
+template <typename T, typename IndexT>
+__global__ void __launch_bounds__(kPrepThreads) gdn_prep_kernel(const __grid_constant__ flashqla_gdn_fwd_params_t p,
+                                                                const PrepBuffers<T> pb) {
+  extern __shared__ __align__(128) unsigned char smem_raw[];
+  auto& sm = *reinterpret_cast<PrepStorage<T>*>(smem_raw);
+  const int tid = threadIdx.x;
+  if (tid < 32) {
+    int64_t seq, chunk;
+    locate_chunk<IndexT>(p, blockIdx.x, tid, seq, chunk);
+    if (tid == 0) {
+      sm.seq = seq;
+      sm.chunk = chunk;
+    }
+  }
+  __syncthreads();
+  if (sm.seq < 0) return;
+  const int64_t h = blockIdx.y, n = sm.seq, c = sm.chunk;
+  const int64_t hq = h / (p.heads_v / p.heads_qk);
+  int64_t b, bos, eos;
+  sequence_bounds<IndexT>(p, n, b, bos, eos);
+  Work<T> wk;
+  wk.q = static_cast<const T*>(p.q) + b * p.q_stride_batch + bos * p.q_stride_time + hq * p.q_stride_head;
+  wk.k = static_cast<const T*>(p.k) + b * p.k_stride_batch + bos * p.k_stride_time + hq * p.k_stride_head;
+  wk.v = nullptr;
+  wk.o = nullptr;
+  wk.b = b;
+  wk.h = h;
+  wk.t0 = bos;
+  wk.len = eos - bos;
+  wk.num_chunks = (wk.len + kChunk - 1) / kChunk;
+  wk.state_off = 0;
+  wk.flat0 = b * p.seqlen + bos;
+  long long t_mark = 0;
+  aux_chunk<T, AuxMode::kPrep>(p, sm.stage, sm.aux, wk, c, tid, kBarAux, pb, t_mark);
+  __syncthreads();
+  // rows past the sequence's end are not written: the recurrent kernel zero-fills them on load
+  const int rows = static_cast<int>(wk.len - c * kChunk < kChunk ? wk.len - c * kChunk : kChunk);
+  const int64_t row0 = wk.flat0 + c * kChunk;
+  T* xd = pb.x + row0 * p.heads_v * kDimK + h * kDimK;
+  T* wd = pb.w + row0 * p.heads_v * kChunk + h * kChunk;
+  for (int i = tid; i < rows * (kDimK / 8); i += kPrepThreads) {
+    const int r = i >> 4, c8 = (i & 15) * 8;
+    *reinterpret_cast<uint4*>(xd + int64_t(r) * p.heads_v * kDimK + c8) =
+        *reinterpret_cast<const uint4*>(&sm.stage.x[r * kLdK + c8]);
+  }
+  for (int i = tid; i < rows * (kChunk / 8); i += kPrepThreads) {
+    const int r = i >> 3, c8 = (i & 7) * 8;
+    *reinterpret_cast<uint4*>(wd + int64_t(r) * p.heads_v * kChunk + c8) =
+        *reinterpret_cast<const uint4*>(&sm.stage.w[r * kLdC + c8]);
+  }
+}
+
+// FLASHQLA_FWD_SPLIT=0 runs the fused kernel (aux products inside the recurrent kernel); otherwise, the
+// default, the prep kernel and then the recurrent kernel in loader mode. Read at each launch (a getenv
+// is far cheaper than a launch), so tests and benchmarks can compare the two in one process.
+inline bool split_mode() {
+  const char* e = std::getenv("FLASHQLA_FWD_SPLIT");
+  return !(e != nullptr && e[0] == '0');
+}
+
+template <typename T, AuxMode kMode>
+cudaError_t launch_recurrent(const flashqla_gdn_fwd_params_t& p, const PrepBuffers<T>& pb, cudaStream_t stream) {
+  const int64_t blocks = p.num_seqs * p.heads_v * kVBlocks + (p.cu_seqlens != nullptr ? kTailBlocks : 0);
+  if (blocks == 0) return cudaSuccess;
+  auto kernel = p.cu_seqlens != nullptr && p.cu_seqlens_dtype == FLASHQLA_INT64 ? gdn_fwd_mma_kernel<T, int64_t, kMode>
+                                                                                 : gdn_fwd_mma_kernel<T, int32_t, kMode>;
+  const size_t smem = sizeof(SharedStorage<T>);
+  cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem));
+  if (err != cudaSuccess) return err;
+  kernel<<<static_cast<unsigned>(blocks), kThreads, smem, stream>>>(p, pb);
+  return cudaGetLastError();
 }
 
 template <typename T>
 cudaError_t launch(const flashqla_gdn_fwd_params_t& p, cudaStream_t stream) {
-  return launch_fwd(p, gdn_fwd_mma_kernel<T, int32_t>, gdn_fwd_mma_kernel<T, int64_t>, kVBlocks, kThreads, sizeof(SharedStorage<T>),
-                    stream);
+  const int64_t chunks = prep_chunk_bound(p);
+  if (!split_mode() || chunks == 0 || p.num_seqs == 0)
+    return launch_recurrent<T, AuxMode::kFused>(p, PrepBuffers<T>{nullptr, nullptr}, stream);
+  // Stream-ordered workspace (capturable in CUDA graphs as allocation nodes): X and W for every token row.
+  const size_t rows = static_cast<size_t>(p.batch) * static_cast<size_t>(p.seqlen);
+  const size_t bytes = rows * static_cast<size_t>(p.heads_v) * (kDimK + kChunk) * sizeof(T);
+  void* ws = nullptr;
+  cudaError_t err = cudaMallocAsync(&ws, bytes, stream);
+  if (err != cudaSuccess) return err;
+  PrepBuffers<T> pb{static_cast<T*>(ws), static_cast<T*>(ws) + rows * p.heads_v * kDimK};
+  auto prep = p.cu_seqlens != nullptr && p.cu_seqlens_dtype == FLASHQLA_INT64 ? gdn_prep_kernel<T, int64_t>
+                                                                               : gdn_prep_kernel<T, int32_t>;
+  const size_t smem = sizeof(PrepStorage<T>);
+  err = cudaFuncSetAttribute(prep, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem));
+  if (err == cudaSuccess) {
+    prep<<<dim3(static_cast<unsigned>(chunks), static_cast<unsigned>(p.heads_v)), kPrepThreads, smem, stream>>>(p, pb);
+    err = cudaGetLastError();
+  }
+  if (err == cudaSuccess) err = launch_recurrent<T, AuxMode::kLoadPrepared>(p, pb, stream);
+  const cudaError_t err_free = cudaFreeAsync(ws, stream);
+  return err != cudaSuccess ? err : err_free;
 }
 
 }  // namespace gdn_fwd_mma
