@@ -140,8 +140,8 @@ struct PrepBuffers {
 enum class AuxMode { kFused, kLoadPrepared, kPrep };
 
 // The chunk's products (K K^T, Q K^T, L, P, the inverse A, M, W, X) from the loaded K, Q, G and beta.
-template <typename T>
-CUTLASS_DEVICE void aux_products(Stage<T>& S, AuxScratch<T>& ax, int tid, uint32_t bar_aux, long long& t_mark) {
+template <typename T, typename StageT>
+CUTLASS_DEVICE void aux_products(StageT& S, AuxScratch<T>& ax, int tid, uint32_t bar_aux, long long& t_mark) {
   using namespace warp;
   (void)t_mark;
   const int w = tid >> 5, lane = tid & 31;
@@ -301,8 +301,8 @@ CUTLASS_DEVICE void aux_products(Stage<T>& S, AuxScratch<T>& ax, int tid, uint32
 // One chunk's aux work on `S` by one 128-thread group: loads (K, Q, g, beta; V unless kPrep; X and W when
 // kLoadPrepared), the gates, l2norm, and unless kLoadPrepared the products (aux_products). Ends before the
 // group's closing sync (the callers do it).
-template <typename T, AuxMode kMode>
-CUTLASS_DEVICE void aux_chunk(const flashqla_gdn_fwd_params_t& p, Stage<T>& S, AuxScratch<T>& ax, const Work<T>& wk,
+template <typename T, AuxMode kMode, typename StageT>
+CUTLASS_DEVICE void aux_chunk(const flashqla_gdn_fwd_params_t& p, StageT& S, AuxScratch<T>& ax, const Work<T>& wk,
                               int64_t c, int tid, uint32_t bar_aux, const PrepBuffers<T>& pb, long long& t_mark) {
   using namespace warp;
   (void)t_mark;
@@ -595,9 +595,22 @@ __global__ void __launch_bounds__(kThreads, 1) gdn_fwd_mma_kernel(const __grid_c
 
 // ---- split mode: the chunk-parallel prep kernel
 constexpr int kPrepThreads = kAuxThreads;
+constexpr int kPrepCtasPerSm = 3;  // ~75 KB of shared memory each: three latency-bound CTAs share an SM
+// The prep kernel's stage: no V, and X overwrites Q (Q is dead once Q K^T is in registers).
+template <typename T>
+struct alignas(128) PrepStage {
+  T k[kChunk * kLdK];
+  union {
+    T q[kChunk * kLdK];
+    T x[kChunk * kLdK];
+  };
+  T w[kChunk * kLdC];
+  float gamma[kChunk];
+  float decay[kChunk];
+};
 template <typename T>
 struct PrepStorage {
-  Stage<T> stage;
+  PrepStage<T> stage;
   AuxScratch<T> aux;
   int64_t seq, chunk;  // what this CTA works on (-1: nothing)
 };
@@ -654,7 +667,7 @@ CUTLASS_DEVICE void locate_chunk(const flashqla_gdn_fwd_params_t& p, int64_t k, 
 // One CTA per (chunk, value head): the aux products of that chunk, written to the prep buffers. No
 // recurrence, so the whole GPU works on them at once instead of two warpgroups per recurrent CTA.
 template <typename T, typename IndexT>
-__global__ void __launch_bounds__(kPrepThreads) gdn_prep_kernel(const __grid_constant__ flashqla_gdn_fwd_params_t p,
+__global__ void __launch_bounds__(kPrepThreads, kPrepCtasPerSm) gdn_prep_kernel(const __grid_constant__ flashqla_gdn_fwd_params_t p,
                                                                 const PrepBuffers<T> pb) {
   extern __shared__ __align__(128) unsigned char smem_raw[];
   auto& sm = *reinterpret_cast<PrepStorage<T>*>(smem_raw);
@@ -687,6 +700,7 @@ __global__ void __launch_bounds__(kPrepThreads) gdn_prep_kernel(const __grid_con
   wk.flat0 = b * p.seqlen + bos;
   long long t_mark = 0;
   aux_chunk<T, AuxMode::kPrep>(p, sm.stage, sm.aux, wk, c, tid, kBarAux, pb, t_mark);
+  static_assert(3 * sizeof(PrepStorage<T>) <= 227 * 1024, "three prep CTAs per SM");
   __syncthreads();
   // rows past the sequence's end are not written: the recurrent kernel zero-fills them on load
   const int rows = static_cast<int>(wk.len - c * kChunk < kChunk ? wk.len - c * kChunk : kChunk);
