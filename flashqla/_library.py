@@ -11,6 +11,16 @@ _lib.define("chunk_local_cumsum(Tensor g, int chunk_size, bool reverse, float sc
 
 _lib.define("chunk_gdn_fwd(Tensor q, Tensor k, Tensor v, Tensor g, Tensor beta, float scale, Tensor? initial_state, "
             "bool output_final_state, Tensor? cu_seqlens, bool use_qk_l2norm) -> (Tensor, Tensor)")
+# The backward's reverse chain: (dh [chunk bound, H_v, K, V], dh0 [N, H_v, K, V] or empty); see
+# reference.chunk_state_grads_torch and the C API's flashqla_gdn_bwd_dh.
+_lib.define("chunk_gdn_bwd_dh(Tensor q, Tensor k, Tensor g, Tensor beta, Tensor dout, Tensor? dht, float scale, "
+            "Tensor? cu_seqlens, bool use_qk_l2norm, bool output_dh0) -> (Tensor, Tensor)")
+
+
+def chunk_bound(B: int, T: int, cu_seqlens, chunk: int = 64) -> int:
+    """Chunks of all sequences, bounded from the shapes alone (as flashqla_gdn_chunk_bound)."""
+    per = -(-T // chunk)
+    return B * per if cu_seqlens is None else per + cu_seqlens.shape[0] - 1
 
 
 def _state_dtype(q):
@@ -27,6 +37,15 @@ def _chunk_gdn_fwd_fake(q, k, v, g, beta, scale, initial_state, output_final_sta
     return v.new_empty(v.shape), final
 
 
+@torch.library.register_fake("flashqla::chunk_gdn_bwd_dh")
+def _chunk_gdn_bwd_dh_fake(q, k, g, beta, dout, dht, scale, cu_seqlens, use_qk_l2norm, output_dh0):
+    N = cu_seqlens.shape[0] - 1 if cu_seqlens is not None else q.shape[0]
+    sd = _state_dtype(q)
+    H, K, V = dout.shape[2], q.shape[3], dout.shape[3]
+    dh = dout.new_empty((chunk_bound(q.shape[0], q.shape[1], cu_seqlens), H, K, V), dtype=sd)
+    return dh, (dout.new_empty((N, H, K, V), dtype=sd) if output_dh0 else dout.new_empty((0,), dtype=sd))
+
+
 @torch.library.register_fake("flashqla::chunk_local_cumsum")
 def _chunk_local_cumsum_fake(g, chunk_size, reverse, scale, cu_seqlens):
     return g.new_empty(g.shape, dtype=torch.float32)
@@ -39,6 +58,15 @@ def _chunk_gdn_fwd_cpu(q, k, v, g, beta, scale, initial_state, output_final_stat
                                          use_qk_l2norm_in_kernel=use_qk_l2norm)
     sd = _state_dtype(q)
     return o, (final.to(sd) if output_final_state else v.new_empty((0,), dtype=sd))
+
+
+@torch.library.impl("flashqla::chunk_gdn_bwd_dh", "cpu")
+def _chunk_gdn_bwd_dh_cpu(q, k, g, beta, dout, dht, scale, cu_seqlens, use_qk_l2norm, output_dh0):
+    dh, dh0 = reference.chunk_state_grads_torch(q, k, g, beta, dout, dht, scale=scale, cu_seqlens=cu_seqlens,
+                                                use_qk_l2norm_in_kernel=use_qk_l2norm)
+    sd = _state_dtype(q)
+    dh = dh[: chunk_bound(q.shape[0], q.shape[1], cu_seqlens)].to(sd)
+    return dh, (dh0.to(sd) if output_dh0 else dout.new_empty((0,), dtype=sd))
 
 
 @torch.library.impl("flashqla::chunk_local_cumsum", "cpu")

@@ -315,25 +315,10 @@ def _l2norm_bwd(x, dy, eps=L2NORM_EPS):
 
 
 @torch.no_grad()
-def chunk_gdn_bwd_torch(q, k, v, g, beta, do, dht=None, scale=None, initial_state=None, cu_seqlens=None,
-                        use_qk_l2norm_in_kernel=False, chunk_size=CHUNK, segment_chunks=None):
-    """Explicit backward of chunk_gdn_torch (gdn-algorithm.md section 4), from the inputs alone.
-
-    1. recompute the chunk-start states S (forward chain);
-    2. reverse chain over chunks for dS' (gradient of each chunk's end state):
-         dS = gamma_C dS' + scale Q^T diag(gamma) dO
-              - K^T diag(gamma beta) M^T (scale P^T dO + diag(gamma_C/gamma) K dS'),
-       M = Gamma * A, P = Q K^T * Gamma; dh0 = dS of each sequence's first chunk;
-    3. chunk-local gradients from S and dS' (chunk-parallel), gates in the
-       computation dtype throughout, GVA dq/dk summed over each group before the cast.
-    The reverse chain is dS = Phi^T dS' + D with the forward's per-chunk transition Phi,
-    so segment_chunks (as in chunk_gdn_torch) runs it as the same exact segment scan, reversed.
-    Returns (dq, dk, dv, dg, dbeta, dh0) in the dtypes of q, k, v, g, beta and fp32 (dh0;
-    None without initial_state).
-    """
-    P = _prepare(q, k, v, g, beta, scale, initial_state, cu_seqlens, use_qk_l2norm_in_kernel, chunk_size)
-    dt, BT, C = P.dt, P.B * P.T, P.C
-    S0, _ = _state_chain(P, segment_chunks)
+def _reverse_chain(P, do, dht, segment_chunks=None):
+    """The backward's reverse chain over chunk slots (see chunk_gdn_bwd_torch): dSp[c] = the gradient of the
+    state after slot c, dS_first[c] = before it; with the S-independent pieces the chunk-local step reuses."""
+    dt, BT = P.dt, P.B * P.T
     dOc = _gather_chunks(do.to(dt).reshape(BT, P.H_v, P.V), P.tok_idx).permute(0, 2, 1, 3)
     dht_ = dht.to(dt) if dht is not None else torch.zeros_like(P.h0)
 
@@ -366,6 +351,46 @@ def chunk_gdn_bwd_torch(q, k, v, g, beta, do, dht=None, scale=None, initial_stat
             dS = torch.where(P.slot_valid[c], dS_new, dS)
             dS_first[c] = dS
         dSp, dS_first = torch.stack(dSp), torch.stack(dS_first)
+    return dOc, dht_, QKt, U1, dSp, dS_first
+
+
+def _initial_state_grad(P, dS_first, dht_):
+    """Each sequence's dS before its first chunk (dht for an empty sequence)."""
+    first_slot = P.last_slot + 1 - (P.seq_len + P.C - 1) // P.C  # exact for non-empty sequences
+    return torch.where((P.seq_len > 0)[:, None, None, None], dS_first[first_slot.clamp(max=P.NC - 1)], dht_)
+
+
+def chunk_state_grads_torch(q, k, g, beta, do, dht=None, scale=None, cu_seqlens=None, use_qk_l2norm_in_kernel=False,
+                            chunk_size=CHUNK):
+    """The backward's first step as flashqla.chunk_gdn_bwd_dh lays it out: (dh, dh0) with dh[c] the gradient
+    of the state at the end of chunk c, over the chunks of all sequences in order ([chunk slots, H_v, K, V];
+    slots past the last chunk are zero), and dh0 the gradient of each sequence's initial state."""
+    P = _prepare(q, k, do, g, beta, scale, None, cu_seqlens, use_qk_l2norm_in_kernel, chunk_size)
+    *_, dht_, _, _, dSp, dS_first = _reverse_chain(P, do, dht)
+    dh = torch.where(P.slot_valid[:, None, None, None], dSp, torch.zeros((), dtype=P.dt, device=P.dev))
+    return dh, _initial_state_grad(P, dS_first, dht_)
+
+
+def chunk_gdn_bwd_torch(q, k, v, g, beta, do, dht=None, scale=None, initial_state=None, cu_seqlens=None,
+                        use_qk_l2norm_in_kernel=False, chunk_size=CHUNK, segment_chunks=None):
+    """Explicit backward of chunk_gdn_torch (gdn-algorithm.md section 4), from the inputs alone.
+
+    1. recompute the chunk-start states S (forward chain);
+    2. reverse chain over chunks for dS' (gradient of each chunk's end state):
+         dS = gamma_C dS' + scale Q^T diag(gamma) dO
+              - K^T diag(gamma beta) M^T (scale P^T dO + diag(gamma_C/gamma) K dS'),
+       M = Gamma * A, P = Q K^T * Gamma; dh0 = dS of each sequence's first chunk;
+    3. chunk-local gradients from S and dS' (chunk-parallel), gates in the
+       computation dtype throughout, GVA dq/dk summed over each group before the cast.
+    The reverse chain is dS = Phi^T dS' + D with the forward's per-chunk transition Phi,
+    so segment_chunks (as in chunk_gdn_torch) runs it as the same exact segment scan, reversed.
+    Returns (dq, dk, dv, dg, dbeta, dh0) in the dtypes of q, k, v, g, beta and fp32 (dh0;
+    None without initial_state).
+    """
+    P = _prepare(q, k, v, g, beta, scale, initial_state, cu_seqlens, use_qk_l2norm_in_kernel, chunk_size)
+    dt, C = P.dt, P.C
+    S0, _ = _state_chain(P, segment_chunks)
+    dOc, dht_, QKt, U1, dSp, dS_first = _reverse_chain(P, do, dht, segment_chunks)
 
     # chunk-local gradients (independent per chunk)
     KS = P.Kc @ S0
@@ -413,9 +438,5 @@ def chunk_gdn_bwd_torch(q, k, v, g, beta, do, dht=None, scale=None, initial_stat
     dv = _to_tokens(P, dV)
     scalar = lambda x: _to_tokens(P, x[..., None])[..., 0]
     dg_t, dbeta_t = scalar(dg), scalar(dbeta)
-    dh0 = None
-    if initial_state is not None:
-        first_slot = P.last_slot + 1 - (P.seq_len + C - 1) // C  # exact for non-empty sequences
-        dh0 = torch.where((P.seq_len > 0)[:, None, None, None], dS_first[first_slot.clamp(max=P.NC - 1)], dht_)
-        dh0 = dh0.to(initial_state.dtype)
+    dh0 = _initial_state_grad(P, dS_first, dht_).to(initial_state.dtype) if initial_state is not None else None
     return (dq.to(q.dtype), dk.to(k.dtype), dv.to(v.dtype), dg_t.to(g.dtype), dbeta_t.to(beta.dtype), dh0)

@@ -158,3 +158,24 @@ def test_unsupported_head_dims_raise_on_the_kernel_gpu(monkeypatch):
     d = make_inputs(1, 70, 2, 2, 64, 64, dtype=torch.bfloat16)
     with pytest.raises(ValueError, match=r"K = V = 128, got K = 64, V = 64.*FLASHQLA_FORCE_FALLBACK"):
         api.chunk_gdn(**d)
+
+
+def test_bwd_dh_op_cpu_and_fake_shapes():
+    # the backward's first op: the CPU implementation is the reference, the fake one has the same shapes
+    # (a shape-only chunk bound: ceil(T / 64) + sequences for packed batches)
+    from torch._subclasses.fake_tensor import FakeTensorMode
+    from flashqla.reference import chunk_state_grads_torch
+    gen = torch.Generator().manual_seed(3)
+    r = lambda *s: torch.randn(*s, generator=gen, dtype=torch.float64)  # noqa: E731
+    q, k = r(1, 200, 2, 16), torch.nn.functional.normalize(r(1, 200, 2, 16), dim=-1)
+    g, beta = torch.nn.functional.logsigmoid(r(1, 200, 4)), torch.rand(1, 200, 4, generator=gen, dtype=torch.float64)
+    do, dht, cu = r(1, 200, 4, 16), r(2, 4, 16, 16), torch.tensor([0, 70, 200])
+    dh, dh0 = torch.ops.flashqla.chunk_gdn_bwd_dh(q, k, g, beta, do, dht, 0.25, cu, False, True)
+    assert dh.shape == (6, 4, 16, 16) and dh0.shape == (2, 4, 16, 16)
+    rdh, rdh0 = chunk_state_grads_torch(q, k, g, beta, do, dht, scale=0.25, cu_seqlens=cu)
+    assert torch.equal(dh, rdh[:6]) and torch.equal(dh0, rdh0)
+    with FakeTensorMode() as mode:
+        f = mode.from_tensor
+        fdh, fdh0 = torch.ops.flashqla.chunk_gdn_bwd_dh(f(q), f(k), f(g), f(beta), f(do), None, 0.25, f(cu), False,
+                                                        False)
+        assert fdh.shape == dh.shape and fdh0.shape == (0,)

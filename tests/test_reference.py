@@ -156,3 +156,36 @@ def test_backward_state_chain_is_two_products_per_chunk():
     for c in reversed(range(P.NC)):
         dS = P.gamma_C[c][..., None] * dS - R[c] @ (P.Kc[c] @ dS) + D[c]
     assert (dS - dh0[0]).abs().max() < 1e-10
+
+
+def test_chunk_state_grads_match_autograd():
+    # chunk_state_grads_torch, the reference of the backward's dS kernel (chunk_gdn_bwd_dh): dh0 is autograd's
+    # gradient of the initial state, dh[c] the gradient of the state at chunk c's end (the initial-state
+    # gradient of the rest of its sequence), dh = dht on each sequence's last chunk, zero past the last chunk
+    from flashqla.reference import chunk_state_grads_torch
+    lens = [0, 70, 1, 200, 0, 129]
+    d = make_inputs(1, sum(lens), 2, 4, 16, 16, n_seqs=len(lens), seed=31)
+    cu = torch.tensor([0] + torch.tensor(lens).cumsum(0).tolist())
+    gen = torch.Generator().manual_seed(32)
+    do = torch.randn(d["v"].shape, generator=gen, dtype=torch.float64)
+    dht = torch.randn(d["initial_state"].shape, generator=gen, dtype=torch.float64)
+    h0 = d["initial_state"].clone().requires_grad_(True)
+    o, ht = recurrent_gdn(d["q"], d["k"], d["v"], d["g"], d["beta"], initial_state=h0, output_final_state=True,
+                          cu_seqlens=cu)
+    (g_h0,) = torch.autograd.grad((o, ht), (h0,), (do, dht))
+    dh, dh0 = chunk_state_grads_torch(d["q"], d["k"], d["g"], d["beta"], do, dht, cu_seqlens=cu)
+    assert (dh0 - g_h0).abs().max() < 1e-10
+    chunks = [-(-n // 64) for n in lens]
+    first = [sum(chunks[:n]) for n in range(len(lens))]
+    for n, c in enumerate(chunks):
+        if c:
+            assert torch.equal(dh[first[n] + c - 1], dht[n])
+    assert dh[sum(chunks):].abs().max() == 0
+    # sequence 3 (200 tokens): the state after its chunk 1 (token 128) drives tokens 128..199
+    a, b = int(cu[3]) + 128, int(cu[4])
+    sl = lambda x: x[:, a:b]  # noqa: E731
+    s = torch.zeros(1, 4, 16, 16, dtype=torch.float64, requires_grad=True)
+    o2, ht2 = recurrent_gdn(sl(d["q"]), sl(d["k"]), sl(d["v"]), sl(d["g"]), sl(d["beta"]), initial_state=s,
+                            output_final_state=True)
+    (g_s,) = torch.autograd.grad((o2, ht2), (s,), (sl(do), dht[3:4]))
+    assert (dh[first[3] + 1] - g_s[0]).abs().max() < 1e-10

@@ -113,7 +113,12 @@ flashqla_status_t flashqla_chunk_local_cumsum(const flashqla_chunk_cumsum_params
   return from_cuda(flashqla::launch_chunk_local_cumsum(*p, stream), "chunk_local_cumsum launch");
 }
 
-flashqla_status_t flashqla_gdn_fwd(const flashqla_gdn_fwd_params_t* p, cudaStream_t stream) {
+}  // extern "C"
+
+namespace {
+// The checks shared by the forward and the backward entries; FLASHQLA_SUCCESS with *run = false: nothing to do.
+flashqla_status_t validate_gdn(const flashqla_gdn_fwd_params_t* p, bool* run) {
+  *run = false;
   if (p == nullptr) return fail(FLASHQLA_ERROR_INVALID_ARGUMENT, "params is NULL");
   if (p->batch < 0 || p->seqlen < 0 || p->heads_qk <= 0 || p->heads_v <= 0)
     return fail(FLASHQLA_ERROR_INVALID_ARGUMENT, "bad sizes: batch=%lld seqlen=%lld heads_qk=%lld heads_v=%lld",
@@ -145,7 +150,9 @@ flashqla_status_t flashqla_gdn_fwd(const flashqla_gdn_fwd_params_t* p, cudaStrea
   }
   if (num_seqs * p->heads_v * 2 + 32 > 0x7fffffffLL)
     return fail(FLASHQLA_ERROR_UNSUPPORTED, "too many sequences x heads for one launch");
-  if (num_seqs == 0) return ok();
+  if (flashqla_gdn_chunk_bound(p) > 0x7fffffffLL || p->heads_v > 65535)  // the chunk-parallel grids
+    return fail(FLASHQLA_ERROR_UNSUPPORTED, "too many chunks or value heads for one launch");
+  if (num_seqs == 0) return ok();  // *run stays false
   // 16-byte vector accesses: aligned bases, contiguous last dim (implied), strides in multiples of 8 elements.
   // With no tokens (T == 0) only the states are touched, and empty tensors may have NULL data.
   const bool has_tokens = p->batch * p->seqlen > 0;
@@ -167,6 +174,17 @@ flashqla_status_t flashqla_gdn_fwd(const flashqla_gdn_fwd_params_t* p, cudaStrea
     return fail(FLASHQLA_ERROR_INVALID_ARGUMENT, "initial_state and final_state must be 32-byte aligned");
   flashqla_status_t st = check_current_device();
   if (st != FLASHQLA_SUCCESS) return st;
+  *run = true;
+  return ok();
+}
+}  // namespace
+
+extern "C" {
+
+flashqla_status_t flashqla_gdn_fwd(const flashqla_gdn_fwd_params_t* p, cudaStream_t stream) {
+  bool run = false;
+  const flashqla_status_t vs = validate_gdn(p, &run);
+  if (vs != FLASHQLA_SUCCESS || !run) return vs;
   // FLASHQLA_FWD_KERNEL=simple selects the v1 kernel (the correctness baseline), read once.
   static const bool simple = [] {
     const char* e = std::getenv("FLASHQLA_FWD_KERNEL");
@@ -178,6 +196,36 @@ flashqla_status_t flashqla_gdn_fwd(const flashqla_gdn_fwd_params_t* p, cudaStrea
                                  : (bf16 ? flashqla::launch_gdn_fwd_mma_bf16(*p, stream)
                                          : flashqla::launch_gdn_fwd_mma_fp16(*p, stream));
   return from_cuda(err, "gdn_fwd launch");
+}
+
+int64_t flashqla_gdn_chunk_bound(const flashqla_gdn_fwd_params_t* p) {
+  if (p == nullptr || p->batch < 0 || p->seqlen < 0) return 0;
+  const int64_t per = (p->seqlen + 63) / 64;
+  return p->cu_seqlens == nullptr ? p->batch * per : per + (p->num_seqs > 0 ? p->num_seqs : 0);
+}
+
+flashqla_status_t flashqla_gdn_bwd_dh(const flashqla_gdn_bwd_dh_params_t* p, cudaStream_t stream) {
+  if (p == nullptr) return fail(FLASHQLA_ERROR_INVALID_ARGUMENT, "params is NULL");
+  // the kernels read the forward's struct with v = dO, initial_state = dht, final_state = dh0 (o unused)
+  flashqla_gdn_fwd_params_t f = p->fwd;
+  f.v = p->dout;
+  f.v_stride_batch = p->dout_stride_batch;
+  f.v_stride_time = p->dout_stride_time;
+  f.v_stride_head = p->dout_stride_head;
+  f.o = const_cast<void*>(p->dout);  // validated like o, never written
+  f.o_stride_batch = p->dout_stride_batch;
+  f.o_stride_time = p->dout_stride_time;
+  f.o_stride_head = p->dout_stride_head;
+  f.initial_state = p->dht;
+  f.final_state = p->dh0;
+  bool run = false;
+  const flashqla_status_t vs = validate_gdn(&f, &run);
+  if (vs != FLASHQLA_SUCCESS || !run) return vs;
+  if (flashqla_gdn_chunk_bound(&f) > 0 && (p->dh == nullptr || reinterpret_cast<uintptr_t>(p->dh) % 32))
+    return fail(FLASHQLA_ERROR_INVALID_ARGUMENT, "dh must be non-NULL and 32-byte aligned");
+  const cudaError_t err = f.qkv_dtype == FLASHQLA_BFLOAT16 ? flashqla::launch_gdn_bwd_dh_bf16(f, p->dh, stream)
+                                                           : flashqla::launch_gdn_bwd_dh_fp16(f, p->dh, stream);
+  return from_cuda(err, "gdn_bwd_dh launch");
 }
 
 }  // extern "C"

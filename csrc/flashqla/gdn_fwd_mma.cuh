@@ -126,6 +126,8 @@ struct Work {
   int64_t b, h, t0, len, state_off;
   int64_t num_chunks;
   int64_t flat0;  // b * seqlen + t0: the row of the prepared X / W buffers holding this sequence's first token
+  int64_t col0;   // this CTA's first V column
+  int64_t chunk0; // the backward: this sequence's first chunk in the chunks of all sequences
 };
 
 // Split mode (FLASHQLA_FWD_SPLIT, default on): a chunk-parallel kernel (gdn_prep_kernel) computes every
@@ -137,11 +139,18 @@ struct PrepBuffers {
   T* x;
   T* w;
 };
-enum class AuxMode { kFused, kLoadPrepared, kPrep };
+// kFused: load and compute in the recurrent kernel; kLoadPrepared: load K, Q, V, X, W (split mode);
+// kPrep: load K, Q and compute (the prep kernel); kInputsOnly: load K, Q, gates and l2norm only (the backward's prep).
+// kLoadBwd (gdn_bwd_dh.cuh): the backward's recurrent loader, chunks in reverse: K, Q, dO (in v), W' (in x) and
+// U (in w, this CTA's columns).
+enum class AuxMode { kFused, kLoadPrepared, kPrep, kInputsOnly, kLoadBwd };
 
 // The chunk's products (K K^T, Q K^T, L, P, the inverse A, M, W, X) from the loaded K, Q, G and beta.
+// K K^T, Q K^T, L, P and the inverse: A = (I + L)^-1 in ax.la (fp32), P = Q K^T * Gamma (masked lower) for
+// rows [16w, 16w + 16) in `qk` (C fragments). The forward's and the backward's products both start here.
 template <typename T, typename StageT>
-CUTLASS_DEVICE void aux_products(StageT& S, AuxScratch<T>& ax, int tid, uint32_t bar_aux, long long& t_mark) {
+CUTLASS_DEVICE void aux_gram_inverse(StageT& S, AuxScratch<T>& ax, int tid, uint32_t bar_aux, long long& t_mark,
+                                     float (&qk)[8][4]) {
   using namespace warp;
   (void)t_mark;
   const int w = tid >> 5, lane = tid & 31;
@@ -150,7 +159,7 @@ CUTLASS_DEVICE void aux_products(StageT& S, AuxScratch<T>& ax, int tid, uint32_t
   const int i0 = 16 * w + gq, i1 = i0 + 8;  // this thread's two chunk rows in C fragments
 
   // ---- K K^T and Q K^T for rows [16w, 16w + 16), column tiles up to the diagonal
-  float kk[8][4], qk[8][4];
+  float kk[8][4];
 #pragma unroll
   for (int nt = 0; nt < 8; ++nt)
 #pragma unroll
@@ -233,6 +242,19 @@ CUTLASS_DEVICE void aux_products(StageT& S, AuxScratch<T>& ax, int tid, uint32_t
   }
   bar_sync(bar_aux, kAuxThreads);
   FLASHQLA_ROLE_PHASE(1, kAuxInvMerge);
+}
+
+// The forward's products: the inverse (aux_gram_inverse), then M, W and X into the stage.
+template <typename T, typename StageT>
+CUTLASS_DEVICE void aux_products(StageT& S, AuxScratch<T>& ax, int tid, uint32_t bar_aux, long long& t_mark) {
+  using namespace warp;
+  (void)t_mark;
+  const int w = tid >> 5, lane = tid & 31;
+  const int gq = lane >> 2, tq = lane & 3;
+  const LdsmOffsets ld(lane);
+  const int i0 = 16 * w + gq, i1 = i0 + 8;  // this thread's two chunk rows in C fragments
+  float qk[8][4];
+  aux_gram_inverse<T>(S, ax, tid, bar_aux, t_mark, qk);
 
   // ---- M = (Gamma * A) diag(beta) (shared, T)
 #pragma unroll 4
@@ -320,17 +342,20 @@ CUTLASS_DEVICE void aux_chunk(const flashqla_gdn_fwd_params_t& p, StageT& S, Aux
     cp_async_16(&S.k[r * kLdK + c8], ok ? wk.k + (t0 - wk.t0 + r) * p.k_stride_time + c8 : wk.k, ok);
     cp_async_16(&S.q[r * kLdK + c8], ok ? wk.q + (t0 - wk.t0 + r) * p.q_stride_time + c8 : wk.q, ok);
   }
-  if constexpr (kMode != AuxMode::kPrep) {
+  if constexpr (kMode == AuxMode::kFused || kMode == AuxMode::kLoadPrepared || kMode == AuxMode::kLoadBwd) {
     for (int i = tid; i < kChunk * kBlockV / 8; i += kAuxThreads) {
       const int r = i >> 3, c8 = (i & 7) * 8;
       const bool ok = r < rows;
       cp_async_16(&S.v[r * kLdC + c8], ok ? wk.v + (t0 - wk.t0 + r) * p.v_stride_time + c8 : wk.v, ok);
     }
   }
-  if constexpr (kMode == AuxMode::kLoadPrepared) {  // X and W rows of this chunk, from the prep kernel
+  if constexpr (kMode == AuxMode::kLoadPrepared || kMode == AuxMode::kLoadBwd) {
+    // from the prep kernel: X (forward) or W' (backward), 128 wide, into x; W (forward, 64 wide) or this CTA's
+    // 64 columns of U (backward, rows 128 wide) into w
     const int64_t row0 = wk.flat0 + c * kChunk;
     const T* xs = pb.x + row0 * p.heads_v * kDimK + wk.h * kDimK;
-    const T* ws = pb.w + row0 * p.heads_v * kChunk + wk.h * kChunk;
+    constexpr int64_t kWRow = kMode == AuxMode::kLoadBwd ? kDimV : kChunk;
+    const T* ws = pb.w + row0 * p.heads_v * kWRow + wk.h * kWRow + (kMode == AuxMode::kLoadBwd ? wk.col0 : 0);
     for (int i = tid; i < kChunk * kDimK / 8; i += kAuxThreads) {
       const int r = i >> 4, c8 = (i & 15) * 8;
       const bool ok = r < rows;
@@ -339,7 +364,7 @@ CUTLASS_DEVICE void aux_chunk(const flashqla_gdn_fwd_params_t& p, StageT& S, Aux
     for (int i = tid; i < kChunk * kChunk / 8; i += kAuxThreads) {
       const int r = i >> 3, c8 = (i & 7) * 8;
       const bool ok = r < rows;
-      cp_async_16(&S.w[r * kLdC + c8], ok ? ws + int64_t(r) * p.heads_v * kChunk + c8 : ws, ok);
+      cp_async_16(&S.w[r * kLdC + c8], ok ? ws + int64_t(r) * p.heads_v * kWRow + c8 : ws, ok);
     }
   }
   if (w == 0) {
@@ -403,7 +428,7 @@ CUTLASS_DEVICE void aux_chunk(const flashqla_gdn_fwd_params_t& p, StageT& S, Aux
     bar_sync(bar_aux, kAuxThreads);
   }
   FLASHQLA_ROLE_PHASE(1, kAuxL2norm);
-  if constexpr (kMode != AuxMode::kLoadPrepared) aux_products<T>(S, ax, tid, bar_aux, t_mark);
+  if constexpr (kMode == AuxMode::kFused || kMode == AuxMode::kPrep) aux_products<T>(S, ax, tid, bar_aux, t_mark);
 #endif
 }
 
@@ -419,10 +444,11 @@ CUTLASS_DEVICE void aux_role(const flashqla_gdn_fwd_params_t& p, SharedStorage<T
   t_mark = clock64();
 #endif
 
-  for (int64_t c = group; c < wk.num_chunks; c += kAuxGroups) {
+  for (int64_t it = group; it < wk.num_chunks; it += kAuxGroups) {
+    const int64_t c = kMode == AuxMode::kLoadBwd ? wk.num_chunks - 1 - it : it;  // the backward runs in reverse
     const int st = group;
     Stage<T>& S = sm.stage[st];
-    if (c >= kStages) bar_sync(kBarEmpty + st, kHandoffThreads);
+    if (it >= kStages) bar_sync(kBarEmpty + st, kHandoffThreads);
     FLASHQLA_ROLE_PHASE(1, kAuxWaitEmpty);
     aux_chunk<T, kMode>(p, S, ax, wk, c, tid, bar_aux, pb, t_mark);
     // bar.arrive orders this thread's stores before the state warps' bar.sync (PTX), but
@@ -583,6 +609,8 @@ __global__ void __launch_bounds__(kThreads, 1) gdn_fwd_mma_kernel(const __grid_c
   wk.num_chunks = (wk.len + kChunk - 1) / kChunk;
   wk.state_off = (n * p.heads_v + h) * int64_t(kDimK) * kDimV + col0;
   wk.flat0 = b * p.seqlen + bos;
+  wk.col0 = col0;
+  wk.chunk0 = 0;
 
   if (threadIdx.x < kStateThreads) {
     cutlass::arch::warpgroup_reg_alloc<kStateRegs>();
@@ -698,6 +726,8 @@ __global__ void __launch_bounds__(kPrepThreads, kPrepCtasPerSm) gdn_prep_kernel(
   wk.num_chunks = (wk.len + kChunk - 1) / kChunk;
   wk.state_off = 0;
   wk.flat0 = b * p.seqlen + bos;
+  wk.col0 = 0;
+  wk.chunk0 = 0;
   long long t_mark = 0;
   aux_chunk<T, AuxMode::kPrep>(p, sm.stage, sm.aux, wk, c, tid, kBarAux, pb, t_mark);
   static_assert(3 * sizeof(PrepStorage<T>) <= 227 * 1024, "three prep CTAs per SM");

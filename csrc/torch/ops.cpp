@@ -116,6 +116,60 @@ std::tuple<at::Tensor, at::Tensor> chunk_gdn_fwd_cuda(const at::Tensor& q, const
   return {o, final_state};
 }
 
+std::tuple<at::Tensor, at::Tensor> chunk_gdn_bwd_dh_cuda(const at::Tensor& q, const at::Tensor& k, const at::Tensor& g,
+                                                         const at::Tensor& beta, const at::Tensor& dout,
+                                                         const std::optional<at::Tensor>& dht, double scale,
+                                                         const std::optional<at::Tensor>& cu_seqlens,
+                                                         bool use_qk_l2norm, bool output_dh0) {
+  TORCH_CHECK(q.is_cuda() && q.dim() == 4 && k.dim() == 4 && dout.dim() == 4 && g.dim() == 3 && beta.dim() == 3,
+              "flashqla.chunk_gdn_bwd_dh: expected CUDA q, k, dout [B, T, H, D] and g, beta [B, T, H]");
+  TORCH_CHECK(q.scalar_type() == dout.scalar_type() && k.scalar_type() == dout.scalar_type(),
+              "flashqla.chunk_gdn_bwd_dh: q, k, dout must share a dtype");
+  TORCH_CHECK(q.stride(3) == 1 && k.stride(3) == 1 && dout.stride(3) == 1,
+              "flashqla.chunk_gdn_bwd_dh: the last dimension of q, k, dout must be contiguous");
+  c10::cuda::CUDAGuard guard(q.device());
+  const int64_t N = cu_seqlens.has_value() ? cu_seqlens->numel() - 1 : q.size(0);
+  flashqla_gdn_bwd_dh_params_t p{};
+  flashqla_gdn_fwd_params_t& f = p.fwd;
+  f.q = q.data_ptr();
+  f.k = k.data_ptr();
+  f.qkv_dtype = to_flashqla_dtype(dout.scalar_type(), "dout");
+  f.q_stride_batch = q.stride(0); f.q_stride_time = q.stride(1); f.q_stride_head = q.stride(2);
+  f.k_stride_batch = k.stride(0); f.k_stride_time = k.stride(1); f.k_stride_head = k.stride(2);
+  f.g = g.data_ptr();
+  f.g_dtype = to_flashqla_dtype(g.scalar_type(), "g");
+  f.g_stride_batch = g.stride(0); f.g_stride_time = g.stride(1); f.g_stride_head = g.stride(2);
+  f.beta = beta.data_ptr();
+  f.beta_dtype = to_flashqla_dtype(beta.scalar_type(), "beta");
+  f.beta_stride_batch = beta.stride(0); f.beta_stride_time = beta.stride(1); f.beta_stride_head = beta.stride(2);
+  f.batch = q.size(0); f.seqlen = q.size(1); f.heads_qk = q.size(2); f.heads_v = dout.size(2);
+  f.head_dim_k = q.size(3); f.head_dim_v = dout.size(3);
+  if (cu_seqlens.has_value()) {
+    TORCH_CHECK(cu_seqlens->device() == q.device() && cu_seqlens->dim() == 1 && cu_seqlens->is_contiguous(),
+                "flashqla.chunk_gdn_bwd_dh: cu_seqlens must be a contiguous 1-D tensor on q's device");
+    f.cu_seqlens = cu_seqlens->data_ptr();
+    f.cu_seqlens_dtype = to_flashqla_dtype(cu_seqlens->scalar_type(), "cu_seqlens");
+  }
+  f.num_seqs = N;
+  f.scale = static_cast<float>(scale);
+  f.use_qk_l2norm = use_qk_l2norm ? 1 : 0;
+  p.dout = dout.data_ptr();
+  p.dout_stride_batch = dout.stride(0); p.dout_stride_time = dout.stride(1); p.dout_stride_head = dout.stride(2);
+  if (dht.has_value()) {
+    TORCH_CHECK(dht->is_contiguous() && dht->scalar_type() == at::kFloat,
+                "flashqla.chunk_gdn_bwd_dh: dht must be contiguous float32");
+    p.dht = dht->data_ptr<float>();
+  }
+  auto fopts = dout.options().dtype(at::kFloat);
+  at::Tensor dh = at::empty({flashqla_gdn_chunk_bound(&f), f.heads_v, f.head_dim_k, f.head_dim_v}, fopts);
+  at::Tensor dh0 = output_dh0 ? at::empty({N, f.heads_v, f.head_dim_k, f.head_dim_v}, fopts) : at::empty({0}, fopts);
+  p.dh = dh.data_ptr<float>();
+  p.dh0 = output_dh0 ? dh0.data_ptr<float>() : nullptr;
+  check_status(flashqla_gdn_bwd_dh(&p, c10::cuda::getCurrentCUDAStream(q.device().index()).stream()),
+               "chunk_gdn_bwd_dh");
+  return {dh, dh0};
+}
+
 }  // namespace
 
 // Schemas are defined in Python (flashqla/_library.py) so that fake-tensor and
@@ -123,6 +177,7 @@ std::tuple<at::Tensor, at::Tensor> chunk_gdn_fwd_cuda(const at::Tensor& q, const
 TORCH_LIBRARY_IMPL(flashqla, CUDA, m) {
   m.impl("chunk_local_cumsum", &chunk_local_cumsum_cuda);
   m.impl("chunk_gdn_fwd", &chunk_gdn_fwd_cuda);
+  m.impl("chunk_gdn_bwd_dh", &chunk_gdn_bwd_dh_cuda);
 }
 
 // `import flashqla._C` loads the library, which runs the registrations above.

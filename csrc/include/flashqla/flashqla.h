@@ -128,6 +128,29 @@ typedef struct flashqla_gdn_fwd_params {
 
 FLASHQLA_API flashqla_status_t flashqla_gdn_fwd(const flashqla_gdn_fwd_params_t* params, cudaStream_t stream);
 
+/*
+ * Backward, step 1 of 2: the gradients of the chunk states (the reverse chain over 64-token chunks).
+ * `fwd` describes the forward's inputs as for flashqla_gdn_fwd (q, k, g, beta, shapes, cu_seqlens, scale,
+ * use_qk_l2norm); its v, o, initial_state and final_state are ignored. dout (the gradient of o) has v's
+ * layout and dtype. Writes dh[c, h] = the gradient of the state at the end of chunk c (chunks of all
+ * sequences in order, each sequence's last one possibly partial), fp32 [num_chunks, heads_v, K, V]; dh must
+ * hold flashqla_gdn_chunk_bound(fwd) chunks (entries past the last chunk are not written). dh0 (NULL: not
+ * written) gets the gradient of the initial state, [num_seqs, heads_v, K, V]; dht (NULL: zeros) is the
+ * gradient of the final state, same layout.
+ */
+typedef struct flashqla_gdn_bwd_dh_params {
+  flashqla_gdn_fwd_params_t fwd;
+  const void* dout;
+  int64_t dout_stride_batch, dout_stride_time, dout_stride_head;
+  const float* dht;
+  float* dh;
+  float* dh0;
+} flashqla_gdn_bwd_dh_params_t;
+
+/* An upper bound on the number of 64-token chunks of all sequences, from the shapes alone. */
+FLASHQLA_API int64_t flashqla_gdn_chunk_bound(const flashqla_gdn_fwd_params_t* fwd);
+FLASHQLA_API flashqla_status_t flashqla_gdn_bwd_dh(const flashqla_gdn_bwd_dh_params_t* params, cudaStream_t stream);
+
 #ifdef __cplusplus
 } /* extern "C" */
 #endif

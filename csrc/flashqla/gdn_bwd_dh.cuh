@@ -1,0 +1,355 @@
+// Backward, part 1: the reverse state-gradient chain (gdn-algorithm.md section 4), in the forward's form.
+//
+// Per chunk, from the gradient dS' of the chunk's end state to that of its start state:
+//   dS = gamma_C dS' + scale Q^T diag(gamma) dO - W'^T (diag(rho) K dS' + U),
+//   W' = (Gamma * A) diag(gamma beta) K = diag(gamma) A diag(beta) K,   U = scale P^T dO,   rho = gamma_C / gamma,
+// with A, Gamma, P as in the forward (tests/test_reference.py::test_backward_state_chain_is_two_products_per_chunk
+// checks this form against autograd in float64). W' and U do not depend on dS, so:
+//  * gdn_bwd_prep_kernel (chunk-parallel, one CTA per chunk and value head) computes them, reusing the
+//    forward's inverse (aux_gram_inverse), and writes them as [tokens, heads_v, 128] rows;
+//  * gdn_bwd_dh_kernel is the forward's recurrent kernel run backwards: the loader groups bring K, Q, dO,
+//    W' and U (reverse chunk order), and the state warps keep dS^T (64 V x 128 K per CTA) in registers:
+//      KdS^T = dS'^T K^T,  Z^T = KdS^T diag(rho) + U^T,
+//      dS^T  = gamma_C dS'^T + (scale dO^T diag(gamma)) Q - Z^T W'      (Z^T as hi + lo),
+//    writing dS' of every chunk (fp32, [chunks, heads_v, K, V]) for the chunk-parallel gradient step, and
+//    the initial state's gradient at the end.
+// The forward's parameter struct carries the problem: v = dO, initial_state = dht, final_state = dh0.
+#pragma once
+
+#include "gdn_fwd_mma.cuh"
+
+namespace flashqla {
+namespace gdn_bwd_dh {
+
+using namespace gdn_fwd_mma;
+
+// Chunks of the sequences before n (all chunks of all sequences in order index dh); every lane of the warp
+// calls it and gets the sum.
+template <typename IndexT>
+CUTLASS_DEVICE int64_t chunk_offset(const flashqla_gdn_fwd_params_t& p, int64_t n, int lane) {
+  if (p.cu_seqlens == nullptr) return n * ((p.seqlen + kChunk - 1) / kChunk);
+  int64_t base = 0;
+  for (int64_t s0 = 0; s0 < n; s0 += 32) {
+    const int64_t s = s0 + lane;
+    int64_t cnt = 0;
+    if (s < n) {
+      int64_t b, bos, eos;
+      sequence_bounds<IndexT>(p, s, b, bos, eos);
+      cnt = (eos - bos + kChunk - 1) / kChunk;
+    }
+#pragma unroll
+    for (int off = 16; off > 0; off >>= 1) cnt += __shfl_xor_sync(0xffffffffu, cnt, off);
+    base += cnt;
+  }
+  return base;
+}
+
+// ---- prep: W' and U per (chunk, value head)
+template <typename T>
+struct alignas(128) BwdPrepStage {
+  T k[kChunk * kLdK];
+  union {                 // W' overwrites Q (dead once Q K^T is in registers)
+    T q[kChunk * kLdK];
+    T x[kChunk * kLdK];
+  };
+  union {                 // U overwrites dO (dead once U is in registers)
+    T v[kChunk * kLdK];   // dO, all 128 columns of the head
+    T w[kChunk * kLdK];
+  };
+  float gamma[kChunk];
+  float decay[kChunk];
+};
+template <typename T>
+struct BwdPrepStorage {
+  BwdPrepStage<T> stage;
+  AuxScratch<T> aux;
+  int64_t seq, chunk;
+};
+constexpr int kBwdPrepCtasPerSm = 2;
+
+template <typename T, typename IndexT>
+__global__ void __launch_bounds__(kAuxThreads, kBwdPrepCtasPerSm)
+    gdn_bwd_prep_kernel(const __grid_constant__ flashqla_gdn_fwd_params_t p, const PrepBuffers<T> pb) {
+  using namespace warp;
+  extern __shared__ __align__(128) unsigned char smem_raw[];
+  auto& sm = *reinterpret_cast<BwdPrepStorage<T>*>(smem_raw);
+  static_assert(kBwdPrepCtasPerSm * sizeof(BwdPrepStorage<T>) <= 227 * 1024, "two backward prep CTAs per SM");
+  const int tid = threadIdx.x, w = tid >> 5, lane = tid & 31;
+  if (tid < 32) {
+    int64_t seq, chunk;
+    locate_chunk<IndexT>(p, blockIdx.x, tid, seq, chunk);
+    if (tid == 0) {
+      sm.seq = seq;
+      sm.chunk = chunk;
+    }
+  }
+  __syncthreads();
+  if (sm.seq < 0) return;
+  const int64_t h = blockIdx.y, n = sm.seq, c = sm.chunk;
+  const int64_t hq = h / (p.heads_v / p.heads_qk);
+  int64_t b, bos, eos;
+  sequence_bounds<IndexT>(p, n, b, bos, eos);
+  Work<T> wk;
+  wk.q = static_cast<const T*>(p.q) + b * p.q_stride_batch + bos * p.q_stride_time + hq * p.q_stride_head;
+  wk.k = static_cast<const T*>(p.k) + b * p.k_stride_batch + bos * p.k_stride_time + hq * p.k_stride_head;
+  wk.v = static_cast<const T*>(p.v) + b * p.v_stride_batch + bos * p.v_stride_time + h * p.v_stride_head;
+  wk.o = nullptr;
+  wk.b = b;
+  wk.h = h;
+  wk.t0 = bos;
+  wk.len = eos - bos;
+  wk.num_chunks = (wk.len + kChunk - 1) / kChunk;
+  wk.state_off = 0;
+  wk.flat0 = b * p.seqlen + bos;
+  wk.col0 = 0;
+  wk.chunk0 = 0;
+  const int rows = static_cast<int>(wk.len - c * kChunk < kChunk ? wk.len - c * kChunk : kChunk);
+  BwdPrepStage<T>& S = sm.stage;
+  AuxScratch<T>& ax = sm.aux;
+
+  // dO rows, all 128 columns (the wait inside aux_chunk covers them)
+  for (int i = tid; i < kChunk * kDimV / 8; i += kAuxThreads) {
+    const int r = i >> 4, c8 = (i & 15) * 8;
+    const bool ok = r < rows;
+    cp_async_16(&S.v[r * kLdK + c8], ok ? wk.v + (c * kChunk + r) * p.v_stride_time + c8 : wk.v, ok);
+  }
+  long long t_mark = 0;
+  aux_chunk<T, AuxMode::kInputsOnly>(p, S, ax, wk, c, tid, kBarAux, pb, t_mark);
+  bar_sync(kBarAux, kAuxThreads);
+  float qk[8][4];
+  aux_gram_inverse<T>(S, ax, tid, kBarAux, t_mark, qk);
+
+  // Mg = diag(gamma) A diag(beta), lower triangular (T), into ax.m
+#pragma unroll 4
+  for (int e = tid; e < kChunk * kChunk; e += kAuxThreads) {
+    const int i = e >> 6, j = e & 63;
+    const float val = j <= i ? S.gamma[i] * ax.la[i * kLdF + j] * ax.beta[j] : 0.f;
+    ax.m[i * kLdC + j] = from_f<T>(val);
+  }
+  bar_sync(kBarAux, kAuxThreads);  // A is no longer read: P^T goes into its space
+  T* pt = reinterpret_cast<T*>(ax.la);
+  static_assert(sizeof(ax.la) >= sizeof(T) * kChunk * kLdC, "P^T fits in A's buffer");
+  const int gq = lane >> 2, tq = lane & 3;
+  const int i0 = 16 * w + gq, i1 = i0 + 8;
+#pragma unroll
+  for (int nt = 0; nt < 8; ++nt)
+#pragma unroll
+    for (int e = 0; e < 4; ++e) pt[(8 * nt + 2 * tq + (e & 1)) * kLdC + (e < 2 ? i0 : i1)] = from_f<T>(qk[nt][e]);
+  bar_sync(kBarAux, kAuxThreads);
+
+  const LdsmOffsets ld(lane);
+  // U rows [16w, 16w + 16): U[i][v] = scale sum_{j >= i} P^T[i][j] dO[j][v]
+  float ua[16][4], wa[16][4];
+#pragma unroll
+  for (int nt = 0; nt < 16; ++nt)
+#pragma unroll
+    for (int e = 0; e < 4; ++e) ua[nt][e] = wa[nt][e] = 0.f;
+#pragma unroll
+  for (int ks = 0; ks < 4; ++ks) {
+    if (ks < w) continue;
+    uint32_t a[4];
+    ldsm_x4(a, &pt[(16 * w + ld.a_row) * kLdC + 16 * ks + ld.a_col]);
+#pragma unroll
+    for (int np = 0; np < 8; ++np) {
+      uint32_t bb[4];
+      ldsm_x4_trans(bb, &S.v[(16 * ks + ld.bt_row) * kLdK + 16 * np + ld.bt_col]);
+      mma_pair<T>(ua, np, a, bb);
+    }
+  }
+  // W' rows [16w, 16w + 16): W'[i][k] = sum_{j <= i} Mg[i][j] K[j][k]
+#pragma unroll
+  for (int ks = 0; ks < 4; ++ks) {
+    if (ks > w) continue;
+    uint32_t a[4];
+    ldsm_x4(a, &ax.m[(16 * w + ld.a_row) * kLdC + 16 * ks + ld.a_col]);
+#pragma unroll
+    for (int np = 0; np < 8; ++np) {
+      uint32_t bb[4];
+      ldsm_x4_trans(bb, &S.k[(16 * ks + ld.bt_row) * kLdK + 16 * np + ld.bt_col]);
+      mma_pair<T>(wa, np, a, bb);
+    }
+  }
+#pragma unroll
+  for (int nt = 0; nt < 16; ++nt)
+#pragma unroll
+    for (int e = 0; e < 4; ++e) ua[nt][e] *= p.scale;
+  bar_sync(kBarAux, kAuxThreads);  // dO and Q are dead: U and W' go there
+  store_c_tiles<T>(&S.w[16 * w * kLdK], kLdK, ua, lane);
+  store_c_tiles<T>(&S.x[16 * w * kLdK], kLdK, wa, lane);
+  bar_sync(kBarAux, kAuxThreads);
+  const int64_t row0 = wk.flat0 + c * kChunk;
+  T* xd = pb.x + row0 * p.heads_v * kDimK + h * kDimK;
+  T* ud = pb.w + row0 * p.heads_v * kDimV + h * kDimV;
+  for (int i = tid; i < rows * (kDimK / 8); i += kAuxThreads) {
+    const int r = i >> 4, c8 = (i & 15) * 8;
+    *reinterpret_cast<uint4*>(xd + int64_t(r) * p.heads_v * kDimK + c8) = *reinterpret_cast<const uint4*>(&S.x[r * kLdK + c8]);
+    *reinterpret_cast<uint4*>(ud + int64_t(r) * p.heads_v * kDimV + c8) = *reinterpret_cast<const uint4*>(&S.w[r * kLdK + c8]);
+  }
+}
+
+// ---- the reverse chain
+template <typename T>
+CUTLASS_DEVICE void dh_state_role(const flashqla_gdn_fwd_params_t& p, SharedStorage<T>& sm, const Work<T>& wk,
+                                  float* dh) {
+  using namespace warp;
+  const int tid = threadIdx.x, s = tid >> 5, lane = tid & 31;
+  const int gq = lane >> 2, tq = lane & 3;
+  const LdsmOffsets ld(lane);
+  const int v0 = 16 * s + gq;  // this thread's V columns (within the CTA block): v0 and v0 + 8
+
+  // dS^T: 16 V rows x 128 K columns per warp; starts as dht
+  float sacc[16][4];
+#pragma unroll
+  for (int j = 0; j < 16; ++j)
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+      const int kcol = 8 * j + 2 * tq + (e & 1), vrow = v0 + 8 * (e >> 1);
+      sacc[j][e] = p.initial_state != nullptr ? p.initial_state[wk.state_off + int64_t(kcol) * kDimV + vrow] : 0.f;
+    }
+
+  for (int64_t it = 0; it < wk.num_chunks; ++it) {
+    const int64_t c = wk.num_chunks - 1 - it;
+    const int st = static_cast<int>(it % kStages);
+    const Stage<T>& S = sm.stage[st];
+    bar_sync(kBarFull + st, kHandoffThreads);
+
+    // dS' of chunk c: the gradient of its end state, [K][V] rows like the states
+    float* dst = dh + ((wk.chunk0 + c) * p.heads_v + wk.h) * int64_t(kDimK) * kDimV + wk.col0;
+#pragma unroll
+    for (int j = 0; j < 16; ++j)
+#pragma unroll
+      for (int e = 0; e < 4; ++e)
+        dst[int64_t(8 * j + 2 * tq + (e & 1)) * kDimV + v0 + 8 * (e >> 1)] = sacc[j][e];
+
+    uint32_t sa[8][4];
+#pragma unroll
+    for (int kk = 0; kk < 8; ++kk) c_to_a<T>(sa[kk], sacc[2 * kk], sacc[2 * kk + 1]);
+    float kd[8][4];  // KdS^T, 16 V rows x 64 chunk columns
+#pragma unroll
+    for (int nt = 0; nt < 8; ++nt)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) kd[nt][e] = 0.f;
+    for_b_fragments<8, 4, false>(S.k, kLdK, ld, [&](int kk, int np, const uint32_t (&b)[4]) {
+      mma_pair<T>(kd, np, sa[kk], b);
+    });
+
+    // A operands: scale dO^T diag(gamma) and -Z^T = -(KdS^T diag(rho) + U^T) (hi + lo)
+    uint32_t da[4][4], zh[4][4], zl[4][4];
+#pragma unroll
+    for (int kb = 0; kb < 4; ++kb) {
+      uint32_t dr[4], ur[4];
+      ldsm_x4_trans(dr, &S.v[(16 * kb + ld.at_row) * kLdC + 16 * s + ld.at_col]);
+      ldsm_x4_trans(ur, &S.w[(16 * kb + ld.at_row) * kLdC + 16 * s + ld.at_col]);
+#pragma unroll
+      for (int r = 0; r < 4; ++r) {
+        const int nt = 2 * kb + (r >> 1), e = 2 * (r & 1);  // register r holds tile nt, elements e, e + 1
+        const int col = 8 * nt + 2 * tq;
+        const float2 dd = unpack2<T>(dr[r]), uu = unpack2<T>(ur[r]);
+        const float2 gm = *reinterpret_cast<const float2*>(&S.gamma[col]);
+        const float2 rho = *reinterpret_cast<const float2*>(&S.decay[col]);
+        da[kb][r] = pack2<T>(p.scale * gm.x * dd.x, p.scale * gm.y * dd.y);
+        const float z0 = -(rho.x * kd[nt][e] + uu.x), z1 = -(rho.y * kd[nt][e + 1] + uu.y);
+        zh[kb][r] = pack2<T>(z0, z1);
+        const float2 zr = unpack2<T>(zh[kb][r]);
+        zl[kb][r] = pack2<T>(z0 - zr.x, z1 - zr.y);
+      }
+    }
+    const float gamma_c = S.gamma[kChunk - 1];
+#pragma unroll
+    for (int j = 0; j < 16; ++j)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) sacc[j][e] *= gamma_c;
+    for_b_fragments<4, 8, true>(S.q, kLdK, ld, [&](int kb, int np, const uint32_t (&b)[4]) {
+      mma_pair<T>(sacc, np, da[kb], b);
+    });
+    for_b_fragments<4, 8, true>(S.x, kLdK, ld, [&](int kb, int np, const uint32_t (&b)[4]) {
+      mma_pair<T>(sacc, np, zh[kb], b);
+      mma_pair<T>(sacc, np, zl[kb], b);
+    });
+    if (it + kStages < wk.num_chunks) bar_arrive(kBarEmpty + st, kHandoffThreads);
+  }
+
+  if (p.final_state != nullptr) {  // dh0
+#pragma unroll
+    for (int j = 0; j < 16; ++j)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const int kcol = 8 * j + 2 * tq + (e & 1), vrow = v0 + 8 * (e >> 1);
+        p.final_state[wk.state_off + int64_t(kcol) * kDimV + vrow] = sacc[j][e];
+      }
+  }
+}
+
+template <typename T, typename IndexT>
+__global__ void __launch_bounds__(kThreads, 1) gdn_bwd_dh_kernel(const __grid_constant__ flashqla_gdn_fwd_params_t p,
+                                                                 const PrepBuffers<T> pb, float* dh) {
+  extern __shared__ __align__(128) unsigned char smem_raw[];
+  auto& sm = *reinterpret_cast<SharedStorage<T>*>(smem_raw);
+  const CtaTile ct = decode_cta<IndexT>(p, blockIdx.x, kVBlocks, kBlockV);
+  const int64_t h = ct.h, n = ct.n, hq = ct.hq, b = ct.b, bos = ct.bos, eos = ct.eos, col0 = ct.col0;
+  Work<T> wk;
+  wk.q = static_cast<const T*>(p.q) + b * p.q_stride_batch + bos * p.q_stride_time + hq * p.q_stride_head;
+  wk.k = static_cast<const T*>(p.k) + b * p.k_stride_batch + bos * p.k_stride_time + hq * p.k_stride_head;
+  wk.v = static_cast<const T*>(p.v) + b * p.v_stride_batch + bos * p.v_stride_time + h * p.v_stride_head + col0;
+  wk.o = nullptr;
+  wk.b = b;
+  wk.h = h;
+  wk.t0 = bos;
+  wk.len = eos - bos;
+  wk.num_chunks = (wk.len + kChunk - 1) / kChunk;
+  wk.state_off = (n * p.heads_v + h) * int64_t(kDimK) * kDimV + col0;
+  wk.flat0 = b * p.seqlen + bos;
+  wk.col0 = col0;
+  wk.chunk0 = 0;
+  if (threadIdx.x < kStateThreads) {
+    cutlass::arch::warpgroup_reg_alloc<kStateRegs>();
+    wk.chunk0 = chunk_offset<IndexT>(p, n, threadIdx.x & 31);
+    dh_state_role<T>(p, sm, wk, dh);
+  } else {
+    cutlass::arch::warpgroup_reg_dealloc<kAuxRegs>();
+    aux_role<T, AuxMode::kLoadBwd>(p, sm, wk, (threadIdx.x - kStateThreads) / kAuxThreads, pb);
+  }
+}
+
+// p: the forward's struct with v = dO (and its strides), initial_state = dht or NULL, final_state = dh0 or
+// NULL; o unused. dh: [prep_chunk_bound(p), heads_v, 128, 128] fp32 (entries past the last chunk untouched).
+template <typename T>
+cudaError_t launch(const flashqla_gdn_fwd_params_t& p, float* dh, cudaStream_t stream) {
+  const int64_t ctas = p.num_seqs * p.heads_v * kVBlocks;
+  if (ctas == 0) return cudaSuccess;
+  const int64_t chunks = prep_chunk_bound(p);
+  const bool ix64 = p.cu_seqlens != nullptr && p.cu_seqlens_dtype == FLASHQLA_INT64;
+  cudaError_t err = cudaSuccess;
+  void* ws = nullptr;
+  PrepBuffers<T> pb{nullptr, nullptr};
+  if (chunks > 0) {  // W' and U for every token row
+    const size_t rows = static_cast<size_t>(p.batch) * static_cast<size_t>(p.seqlen);
+    err = cudaMallocAsync(&ws, rows * static_cast<size_t>(p.heads_v) * (kDimK + kDimV) * sizeof(T), stream);
+    if (err != cudaSuccess) return err;
+    pb = PrepBuffers<T>{static_cast<T*>(ws), static_cast<T*>(ws) + rows * p.heads_v * kDimK};
+    auto prep = ix64 ? gdn_bwd_prep_kernel<T, int64_t> : gdn_bwd_prep_kernel<T, int32_t>;
+    const size_t smem = sizeof(BwdPrepStorage<T>);
+    err = cudaFuncSetAttribute(prep, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem));
+    if (err == cudaSuccess) {
+      prep<<<dim3(static_cast<unsigned>(chunks), static_cast<unsigned>(p.heads_v)), kAuxThreads, smem, stream>>>(p, pb);
+      err = cudaGetLastError();
+    }
+  }
+  if (err == cudaSuccess) {
+    auto kernel = ix64 ? gdn_bwd_dh_kernel<T, int64_t> : gdn_bwd_dh_kernel<T, int32_t>;
+    const size_t smem = sizeof(SharedStorage<T>);
+    err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem));
+    if (err == cudaSuccess) {
+      kernel<<<static_cast<unsigned>(ctas), kThreads, smem, stream>>>(p, pb, dh);
+      err = cudaGetLastError();
+    }
+  }
+  if (ws != nullptr) {
+    const cudaError_t err_free = cudaFreeAsync(ws, stream);
+    if (err == cudaSuccess) err = err_free;
+  }
+  return err;
+}
+
+}  // namespace gdn_bwd_dh
+}  // namespace flashqla

@@ -1,0 +1,9 @@
+// One instantiation per file so builds parallelise.
+#include "gdn_bwd_dh.cuh"
+#include "kernels.h"
+
+namespace flashqla {
+cudaError_t launch_gdn_bwd_dh_bf16(const flashqla_gdn_fwd_params_t& p, float* dh, cudaStream_t stream) {
+  return gdn_bwd_dh::launch<__nv_bfloat16>(p, dh, stream);
+}
+}  // namespace flashqla
