@@ -11,6 +11,10 @@ _lib.define("chunk_local_cumsum(Tensor g, int chunk_size, bool reverse, float sc
 
 _lib.define("chunk_gdn_fwd(Tensor q, Tensor k, Tensor v, Tensor g, Tensor beta, float scale, Tensor? initial_state, "
             "bool output_final_state, Tensor? cu_seqlens, bool use_qk_l2norm) -> (Tensor, Tensor)")
+# The forward with the state at the start of every chunk (the backward's recompute): (o, states [chunk bound,
+# H_v, K, V]).
+_lib.define("chunk_gdn_fwd_states(Tensor q, Tensor k, Tensor v, Tensor g, Tensor beta, float scale, "
+            "Tensor? initial_state, Tensor? cu_seqlens, bool use_qk_l2norm) -> (Tensor, Tensor)")
 # The backward's reverse chain: (dh [chunk bound, H_v, K, V], dh0 [N, H_v, K, V] or empty); see
 # reference.chunk_state_grads_torch and the C API's flashqla_gdn_bwd_dh.
 _lib.define("chunk_gdn_bwd_dh(Tensor q, Tensor k, Tensor g, Tensor beta, Tensor dout, Tensor? dht, float scale, "
@@ -37,6 +41,13 @@ def _chunk_gdn_fwd_fake(q, k, v, g, beta, scale, initial_state, output_final_sta
     return v.new_empty(v.shape), final
 
 
+@torch.library.register_fake("flashqla::chunk_gdn_fwd_states")
+def _chunk_gdn_fwd_states_fake(q, k, v, g, beta, scale, initial_state, cu_seqlens, use_qk_l2norm):
+    H, K, V = v.shape[2], q.shape[3], v.shape[3]
+    return v.new_empty(v.shape), v.new_empty((chunk_bound(q.shape[0], q.shape[1], cu_seqlens), H, K, V),
+                                             dtype=_state_dtype(q))
+
+
 @torch.library.register_fake("flashqla::chunk_gdn_bwd_dh")
 def _chunk_gdn_bwd_dh_fake(q, k, g, beta, dout, dht, scale, cu_seqlens, use_qk_l2norm, output_dh0):
     N = cu_seqlens.shape[0] - 1 if cu_seqlens is not None else q.shape[0]
@@ -58,6 +69,15 @@ def _chunk_gdn_fwd_cpu(q, k, v, g, beta, scale, initial_state, output_final_stat
                                          use_qk_l2norm_in_kernel=use_qk_l2norm)
     sd = _state_dtype(q)
     return o, (final.to(sd) if output_final_state else v.new_empty((0,), dtype=sd))
+
+
+@torch.library.impl("flashqla::chunk_gdn_fwd_states", "cpu")
+def _chunk_gdn_fwd_states_cpu(q, k, v, g, beta, scale, initial_state, cu_seqlens, use_qk_l2norm):
+    o, _ = reference.chunk_gdn_torch(q, k, v, g, beta, scale=scale, initial_state=initial_state,
+                                     cu_seqlens=cu_seqlens, use_qk_l2norm_in_kernel=use_qk_l2norm)
+    states = reference.chunk_states_torch(q, k, v, g, beta, scale=scale, initial_state=initial_state,
+                                          cu_seqlens=cu_seqlens, use_qk_l2norm_in_kernel=use_qk_l2norm)
+    return o, states[: chunk_bound(q.shape[0], q.shape[1], cu_seqlens)].to(_state_dtype(q))
 
 
 @torch.library.impl("flashqla::chunk_gdn_bwd_dh", "cpu")

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import functools
+import os
 
 import torch
 
@@ -174,11 +175,31 @@ def _forward(shape, q, k, v, g, beta, scale, initial_state, output_final_state, 
 def _backward(shape, q, k, v, g, beta, do, dht, scale, initial_state, l2norm, cu_seqlens):
     dev = q.device
     hopper = _backend.kernels_available(dev)
-    _warn_fallback(hopper, dev, "the sm_90a backward kernels are not available yet" if hopper
-                   else _backend.why_no_kernels(dev), "backward")
+    why = _why_not_kernel(shape, q, g) if hopper else _backend.why_no_kernels(dev)
+    if why is None and os.environ.get("FLASHQLA_BWD_KERNEL", "1").strip() != "0":
+        return _kernel_backward(shape, q, k, v, g, beta, do, dht, scale, initial_state, l2norm, cu_seqlens)
+    _warn_fallback(hopper, dev, why or "FLASHQLA_BWD_KERNEL=0", "backward")
     return reference.chunk_gdn_bwd_torch(q, k, v, g, beta, do, dht, scale=scale, initial_state=initial_state,
                                          cu_seqlens=cu_seqlens, use_qk_l2norm_in_kernel=l2norm,
                                          segment_chunks=_segments(shape, dev))
+
+
+def _kernel_backward(shape, q, k, v, g, beta, do, dht, scale, initial_state, l2norm, cu_seqlens):
+    """Both serial chains on the sm_90a kernels (the chunk-start states from the forward kernel, the
+    chunk-end state gradients from chunk_gdn_bwd_dh), the chunk-parallel gradient step in PyTorch
+    (reference.chunk_gdn_bwd_from_states) until its kernel lands."""
+    sc = shape.K ** -0.5 if scale is None else float(scale)
+    qv, kv, vv = (_vector_ready(x) for x in (q, k, v))
+    h0 = None if initial_state is None else initial_state.float().contiguous()
+    cu = None if cu_seqlens is None else cu_seqlens.contiguous()
+    _, states = torch.ops.flashqla.chunk_gdn_fwd_states(qv, kv, vv, g, beta, sc, h0, cu, l2norm)
+    dov = _vector_ready(do.to(v.dtype))
+    dht_ = None if dht is None else dht.float().contiguous()
+    dh, dh0 = torch.ops.flashqla.chunk_gdn_bwd_dh(qv, kv, g, beta, dov, dht_, sc, cu, l2norm, initial_state is not None)
+    return reference.chunk_gdn_bwd_from_states(q, k, v, g, beta, do, states, dh,
+                                               dh0 if initial_state is not None else None, dht, scale=scale,
+                                               initial_state=initial_state, cu_seqlens=cu_seqlens,
+                                               use_qk_l2norm_in_kernel=l2norm)
 
 
 def _segments(shape, dev):

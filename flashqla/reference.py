@@ -315,16 +315,20 @@ def _l2norm_bwd(x, dy, eps=L2NORM_EPS):
 
 
 @torch.no_grad()
+def _bwd_setup(P, do, dht):
+    """dO per chunk slot, dht (zeros if None), Q K^T and U1 = scale P^T dO (the S-independent part of dV_new)."""
+    dOc = _gather_chunks(do.to(P.dt).reshape(P.B * P.T, P.H_v, P.V), P.tok_idx).permute(0, 2, 1, 3)
+    dht_ = dht.to(P.dt) if dht is not None else torch.zeros_like(P.h0)
+    QKt = P.Qc @ P.Kc.transpose(-1, -2)
+    U1 = P.scale * (QKt * P.Gamma).transpose(-1, -2) @ dOc
+    return dOc, dht_, QKt, U1
+
+
 def _reverse_chain(P, do, dht, segment_chunks=None):
     """The backward's reverse chain over chunk slots (see chunk_gdn_bwd_torch): dSp[c] = the gradient of the
     state after slot c, dS_first[c] = before it; with the S-independent pieces the chunk-local step reuses."""
-    dt, BT = P.dt, P.B * P.T
-    dOc = _gather_chunks(do.to(dt).reshape(BT, P.H_v, P.V), P.tok_idx).permute(0, 2, 1, 3)
-    dht_ = dht.to(dt) if dht is not None else torch.zeros_like(P.h0)
-
-    QKt = P.Qc @ P.Kc.transpose(-1, -2)
-    Pm = QKt * P.Gamma
-    U1 = P.scale * Pm.transpose(-1, -2) @ dOc                       # S-independent part of dV_new
+    dt = P.dt
+    dOc, dht_, QKt, U1 = _bwd_setup(P, do, dht)
     T1 = P.scale * P.Qc.transpose(-1, -2) @ (P.gamma[..., None] * dOc)
     gb = (P.gamma * P.bc)[..., None]
 
@@ -360,6 +364,15 @@ def _initial_state_grad(P, dS_first, dht_):
     return torch.where((P.seq_len > 0)[:, None, None, None], dS_first[first_slot.clamp(max=P.NC - 1)], dht_)
 
 
+def chunk_states_torch(q, k, v, g, beta, scale=None, initial_state=None, cu_seqlens=None,
+                       use_qk_l2norm_in_kernel=False, chunk_size=CHUNK):
+    """The state at the start of every chunk, as the forward kernel writes it for the backward: [chunk slots,
+    H_v, K, V] over the chunks of all sequences in order (slots past the last chunk are zero)."""
+    P = _prepare(q, k, v, g, beta, scale, initial_state, cu_seqlens, use_qk_l2norm_in_kernel, chunk_size)
+    S0, _ = _state_chain(P)
+    return torch.where(P.slot_valid[:, None, None, None], S0, torch.zeros((), dtype=P.dt, device=P.dev))
+
+
 def chunk_state_grads_torch(q, k, g, beta, do, dht=None, scale=None, cu_seqlens=None, use_qk_l2norm_in_kernel=False,
                             chunk_size=CHUNK):
     """The backward's first step as flashqla.chunk_gdn_bwd_dh lays it out: (dh, dh0) with dh[c] the gradient
@@ -371,27 +384,10 @@ def chunk_state_grads_torch(q, k, g, beta, do, dht=None, scale=None, cu_seqlens=
     return dh, _initial_state_grad(P, dS_first, dht_)
 
 
-def chunk_gdn_bwd_torch(q, k, v, g, beta, do, dht=None, scale=None, initial_state=None, cu_seqlens=None,
-                        use_qk_l2norm_in_kernel=False, chunk_size=CHUNK, segment_chunks=None):
-    """Explicit backward of chunk_gdn_torch (gdn-algorithm.md section 4), from the inputs alone.
-
-    1. recompute the chunk-start states S (forward chain);
-    2. reverse chain over chunks for dS' (gradient of each chunk's end state):
-         dS = gamma_C dS' + scale Q^T diag(gamma) dO
-              - K^T diag(gamma beta) M^T (scale P^T dO + diag(gamma_C/gamma) K dS'),
-       M = Gamma * A, P = Q K^T * Gamma; dh0 = dS of each sequence's first chunk;
-    3. chunk-local gradients from S and dS' (chunk-parallel), gates in the
-       computation dtype throughout, GVA dq/dk summed over each group before the cast.
-    The reverse chain is dS = Phi^T dS' + D with the forward's per-chunk transition Phi,
-    so segment_chunks (as in chunk_gdn_torch) runs it as the same exact segment scan, reversed.
-    Returns (dq, dk, dv, dg, dbeta, dh0) in the dtypes of q, k, v, g, beta and fp32 (dh0;
-    None without initial_state).
-    """
-    P = _prepare(q, k, v, g, beta, scale, initial_state, cu_seqlens, use_qk_l2norm_in_kernel, chunk_size)
+def _chunk_local_grads(P, S0, dSp, dh0, dOc, QKt, U1, q, k, v, g, beta, initial_state, use_qk_l2norm_in_kernel):
+    """The backward's chunk-parallel step: from the chunk-start states S0 and the chunk-end state gradients dSp
+    ([slots, H_v, K, V]), the gradients (dq, dk, dv, dg, dbeta, dh0) in the inputs' dtypes."""
     dt, C = P.dt, P.C
-    S0, _ = _state_chain(P, segment_chunks)
-    dOc, dht_, QKt, U1, dSp, dS_first = _reverse_chain(P, do, dht, segment_chunks)
-
     # chunk-local gradients (independent per chunk)
     KS = P.Kc @ S0
     R = P.Vc - P.gamma[..., None] * KS
@@ -438,5 +434,50 @@ def chunk_gdn_bwd_torch(q, k, v, g, beta, do, dht=None, scale=None, initial_stat
     dv = _to_tokens(P, dV)
     scalar = lambda x: _to_tokens(P, x[..., None])[..., 0]
     dg_t, dbeta_t = scalar(dg), scalar(dbeta)
-    dh0 = _initial_state_grad(P, dS_first, dht_).to(initial_state.dtype) if initial_state is not None else None
+    dh0 = dh0.to(initial_state.dtype) if initial_state is not None else None
     return (dq.to(q.dtype), dk.to(k.dtype), dv.to(v.dtype), dg_t.to(g.dtype), dbeta_t.to(beta.dtype), dh0)
+
+
+def chunk_gdn_bwd_from_states(q, k, v, g, beta, do, states, dh, dh0=None, dht=None, scale=None, initial_state=None,
+                              cu_seqlens=None, use_qk_l2norm_in_kernel=False, chunk_size=CHUNK):
+    """chunk_gdn_bwd_torch with both chains given, as the kernels produce them: states[c] the state at the start
+    of chunk c and dh[c] the gradient of the state at its end, over the chunks of all sequences in order (rows
+    past the last chunk are ignored), dh0 the initial states' gradient (None without initial_state). Only the
+    chunk-parallel step runs here."""
+    P = _prepare(q, k, v, g, beta, scale, initial_state, cu_seqlens, use_qk_l2norm_in_kernel, chunk_size)
+    dOc, _, QKt, U1 = _bwd_setup(P, do, dht)
+    zero = torch.zeros((), dtype=P.dt, device=P.dev)
+
+    def slots(x):  # the kernels' chunk rows -> the reference's slots (same order; extra slots zero)
+        x = x.to(P.dt)[: P.NC]
+        if x.shape[0] < P.NC:
+            x = torch.cat([x, x.new_zeros((P.NC - x.shape[0],) + tuple(x.shape[1:]))])
+        return torch.where(P.slot_valid[:, None, None, None], x, zero)
+
+    return _chunk_local_grads(P, slots(states), slots(dh), dh0, dOc, QKt, U1, q, k, v, g, beta, initial_state,
+                              use_qk_l2norm_in_kernel)
+
+
+def chunk_gdn_bwd_torch(q, k, v, g, beta, do, dht=None, scale=None, initial_state=None, cu_seqlens=None,
+                        use_qk_l2norm_in_kernel=False, chunk_size=CHUNK, segment_chunks=None):
+    """Explicit backward of chunk_gdn_torch (gdn-algorithm.md section 4), from the inputs alone.
+
+    1. recompute the chunk-start states S (forward chain);
+    2. reverse chain over chunks for dS' (gradient of each chunk's end state):
+         dS = gamma_C dS' + scale Q^T diag(gamma) dO
+              - K^T diag(gamma beta) M^T (scale P^T dO + diag(gamma_C/gamma) K dS'),
+       M = Gamma * A, P = Q K^T * Gamma; dh0 = dS of each sequence's first chunk;
+    3. chunk-local gradients from S and dS' (chunk-parallel), gates in the
+       computation dtype throughout, GVA dq/dk summed over each group before the cast.
+    The reverse chain is dS = Phi^T dS' + D with the forward's per-chunk transition Phi,
+    so segment_chunks (as in chunk_gdn_torch) runs it as the same exact segment scan, reversed.
+    Returns (dq, dk, dv, dg, dbeta, dh0) in the dtypes of q, k, v, g, beta and fp32 (dh0;
+    None without initial_state).
+    """
+    P = _prepare(q, k, v, g, beta, scale, initial_state, cu_seqlens, use_qk_l2norm_in_kernel, chunk_size)
+    dt, C = P.dt, P.C
+    S0, _ = _state_chain(P, segment_chunks)
+    dOc, dht_, QKt, U1, dSp, dS_first = _reverse_chain(P, do, dht, segment_chunks)
+
+    dh0 = _initial_state_grad(P, dS_first, dht_) if initial_state is not None else None
+    return _chunk_local_grads(P, S0, dSp, dh0, dOc, QKt, U1, q, k, v, g, beta, initial_state, use_qk_l2norm_in_kernel)

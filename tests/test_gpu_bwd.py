@@ -80,3 +80,55 @@ def test_state_grad_kernel_deterministic_and_graph_capturable():
     graph.replay()
     torch.cuda.synchronize()
     assert torch.equal(out[0][: d["chunks"]], a[0]) and torch.equal(out[1], a[1])
+
+
+def test_forward_chunk_states_match_float64():
+    # the forward kernel's chunk-start states (the backward's recompute) against the float64 chain
+    from flashqla.reference import chunk_states_torch
+    d = make([0, 65, 700, 1, 300], 2, 4, seed=8)
+    gen = torch.Generator(device=DEV).manual_seed(9)
+    v = torch.randn(d["do"].shape, device=DEV, generator=gen).to(d["do"].dtype)
+    h0 = torch.randn(5, 4, D, D, device=DEV, generator=gen)
+    o, states = torch.ops.flashqla.chunk_gdn_fwd_states(d["q"], d["k"], v, d["g"], d["beta"], D ** -0.5, h0, d["cu"],
+                                                        False)
+    torch.cuda.synchronize()
+    states = states[: d["chunks"]]
+    assert torch.isfinite(states).all()
+    x = lambda t: t.double().cpu()  # noqa: E731
+    ref = chunk_states_torch(x(d["q"]), x(d["k"]), x(v), x(d["g"]), x(d["beta"]), scale=D ** -0.5,
+                             initial_state=x(h0), cu_seqlens=d["cu"].cpu())[: d["chunks"]]
+    e = rel_l2(states, ref)
+    print(f"chunk states: {e:.2e}")
+    assert e < 5e-3
+
+
+@pytest.mark.parametrize("case", ["varlen_gva_l2norm", "strong_decay_fp16"])
+def test_kernel_backward_matches_the_pytorch_backward(monkeypatch, case):
+    # autograd's backward on the kernel path (FLASHQLA_BWD_KERNEL, default on) against the PyTorch chunked
+    # backward on the same GPU inputs, both against float64 autograd: no worse than ~1.5x its error
+    import flashqla
+    from flashqla.reference import recurrent_gdn
+    if case == "varlen_gva_l2norm":
+        d, l2, dtype = make([0, 200, 1, 900], 2, 4, l2=True, seed=10), True, torch.bfloat16
+    else:
+        d, l2, dtype = make([700, 64], 2, 4, strong=True, dtype=torch.float16, seed=11), False, torch.float16
+    gen = torch.Generator(device=DEV).manual_seed(12)
+    N = d["cu"].numel() - 1
+    inputs = dict(q=d["q"], k=d["k"], v=torch.randn(d["do"].shape, device=DEV, generator=gen).to(dtype),
+                  g=d["g"], beta=d["beta"], initial_state=torch.randn(N, 4, D, D, device=DEV, generator=gen))
+    names = list(inputs)
+    do = d["do"]
+    dht = torch.randn(N, 4, D, D, device=DEV, generator=gen) / 8
+    grads = {}
+    for mode in ("1", "0"):
+        monkeypatch.setenv("FLASHQLA_BWD_KERNEL", mode)
+        leaves = {n: t.clone().requires_grad_(True) for n, t in inputs.items()}
+        o, s = flashqla.chunk_gdn(**leaves, cu_seqlens=d["cu"], output_final_state=True, use_qk_l2norm_in_kernel=l2)
+        grads[mode] = torch.autograd.grad((o.float() * do.float()).sum() + (s * dht).sum(), [leaves[n] for n in names])
+    x = {n: t.double().cpu().requires_grad_(True) for n, t in inputs.items()}
+    ro, rs = recurrent_gdn(**x, cu_seqlens=d["cu"].cpu(), output_final_state=True, use_qk_l2norm_in_kernel=l2)
+    ref = torch.autograd.grad((ro * do.double().cpu()).sum() + (rs * dht.double().cpu()).sum(), [x[n] for n in names])
+    for n, r, a, b in zip(names, ref, grads["1"], grads["0"]):
+        ek, et = rel_l2(a.cpu(), r), rel_l2(b.cpu(), r)
+        print(f"{case} d{n}: kernel path {ek:.2e}, PyTorch path {et:.2e}")
+        assert torch.isfinite(a).all() and ek <= max(1.5 * et, 5e-3), n

@@ -189,3 +189,27 @@ def test_chunk_state_grads_match_autograd():
                             output_final_state=True)
     (g_s,) = torch.autograd.grad((o2, ht2), (s,), (sl(do), dht[3:4]))
     assert (dh[first[3] + 1] - g_s[0]).abs().max() < 1e-10
+
+
+def test_backward_from_given_states_equals_the_explicit_backward():
+    # the kernel path's contract: the chunk-start states and chunk-end state gradients in the kernels' layout
+    # (chunks of all sequences in order, extra rows ignored even when garbage) give the explicit backward
+    from flashqla.reference import (_prepare, _state_chain, chunk_gdn_bwd_from_states, chunk_gdn_bwd_torch,
+                                    chunk_state_grads_torch)
+    lens = [130, 0, 64, 1, 250]
+    d = make_inputs(1, sum(lens), 2, 4, 16, 16, n_seqs=len(lens), seed=41)
+    cu = torch.tensor([0] + torch.tensor(lens).cumsum(0).tolist())
+    gen = torch.Generator().manual_seed(42)
+    do = torch.randn(d["v"].shape, generator=gen, dtype=torch.float64)
+    dht = torch.randn(d["initial_state"].shape, generator=gen, dtype=torch.float64)
+    P = _prepare(d["q"], d["k"], d["v"], d["g"], d["beta"], None, d["initial_state"], cu, False, 64)
+    count = sum(-(-n // 64) for n in lens)
+    states = _state_chain(P)[0][:count + 2].clone()
+    states[count:] = float("nan")                                   # rows past the last chunk: ignored
+    dh, dh0 = chunk_state_grads_torch(d["q"], d["k"], d["g"], d["beta"], do, dht, cu_seqlens=cu)
+    got = chunk_gdn_bwd_from_states(d["q"], d["k"], d["v"], d["g"], d["beta"], do, states, dh[:count], dh0, dht,
+                                    initial_state=d["initial_state"], cu_seqlens=cu)
+    ref = chunk_gdn_bwd_torch(d["q"], d["k"], d["v"], d["g"], d["beta"], do, dht, initial_state=d["initial_state"],
+                              cu_seqlens=cu)
+    for a, b in zip(got, ref):
+        assert (a - b).abs().max() < 1e-10

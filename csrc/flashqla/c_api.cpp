@@ -170,8 +170,10 @@ flashqla_status_t validate_gdn(const flashqla_gdn_fwd_params_t* p, bool* run) {
   if (has_tokens && (p->g == nullptr || p->beta == nullptr))
     return fail(FLASHQLA_ERROR_INVALID_ARGUMENT, "g and beta must not be NULL");
   if ((p->initial_state && reinterpret_cast<uintptr_t>(p->initial_state) % 32) ||
-      (p->final_state && reinterpret_cast<uintptr_t>(p->final_state) % 32))
-    return fail(FLASHQLA_ERROR_INVALID_ARGUMENT, "initial_state and final_state must be 32-byte aligned");
+      (p->final_state && reinterpret_cast<uintptr_t>(p->final_state) % 32) ||
+      (p->chunk_states && reinterpret_cast<uintptr_t>(p->chunk_states) % 32))
+    return fail(FLASHQLA_ERROR_INVALID_ARGUMENT,
+                "initial_state, final_state and chunk_states must be 32-byte aligned");
   flashqla_status_t st = check_current_device();
   if (st != FLASHQLA_SUCCESS) return st;
   *run = true;
@@ -190,6 +192,8 @@ flashqla_status_t flashqla_gdn_fwd(const flashqla_gdn_fwd_params_t* p, cudaStrea
     const char* e = std::getenv("FLASHQLA_FWD_KERNEL");
     return e != nullptr && std::strcmp(e, "simple") == 0;
   }();
+  if (simple && p->chunk_states != nullptr)
+    return fail(FLASHQLA_ERROR_UNSUPPORTED, "chunk_states needs the default forward kernel (FLASHQLA_FWD_KERNEL=simple is set)");
   const bool bf16 = p->qkv_dtype == FLASHQLA_BFLOAT16;
   const cudaError_t err = simple ? (bf16 ? flashqla::launch_gdn_fwd_simple_bf16(*p, stream)
                                          : flashqla::launch_gdn_fwd_simple_fp16(*p, stream))
@@ -218,6 +222,7 @@ flashqla_status_t flashqla_gdn_bwd_dh(const flashqla_gdn_bwd_dh_params_t* p, cud
   f.o_stride_head = p->dout_stride_head;
   f.initial_state = p->dht;
   f.final_state = p->dh0;
+  f.chunk_states = nullptr;
   bool run = false;
   const flashqla_status_t vs = validate_gdn(&f, &run);
   if (vs != FLASHQLA_SUCCESS || !run) return vs;

@@ -23,27 +23,6 @@ namespace gdn_bwd_dh {
 
 using namespace gdn_fwd_mma;
 
-// Chunks of the sequences before n (all chunks of all sequences in order index dh); every lane of the warp
-// calls it and gets the sum.
-template <typename IndexT>
-CUTLASS_DEVICE int64_t chunk_offset(const flashqla_gdn_fwd_params_t& p, int64_t n, int lane) {
-  if (p.cu_seqlens == nullptr) return n * ((p.seqlen + kChunk - 1) / kChunk);
-  int64_t base = 0;
-  for (int64_t s0 = 0; s0 < n; s0 += 32) {
-    const int64_t s = s0 + lane;
-    int64_t cnt = 0;
-    if (s < n) {
-      int64_t b, bos, eos;
-      sequence_bounds<IndexT>(p, s, b, bos, eos);
-      cnt = (eos - bos + kChunk - 1) / kChunk;
-    }
-#pragma unroll
-    for (int off = 16; off > 0; off >>= 1) cnt += __shfl_xor_sync(0xffffffffu, cnt, off);
-    base += cnt;
-  }
-  return base;
-}
-
 // ---- prep: W' and U per (chunk, value head)
 template <typename T>
 struct alignas(128) BwdPrepStage {

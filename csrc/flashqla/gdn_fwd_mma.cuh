@@ -482,6 +482,13 @@ CUTLASS_DEVICE void state_role(const flashqla_gdn_fwd_params_t& p, SharedStorage
     const int st = static_cast<int>(c % kStages);
     const Stage<T>& S = sm.stage[st];
     const int rows = static_cast<int>(wk.len - c * kChunk < kChunk ? wk.len - c * kChunk : kChunk);
+    if (p.chunk_states != nullptr) {  // the state at the chunk's start, for the backward
+      float* dst = p.chunk_states + ((wk.chunk0 + c) * p.heads_v + wk.h) * int64_t(kDimK) * kDimV + wk.col0;
+#pragma unroll
+      for (int j = 0; j < 16; ++j)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) dst[int64_t(8 * j + 2 * tq + (e & 1)) * kDimV + v0 + 8 * (e >> 1)] = sacc[j][e];
+    }
     bar_sync(kBarFull + st, kHandoffThreads);
     FLASHQLA_ROLE_PHASE(0, kStWaitFull);
 
@@ -584,6 +591,27 @@ CUTLASS_DEVICE void state_role(const flashqla_gdn_fwd_params_t& p, SharedStorage
   }
 }
 
+// Chunks of the sequences before n (all chunks of all sequences in order index dh); every lane of the warp
+// calls it and gets the sum.
+template <typename IndexT>
+CUTLASS_DEVICE int64_t chunk_offset(const flashqla_gdn_fwd_params_t& p, int64_t n, int lane) {
+  if (p.cu_seqlens == nullptr) return n * ((p.seqlen + kChunk - 1) / kChunk);
+  int64_t base = 0;
+  for (int64_t s0 = 0; s0 < n; s0 += 32) {
+    const int64_t s = s0 + lane;
+    int64_t cnt = 0;
+    if (s < n) {
+      int64_t b, bos, eos;
+      sequence_bounds<IndexT>(p, s, b, bos, eos);
+      cnt = (eos - bos + kChunk - 1) / kChunk;
+    }
+#pragma unroll
+    for (int off = 16; off > 0; off >>= 1) cnt += __shfl_xor_sync(0xffffffffu, cnt, off);
+    base += cnt;
+  }
+  return base;
+}
+
 template <typename T, typename IndexT, AuxMode kMode>
 __global__ void __launch_bounds__(kThreads, 1) gdn_fwd_mma_kernel(const __grid_constant__ flashqla_gdn_fwd_params_t p,
                                                                   const PrepBuffers<T> pb) {
@@ -614,6 +642,7 @@ __global__ void __launch_bounds__(kThreads, 1) gdn_fwd_mma_kernel(const __grid_c
 
   if (threadIdx.x < kStateThreads) {
     cutlass::arch::warpgroup_reg_alloc<kStateRegs>();
+    if (p.chunk_states != nullptr) wk.chunk0 = chunk_offset<IndexT>(p, n, threadIdx.x & 31);
     state_role<T>(p, sm, wk);
   } else {
     cutlass::arch::warpgroup_reg_dealloc<kAuxRegs>();

@@ -61,12 +61,13 @@ at::Tensor chunk_local_cumsum_cuda(const at::Tensor& g, int64_t chunk_size, bool
   return out;
 }
 
-std::tuple<at::Tensor, at::Tensor> chunk_gdn_fwd_cuda(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
-                                                      const at::Tensor& g, const at::Tensor& beta, double scale,
-                                                      const std::optional<at::Tensor>& initial_state,
-                                                      bool output_final_state,
-                                                      const std::optional<at::Tensor>& cu_seqlens,
-                                                      bool use_qk_l2norm) {
+// The forward; with_states also writes the state at the start of every chunk (the backward's recompute).
+std::tuple<at::Tensor, at::Tensor, at::Tensor> gdn_fwd(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                                                       const at::Tensor& g, const at::Tensor& beta, double scale,
+                                                       const std::optional<at::Tensor>& initial_state,
+                                                       bool output_final_state,
+                                                       const std::optional<at::Tensor>& cu_seqlens,
+                                                       bool use_qk_l2norm, bool with_states) {
   TORCH_CHECK(q.is_cuda() && q.dim() == 4 && k.dim() == 4 && v.dim() == 4 && g.dim() == 3 && beta.dim() == 3,
               "flashqla.chunk_gdn_fwd: expected CUDA q, k, v [B, T, H, D] and g, beta [B, T, H]");
   c10::cuda::CUDAGuard guard(q.device());
@@ -112,8 +113,32 @@ std::tuple<at::Tensor, at::Tensor> chunk_gdn_fwd_cuda(const at::Tensor& q, const
   p.num_seqs = N;
   p.scale = static_cast<float>(scale);
   p.use_qk_l2norm = use_qk_l2norm ? 1 : 0;
+  at::Tensor states = with_states
+      ? at::empty({flashqla_gdn_chunk_bound(&p), v.size(2), k.size(3), v.size(3)}, v.options().dtype(at::kFloat))
+      : at::empty({0}, v.options().dtype(at::kFloat));
+  p.chunk_states = with_states ? states.data_ptr<float>() : nullptr;
   check_status(flashqla_gdn_fwd(&p, c10::cuda::getCurrentCUDAStream(q.device().index()).stream()), "chunk_gdn_fwd");
-  return {o, final_state};
+  return {o, final_state, states};
+}
+
+std::tuple<at::Tensor, at::Tensor> chunk_gdn_fwd_cuda(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                                                      const at::Tensor& g, const at::Tensor& beta, double scale,
+                                                      const std::optional<at::Tensor>& initial_state,
+                                                      bool output_final_state,
+                                                      const std::optional<at::Tensor>& cu_seqlens,
+                                                      bool use_qk_l2norm) {
+  auto r = gdn_fwd(q, k, v, g, beta, scale, initial_state, output_final_state, cu_seqlens, use_qk_l2norm, false);
+  return {std::get<0>(r), std::get<1>(r)};
+}
+
+std::tuple<at::Tensor, at::Tensor> chunk_gdn_fwd_states_cuda(const at::Tensor& q, const at::Tensor& k,
+                                                             const at::Tensor& v, const at::Tensor& g,
+                                                             const at::Tensor& beta, double scale,
+                                                             const std::optional<at::Tensor>& initial_state,
+                                                             const std::optional<at::Tensor>& cu_seqlens,
+                                                             bool use_qk_l2norm) {
+  auto r = gdn_fwd(q, k, v, g, beta, scale, initial_state, false, cu_seqlens, use_qk_l2norm, true);
+  return {std::get<0>(r), std::get<2>(r)};
 }
 
 std::tuple<at::Tensor, at::Tensor> chunk_gdn_bwd_dh_cuda(const at::Tensor& q, const at::Tensor& k, const at::Tensor& g,
@@ -177,6 +202,7 @@ std::tuple<at::Tensor, at::Tensor> chunk_gdn_bwd_dh_cuda(const at::Tensor& q, co
 TORCH_LIBRARY_IMPL(flashqla, CUDA, m) {
   m.impl("chunk_local_cumsum", &chunk_local_cumsum_cuda);
   m.impl("chunk_gdn_fwd", &chunk_gdn_fwd_cuda);
+  m.impl("chunk_gdn_fwd_states", &chunk_gdn_fwd_states_cuda);
   m.impl("chunk_gdn_bwd_dh", &chunk_gdn_bwd_dh_cuda);
 }
 

@@ -124,6 +124,9 @@ typedef struct flashqla_gdn_fwd_params {
   int64_t num_seqs;
   float scale;
   int32_t use_qk_l2norm;                 /* 1: l2-normalise q and k rows first (eps 1e-6) */
+  float* chunk_states;                   /* NULL: not written; else the state at the start of every 64-token
+                                            chunk (the backward's recompute), fp32 [flashqla_gdn_chunk_bound,
+                                            heads_v, K, V], chunks of all sequences in order */
 } flashqla_gdn_fwd_params_t;
 
 FLASHQLA_API flashqla_status_t flashqla_gdn_fwd(const flashqla_gdn_fwd_params_t* params, cudaStream_t stream);
