@@ -109,10 +109,7 @@ __device__ void run_chain(const bf16* K, const bf16* XT, const float* VT, const 
 #pragma unroll
     for (int kk = 0; kk < 8; ++kk) flashqla::warp::c_to_a<bf16>(sa[kk], s[2 * kk], s[2 * kk + 1]);
     float ks[8][4];
-#pragma unroll
-    for (int j = 0; j < 8; ++j)
-#pragma unroll
-      for (int e = 0; e < 4; ++e) ks[j][e] = 0.f;
+    flashqla::warp::zero_acc(ks);
     prod.ks(ks, sa, S);
     uint32_t ya[4][4];
     chain_middle(S, ks, ya, s, L);

@@ -119,10 +119,8 @@ __global__ void __launch_bounds__(kAuxThreads, kBwdPrepCtasPerSm)
   const LdsmOffsets ld(lane);
   // U rows [16w, 16w + 16): U[i][v] = scale sum_{j >= i} P^T[i][j] dO[j][v]
   float ua[16][4], wa[16][4];
-#pragma unroll
-  for (int nt = 0; nt < 16; ++nt)
-#pragma unroll
-    for (int e = 0; e < 4; ++e) ua[nt][e] = wa[nt][e] = 0.f;
+  zero_acc(ua);
+  zero_acc(wa);
 #pragma unroll
   for (int ks = 0; ks < 4; ++ks) {
     if (ks < w) continue;
@@ -204,10 +202,7 @@ CUTLASS_DEVICE void dh_state_role(const flashqla_gdn_fwd_params_t& p, SharedStor
 #pragma unroll
     for (int kk = 0; kk < 8; ++kk) c_to_a<T>(sa[kk], sacc[2 * kk], sacc[2 * kk + 1]);
     float kd[8][4];  // KdS^T, 16 V rows x 64 chunk columns
-#pragma unroll
-    for (int nt = 0; nt < 8; ++nt)
-#pragma unroll
-      for (int e = 0; e < 4; ++e) kd[nt][e] = 0.f;
+    zero_acc(kd);
     for_b_fragments<8, 4, false>(S.k, kLdK, ld, [&](int kk, int np, const uint32_t (&b)[4]) {
       mma_pair<T>(kd, np, sa[kk], b);
     });

@@ -160,10 +160,8 @@ CUTLASS_DEVICE void aux_gram_inverse(StageT& S, AuxScratch<T>& ax, int tid, uint
 
   // ---- K K^T and Q K^T for rows [16w, 16w + 16), column tiles up to the diagonal
   float kk[8][4];
-#pragma unroll
-  for (int nt = 0; nt < 8; ++nt)
-#pragma unroll
-    for (int e = 0; e < 4; ++e) kk[nt][e] = qk[nt][e] = 0.f;
+  zero_acc(kk);
+  zero_acc(qk);
 #pragma unroll
   for (int ks = 0; ks < kDimK / 16; ++ks) {
     uint32_t ak[4], aq[4];
@@ -269,10 +267,7 @@ CUTLASS_DEVICE void aux_products(StageT& S, AuxScratch<T>& ax, int tid, uint32_t
   // ---- W = P M, rows [16w, 16w + 16); P from registers, M lower triangular
   {
     float wa[8][4];
-#pragma unroll
-    for (int nt = 0; nt < 8; ++nt)
-#pragma unroll
-      for (int e = 0; e < 4; ++e) wa[nt][e] = 0.f;
+    zero_acc(wa);
 #pragma unroll
     for (int kb = 0; kb < 4; ++kb) {
       if (kb > w) continue;
@@ -294,10 +289,7 @@ CUTLASS_DEVICE void aux_products(StageT& S, AuxScratch<T>& ax, int tid, uint32_t
 #pragma unroll 1
     for (int half = 0; half < 2; ++half) {  // two 64-column halves: half the accumulators
       float xa[8][4];
-#pragma unroll
-      for (int nt = 0; nt < 8; ++nt)
-#pragma unroll
-        for (int e = 0; e < 4; ++e) xa[nt][e] = 0.f;
+      zero_acc(xa);
 #pragma unroll
       for (int ks = 0; ks < 4; ++ks) {
         if (ks < w) continue;
@@ -499,10 +491,8 @@ CUTLASS_DEVICE void state_role(const flashqla_gdn_fwd_params_t& p, SharedStorage
     for (int kk = 0; kk < 8; ++kk) c_to_a<T>(sa[kk], sacc[2 * kk], sacc[2 * kk + 1]);
     // KS^T and QS^T (16 V rows x 64 chunk columns)
     float ks[8][4], os[8][4];
-#pragma unroll
-    for (int nt = 0; nt < 8; ++nt)
-#pragma unroll
-      for (int e = 0; e < 4; ++e) ks[nt][e] = os[nt][e] = 0.f;
+    zero_acc(ks);
+    zero_acc(os);
     for_b_fragments<8, 4, false>(S.k, kLdK, ld, [&](int kk, int np, const uint32_t (&b)[4]) {
       mma_pair<T>(ks, np, sa[kk], b);
     });

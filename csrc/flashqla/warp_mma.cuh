@@ -87,6 +87,15 @@ template <> CUTLASS_DEVICE void mma<__half>(float (&d)[4], const uint32_t (&a)[4
 }
 
 // acc[2 np], acc[2 np + 1] += a * (the two n-tiles of b).
+// Zero a set of mma accumulators.
+template <int N>
+CUTLASS_DEVICE void zero_acc(float (&acc)[N][4]) {
+#pragma unroll
+  for (int i = 0; i < N; ++i)
+#pragma unroll
+    for (int e = 0; e < 4; ++e) acc[i][e] = 0.f;
+}
+
 template <typename T, int N>
 CUTLASS_DEVICE void mma_pair(float (&acc)[N][4], int np, const uint32_t (&a)[4], const uint32_t (&b)[4]) {
   mma<T>(acc[2 * np], a, b[0], b[1]);
