@@ -54,34 +54,12 @@ __global__ void __launch_bounds__(kAuxThreads, kBwdPrepCtasPerSm)
   auto& sm = *reinterpret_cast<BwdPrepStorage<T>*>(smem_raw);
   static_assert(kBwdPrepCtasPerSm * sizeof(BwdPrepStorage<T>) <= 227 * 1024, "two backward prep CTAs per SM");
   const int tid = threadIdx.x, w = tid >> 5, lane = tid & 31;
-  if (tid < 32) {
-    int64_t seq, chunk;
-    locate_chunk<IndexT>(p, blockIdx.x, tid, seq, chunk);
-    if (tid == 0) {
-      sm.seq = seq;
-      sm.chunk = chunk;
-    }
-  }
-  __syncthreads();
-  if (sm.seq < 0) return;
-  const int64_t h = blockIdx.y, n = sm.seq, c = sm.chunk;
-  const int64_t hq = h / (p.heads_v / p.heads_qk);
-  int64_t b, bos, eos;
-  sequence_bounds<IndexT>(p, n, b, bos, eos);
-  Work<T> wk;
-  wk.q = static_cast<const T*>(p.q) + b * p.q_stride_batch + bos * p.q_stride_time + hq * p.q_stride_head;
-  wk.k = static_cast<const T*>(p.k) + b * p.k_stride_batch + bos * p.k_stride_time + hq * p.k_stride_head;
-  wk.v = static_cast<const T*>(p.v) + b * p.v_stride_batch + bos * p.v_stride_time + h * p.v_stride_head;
+  CtaTile ct;
+  int64_t c;
+  if (!prep_tile<IndexT>(p, sm.seq, sm.chunk, ct, c)) return;
+  const int64_t h = ct.h;
+  Work<T> wk = make_work<T>(p, ct);
   wk.o = nullptr;
-  wk.b = b;
-  wk.h = h;
-  wk.t0 = bos;
-  wk.len = eos - bos;
-  wk.num_chunks = (wk.len + kChunk - 1) / kChunk;
-  wk.state_off = 0;
-  wk.flat0 = b * p.seqlen + bos;
-  wk.col0 = 0;
-  wk.chunk0 = 0;
   const int rows = static_cast<int>(wk.len - c * kChunk < kChunk ? wk.len - c * kChunk : kChunk);
   BwdPrepStage<T>& S = sm.stage;
   AuxScratch<T>& ax = sm.aux;
@@ -174,15 +152,8 @@ CUTLASS_DEVICE void dh_state_role(const flashqla_gdn_fwd_params_t& p, SharedStor
   const LdsmOffsets ld(lane);
   const int v0 = 16 * s + gq;  // this thread's V columns (within the CTA block): v0 and v0 + 8
 
-  // dS^T: 16 V rows x 128 K columns per warp; starts as dht
-  float sacc[16][4];
-#pragma unroll
-  for (int j = 0; j < 16; ++j)
-#pragma unroll
-    for (int e = 0; e < 4; ++e) {
-      const int kcol = 8 * j + 2 * tq + (e & 1), vrow = v0 + 8 * (e >> 1);
-      sacc[j][e] = p.initial_state != nullptr ? p.initial_state[wk.state_off + int64_t(kcol) * kDimV + vrow] : 0.f;
-    }
+  float sacc[16][4];  // dS^T, starting from dht
+  load_state_tile(sacc, p.initial_state != nullptr ? p.initial_state + wk.state_off : nullptr, tq, v0);
 
   for (int64_t it = 0; it < wk.num_chunks; ++it) {
     const int64_t c = wk.num_chunks - 1 - it;
@@ -191,12 +162,7 @@ CUTLASS_DEVICE void dh_state_role(const flashqla_gdn_fwd_params_t& p, SharedStor
     bar_sync(kBarFull + st, kHandoffThreads);
 
     // dS' of chunk c: the gradient of its end state, [K][V] rows like the states
-    float* dst = dh + ((wk.chunk0 + c) * p.heads_v + wk.h) * int64_t(kDimK) * kDimV + wk.col0;
-#pragma unroll
-    for (int j = 0; j < 16; ++j)
-#pragma unroll
-      for (int e = 0; e < 4; ++e)
-        dst[int64_t(8 * j + 2 * tq + (e & 1)) * kDimV + v0 + 8 * (e >> 1)] = sacc[j][e];
+    store_state_tile(dh + ((wk.chunk0 + c) * p.heads_v + wk.h) * int64_t(kDimK) * kDimV + wk.col0, sacc, tq, v0);
 
     uint32_t sa[8][4];
 #pragma unroll
@@ -243,15 +209,7 @@ CUTLASS_DEVICE void dh_state_role(const flashqla_gdn_fwd_params_t& p, SharedStor
     if (it + kStages < wk.num_chunks) bar_arrive(kBarEmpty + st, kHandoffThreads);
   }
 
-  if (p.final_state != nullptr) {  // dh0
-#pragma unroll
-    for (int j = 0; j < 16; ++j)
-#pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        const int kcol = 8 * j + 2 * tq + (e & 1), vrow = v0 + 8 * (e >> 1);
-        p.final_state[wk.state_off + int64_t(kcol) * kDimV + vrow] = sacc[j][e];
-      }
-  }
+  if (p.final_state != nullptr) store_state_tile(p.final_state + wk.state_off, sacc, tq, v0);  // dh0
 }
 
 template <typename T, typename IndexT>
@@ -260,24 +218,11 @@ __global__ void __launch_bounds__(kThreads, 1) gdn_bwd_dh_kernel(const __grid_co
   extern __shared__ __align__(128) unsigned char smem_raw[];
   auto& sm = *reinterpret_cast<SharedStorage<T>*>(smem_raw);
   const CtaTile ct = decode_cta<IndexT>(p, blockIdx.x, kVBlocks, kBlockV);
-  const int64_t h = ct.h, n = ct.n, hq = ct.hq, b = ct.b, bos = ct.bos, eos = ct.eos, col0 = ct.col0;
-  Work<T> wk;
-  wk.q = static_cast<const T*>(p.q) + b * p.q_stride_batch + bos * p.q_stride_time + hq * p.q_stride_head;
-  wk.k = static_cast<const T*>(p.k) + b * p.k_stride_batch + bos * p.k_stride_time + hq * p.k_stride_head;
-  wk.v = static_cast<const T*>(p.v) + b * p.v_stride_batch + bos * p.v_stride_time + h * p.v_stride_head + col0;
+  Work<T> wk = make_work<T>(p, ct);
   wk.o = nullptr;
-  wk.b = b;
-  wk.h = h;
-  wk.t0 = bos;
-  wk.len = eos - bos;
-  wk.num_chunks = (wk.len + kChunk - 1) / kChunk;
-  wk.state_off = (n * p.heads_v + h) * int64_t(kDimK) * kDimV + col0;
-  wk.flat0 = b * p.seqlen + bos;
-  wk.col0 = col0;
-  wk.chunk0 = 0;
   if (threadIdx.x < kStateThreads) {
     cutlass::arch::warpgroup_reg_alloc<kStateRegs>();
-    wk.chunk0 = chunk_offset<IndexT>(p, n, threadIdx.x & 31);
+    wk.chunk0 = chunk_offset<IndexT>(p, ct.n, threadIdx.x & 31);
     dh_state_role<T>(p, sm, wk, dh);
   } else {
     cutlass::arch::warpgroup_reg_dealloc<kAuxRegs>();

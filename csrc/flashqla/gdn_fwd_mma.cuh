@@ -139,6 +139,53 @@ struct PrepBuffers {
   T* x;
   T* w;
 };
+// A state tile in the state warps' registers: S^T (or dS^T), 16 V rows x 128 K columns per warp as 16 C tiles;
+// in memory [K][V] rows of kDimV floats (states, their gradients). This thread's V columns: v0, v0 + 8.
+CUTLASS_DEVICE void load_state_tile(float (&acc)[16][4], const float* src, int tq, int v0) {
+#pragma unroll
+  for (int j = 0; j < 16; ++j)
+#pragma unroll
+    for (int e = 0; e < 4; ++e)
+      acc[j][e] = src != nullptr ? src[int64_t(8 * j + 2 * tq + (e & 1)) * kDimV + v0 + 8 * (e >> 1)] : 0.f;
+}
+CUTLASS_DEVICE void store_state_tile(float* dst, const float (&acc)[16][4], int tq, int v0) {
+#pragma unroll
+  for (int j = 0; j < 16; ++j)
+#pragma unroll
+    for (int e = 0; e < 4; ++e) dst[int64_t(8 * j + 2 * tq + (e & 1)) * kDimV + v0 + 8 * (e >> 1)] = acc[j][e];
+}
+
+// Per-lane fragment indices of an aux warp w (16 chunk rows each): the two rows of its C fragments.
+struct AuxLane {
+  int w, lane, gq, tq, i0, i1;
+  warp::LdsmOffsets ld;
+  CUTLASS_DEVICE explicit AuxLane(int tid)
+      : w(tid >> 5), lane(tid & 31), gq((tid & 31) >> 2), tq(tid & 3), i0(16 * (tid >> 5) + ((tid & 31) >> 2)),
+        i1(16 * (tid >> 5) + ((tid & 31) >> 2) + 8), ld(tid & 31) {}
+};
+
+// The Work of one CTA tile: V columns [col0, col0 + kBlockV) of value head ct.h of sequence ct.n (the prep
+// kernels pass col0 = 0 and read all columns); v and o point at row 0 of the sequence.
+template <typename T>
+CUTLASS_DEVICE Work<T> make_work(const flashqla_gdn_fwd_params_t& p, const CtaTile& ct) {
+  Work<T> wk;
+  const int64_t b = ct.b, bos = ct.bos;
+  wk.q = static_cast<const T*>(p.q) + b * p.q_stride_batch + bos * p.q_stride_time + ct.hq * p.q_stride_head;
+  wk.k = static_cast<const T*>(p.k) + b * p.k_stride_batch + bos * p.k_stride_time + ct.hq * p.k_stride_head;
+  wk.v = static_cast<const T*>(p.v) + b * p.v_stride_batch + bos * p.v_stride_time + ct.h * p.v_stride_head + ct.col0;
+  wk.o = static_cast<T*>(p.o) + b * p.o_stride_batch + bos * p.o_stride_time + ct.h * p.o_stride_head + ct.col0;
+  wk.b = b;
+  wk.h = ct.h;
+  wk.t0 = bos;
+  wk.len = ct.eos - bos;
+  wk.num_chunks = (wk.len + kChunk - 1) / kChunk;
+  wk.state_off = (ct.n * p.heads_v + ct.h) * int64_t(kDimK) * kDimV + ct.col0;
+  wk.flat0 = b * p.seqlen + bos;
+  wk.col0 = ct.col0;
+  wk.chunk0 = 0;
+  return wk;
+}
+
 // kFused: load and compute in the recurrent kernel; kLoadPrepared: load K, Q, V, X, W (split mode);
 // kPrep: load K, Q and compute (the prep kernel); kInputsOnly: load K, Q, gates and l2norm only (the backward's prep).
 // kLoadBwd (gdn_bwd_dh.cuh): the backward's recurrent loader, chunks in reverse: K, Q, dO (in v), W' (in x) and
@@ -153,10 +200,9 @@ CUTLASS_DEVICE void aux_gram_inverse(StageT& S, AuxScratch<T>& ax, int tid, uint
                                      float (&qk)[8][4]) {
   using namespace warp;
   (void)t_mark;
-  const int w = tid >> 5, lane = tid & 31;
-  const int gq = lane >> 2, tq = lane & 3;
-  const LdsmOffsets ld(lane);
-  const int i0 = 16 * w + gq, i1 = i0 + 8;  // this thread's two chunk rows in C fragments
+  const AuxLane al(tid);
+  const int w = al.w, lane = al.lane, tq = al.tq, i0 = al.i0, i1 = al.i1;
+  const LdsmOffsets& ld = al.ld;
 
   // ---- K K^T and Q K^T for rows [16w, 16w + 16), column tiles up to the diagonal
   float kk[8][4];
@@ -247,10 +293,9 @@ template <typename T, typename StageT>
 CUTLASS_DEVICE void aux_products(StageT& S, AuxScratch<T>& ax, int tid, uint32_t bar_aux, long long& t_mark) {
   using namespace warp;
   (void)t_mark;
-  const int w = tid >> 5, lane = tid & 31;
-  const int gq = lane >> 2, tq = lane & 3;
-  const LdsmOffsets ld(lane);
-  const int i0 = 16 * w + gq, i1 = i0 + 8;  // this thread's two chunk rows in C fragments
+  const AuxLane al(tid);
+  const int w = al.w, lane = al.lane, tq = al.tq, i0 = al.i0, i1 = al.i1;
+  const LdsmOffsets& ld = al.ld;
   float qk[8][4];
   aux_gram_inverse<T>(S, ax, tid, bar_aux, t_mark, qk);
 
@@ -460,26 +505,15 @@ CUTLASS_DEVICE void state_role(const flashqla_gdn_fwd_params_t& p, SharedStorage
   const int v0 = 16 * s + gq;  // this thread's V columns (within the CTA block): v0 and v0 + 8
   FLASHQLA_ROLE_TIMER;
 
-  // S^T: 16 V rows x 128 K columns per warp, as 16 C tiles of 8 K columns.
-  float sacc[16][4];
-#pragma unroll
-  for (int j = 0; j < 16; ++j)
-#pragma unroll
-    for (int e = 0; e < 4; ++e) {
-      const int kcol = 8 * j + 2 * tq + (e & 1), vrow = v0 + 8 * (e >> 1);
-      sacc[j][e] = p.initial_state != nullptr ? p.initial_state[wk.state_off + int64_t(kcol) * kDimV + vrow] : 0.f;
-    }
+  float sacc[16][4];  // S^T
+  load_state_tile(sacc, p.initial_state != nullptr ? p.initial_state + wk.state_off : nullptr, tq, v0);
 
   for (int64_t c = 0; c < wk.num_chunks; ++c) {
     const int st = static_cast<int>(c % kStages);
     const Stage<T>& S = sm.stage[st];
     const int rows = static_cast<int>(wk.len - c * kChunk < kChunk ? wk.len - c * kChunk : kChunk);
     if (p.chunk_states != nullptr) {  // the state at the chunk's start, for the backward
-      float* dst = p.chunk_states + ((wk.chunk0 + c) * p.heads_v + wk.h) * int64_t(kDimK) * kDimV + wk.col0;
-#pragma unroll
-      for (int j = 0; j < 16; ++j)
-#pragma unroll
-        for (int e = 0; e < 4; ++e) dst[int64_t(8 * j + 2 * tq + (e & 1)) * kDimV + v0 + 8 * (e >> 1)] = sacc[j][e];
+      store_state_tile(p.chunk_states + ((wk.chunk0 + c) * p.heads_v + wk.h) * int64_t(kDimK) * kDimV + wk.col0, sacc, tq, v0);
     }
     bar_sync(kBarFull + st, kHandoffThreads);
     FLASHQLA_ROLE_PHASE(0, kStWaitFull);
@@ -570,15 +604,7 @@ CUTLASS_DEVICE void state_role(const flashqla_gdn_fwd_params_t& p, SharedStorage
     FLASHQLA_ROLE_PHASE(0, kStStore);
   }
 
-  if (p.final_state != nullptr) {
-#pragma unroll
-    for (int j = 0; j < 16; ++j)
-#pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        const int kcol = 8 * j + 2 * tq + (e & 1), vrow = v0 + 8 * (e >> 1);
-        p.final_state[wk.state_off + int64_t(kcol) * kDimV + vrow] = sacc[j][e];
-      }
-  }
+  if (p.final_state != nullptr) store_state_tile(p.final_state + wk.state_off, sacc, tq, v0);
 }
 
 // Chunks of the sequences before n (all chunks of all sequences in order index dh); every lane of the warp
@@ -613,26 +639,11 @@ __global__ void __launch_bounds__(kThreads, 1) gdn_fwd_mma_kernel(const __grid_c
     return;
   }
   const CtaTile ct = decode_cta<IndexT>(p, blockIdx.x, kVBlocks, kBlockV);
-  const int64_t h = ct.h, n = ct.n, hq = ct.hq, b = ct.b, bos = ct.bos, eos = ct.eos, col0 = ct.col0;
-
-  Work<T> wk;
-  wk.q = static_cast<const T*>(p.q) + b * p.q_stride_batch + bos * p.q_stride_time + hq * p.q_stride_head;
-  wk.k = static_cast<const T*>(p.k) + b * p.k_stride_batch + bos * p.k_stride_time + hq * p.k_stride_head;
-  wk.v = static_cast<const T*>(p.v) + b * p.v_stride_batch + bos * p.v_stride_time + h * p.v_stride_head + col0;
-  wk.o = static_cast<T*>(p.o) + b * p.o_stride_batch + bos * p.o_stride_time + h * p.o_stride_head + col0;
-  wk.b = b;
-  wk.h = h;
-  wk.t0 = bos;
-  wk.len = eos - bos;
-  wk.num_chunks = (wk.len + kChunk - 1) / kChunk;
-  wk.state_off = (n * p.heads_v + h) * int64_t(kDimK) * kDimV + col0;
-  wk.flat0 = b * p.seqlen + bos;
-  wk.col0 = col0;
-  wk.chunk0 = 0;
+  Work<T> wk = make_work<T>(p, ct);
 
   if (threadIdx.x < kStateThreads) {
     cutlass::arch::warpgroup_reg_alloc<kStateRegs>();
-    if (p.chunk_states != nullptr) wk.chunk0 = chunk_offset<IndexT>(p, n, threadIdx.x & 31);
+    if (p.chunk_states != nullptr) wk.chunk0 = chunk_offset<IndexT>(p, ct.n, threadIdx.x & 31);
     state_role<T>(p, sm, wk);
   } else {
     cutlass::arch::warpgroup_reg_dealloc<kAuxRegs>();
@@ -711,6 +722,31 @@ CUTLASS_DEVICE void locate_chunk(const flashqla_gdn_fwd_params_t& p, int64_t k, 
   }
 }
 
+// A prep kernel CTA's tile: chunk blockIdx.x of all sequences' chunks, value head blockIdx.y, all V columns;
+// false when blockIdx.x is past the last chunk. seq_slot and chunk_slot are shared-memory scratch.
+template <typename IndexT>
+CUTLASS_DEVICE bool prep_tile(const flashqla_gdn_fwd_params_t& p, int64_t& seq_slot, int64_t& chunk_slot, CtaTile& ct,
+                              int64_t& chunk) {
+  if (threadIdx.x < 32) {
+    int64_t seq, ch;
+    locate_chunk<IndexT>(p, blockIdx.x, threadIdx.x, seq, ch);
+    if (threadIdx.x == 0) {
+      seq_slot = seq;
+      chunk_slot = ch;
+    }
+  }
+  __syncthreads();
+  if (seq_slot < 0) return false;
+  ct.vb = 0;
+  ct.h = blockIdx.y;
+  ct.n = seq_slot;
+  ct.hq = ct.h / (p.heads_v / p.heads_qk);
+  sequence_bounds<IndexT>(p, ct.n, ct.b, ct.bos, ct.eos);
+  ct.col0 = 0;
+  chunk = chunk_slot;
+  return true;
+}
+
 // One CTA per (chunk, value head): the aux products of that chunk, written to the prep buffers. No
 // recurrence, so the whole GPU works on them at once instead of two warpgroups per recurrent CTA.
 template <typename T, typename IndexT>
@@ -719,34 +755,11 @@ __global__ void __launch_bounds__(kPrepThreads, kPrepCtasPerSm) gdn_prep_kernel(
   extern __shared__ __align__(128) unsigned char smem_raw[];
   auto& sm = *reinterpret_cast<PrepStorage<T>*>(smem_raw);
   const int tid = threadIdx.x;
-  if (tid < 32) {
-    int64_t seq, chunk;
-    locate_chunk<IndexT>(p, blockIdx.x, tid, seq, chunk);
-    if (tid == 0) {
-      sm.seq = seq;
-      sm.chunk = chunk;
-    }
-  }
-  __syncthreads();
-  if (sm.seq < 0) return;
-  const int64_t h = blockIdx.y, n = sm.seq, c = sm.chunk;
-  const int64_t hq = h / (p.heads_v / p.heads_qk);
-  int64_t b, bos, eos;
-  sequence_bounds<IndexT>(p, n, b, bos, eos);
-  Work<T> wk;
-  wk.q = static_cast<const T*>(p.q) + b * p.q_stride_batch + bos * p.q_stride_time + hq * p.q_stride_head;
-  wk.k = static_cast<const T*>(p.k) + b * p.k_stride_batch + bos * p.k_stride_time + hq * p.k_stride_head;
-  wk.v = nullptr;
-  wk.o = nullptr;
-  wk.b = b;
-  wk.h = h;
-  wk.t0 = bos;
-  wk.len = eos - bos;
-  wk.num_chunks = (wk.len + kChunk - 1) / kChunk;
-  wk.state_off = 0;
-  wk.flat0 = b * p.seqlen + bos;
-  wk.col0 = 0;
-  wk.chunk0 = 0;
+  CtaTile ct;
+  int64_t c;
+  if (!prep_tile<IndexT>(p, sm.seq, sm.chunk, ct, c)) return;
+  const int64_t h = ct.h;
+  Work<T> wk = make_work<T>(p, ct);
   long long t_mark = 0;
   aux_chunk<T, AuxMode::kPrep>(p, sm.stage, sm.aux, wk, c, tid, kBarAux, pb, t_mark);
   static_assert(3 * sizeof(PrepStorage<T>) <= 227 * 1024, "three prep CTAs per SM");
