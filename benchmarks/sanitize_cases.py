@@ -32,3 +32,14 @@ for cu in ([0, 0, 65, 65, 200, 260], [0, 900, 20, 300], [-5, 3, 1 << 30]):
     torch.ops.flashqla.chunk_gdn_fwd(q, k, v, g, beta, 0.088, h0, True, cut, True)
 torch.cuda.synchronize()
 print("forward sanitize cases ran")
+
+# backward: the reverse state-gradient chain (prep + recurrent kernels) and the forward's chunk states, on the
+# same inputs and malformed cu_seqlens values
+do = torch.randn(1, T, 2, D, device=dev).bfloat16()
+for cu in ([0, 0, 65, 65, 200, 260], [0, 900, 20, 300], [-5, 3, 1 << 30]):
+    cut = torch.tensor(cu, device=dev, dtype=torch.int32)
+    dht = torch.randn(len(cu) - 1, 2, D, D, device=dev)
+    torch.ops.flashqla.chunk_gdn_bwd_dh(q, k, g, beta, do, dht, 0.088, cut, True, True)
+    torch.ops.flashqla.chunk_gdn_fwd_states(q, k, v, g, beta, 0.088, None, cut, False)
+torch.cuda.synchronize()
+print("backward sanitize cases ran")
