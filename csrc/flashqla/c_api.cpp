@@ -174,6 +174,8 @@ flashqla_status_t validate_gdn(const flashqla_gdn_fwd_params_t* p, bool* run) {
       (p->chunk_states && reinterpret_cast<uintptr_t>(p->chunk_states) % 32))
     return fail(FLASHQLA_ERROR_INVALID_ARGUMENT,
                 "initial_state, final_state and chunk_states must be 32-byte aligned");
+  if (p->workspace && reinterpret_cast<uintptr_t>(p->workspace) % 16)
+    return fail(FLASHQLA_ERROR_INVALID_ARGUMENT, "workspace must be 16-byte aligned");
   flashqla_status_t st = check_current_device();
   if (st != FLASHQLA_SUCCESS) return st;
   *run = true;
@@ -231,6 +233,15 @@ flashqla_status_t flashqla_gdn_bwd_dh(const flashqla_gdn_bwd_dh_params_t* p, cud
   const cudaError_t err = f.qkv_dtype == FLASHQLA_BFLOAT16 ? flashqla::launch_gdn_bwd_dh_bf16(f, p->dh, stream)
                                                            : flashqla::launch_gdn_bwd_dh_fp16(f, p->dh, stream);
   return from_cuda(err, "gdn_bwd_dh launch");
+}
+
+size_t flashqla_gdn_fwd_workspace_bytes(const flashqla_gdn_fwd_params_t* p) {
+  if (p == nullptr || !flashqla::fwd_split_mode()) return 0;
+  return flashqla::prep_workspace_bytes(*p, flashqla::kFwdPrepCols);
+}
+
+size_t flashqla_gdn_bwd_dh_workspace_bytes(const flashqla_gdn_bwd_dh_params_t* p) {
+  return p == nullptr ? 0 : flashqla::prep_workspace_bytes(p->fwd, flashqla::kBwdPrepCols);
 }
 
 }  // extern "C"

@@ -239,13 +239,14 @@ cudaError_t launch(const flashqla_gdn_fwd_params_t& p, float* dh, cudaStream_t s
   const int64_t chunks = prep_chunk_bound(p);
   const bool ix64 = p.cu_seqlens != nullptr && p.cu_seqlens_dtype == FLASHQLA_INT64;
   cudaError_t err = cudaSuccess;
-  void* ws = nullptr;
+  Workspace ws;
   PrepBuffers<T> pb{nullptr, nullptr};
   if (chunks > 0) {  // W' and U for every token row
-    const size_t rows = static_cast<size_t>(p.batch) * static_cast<size_t>(p.seqlen);
-    err = cudaMallocAsync(&ws, rows * static_cast<size_t>(p.heads_v) * (kDimK + kDimV) * sizeof(T), stream);
+    static_assert(kBwdPrepCols == kDimK + kDimV && sizeof(T) == 2, "workspace layout");
+    err = ws.acquire(p, prep_workspace_bytes(p, kBwdPrepCols), stream);
     if (err != cudaSuccess) return err;
-    pb = PrepBuffers<T>{static_cast<T*>(ws), static_cast<T*>(ws) + rows * p.heads_v * kDimK};
+    const size_t rows = static_cast<size_t>(p.batch) * static_cast<size_t>(p.seqlen);
+    pb = PrepBuffers<T>{static_cast<T*>(ws.ptr), static_cast<T*>(ws.ptr) + rows * p.heads_v * kDimK};
     auto prep = ix64 ? gdn_bwd_prep_kernel<T, int64_t> : gdn_bwd_prep_kernel<T, int32_t>;
     const size_t smem = sizeof(BwdPrepStorage<T>);
     err = cudaFuncSetAttribute(prep, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem));
@@ -263,11 +264,7 @@ cudaError_t launch(const flashqla_gdn_fwd_params_t& p, float* dh, cudaStream_t s
       err = cudaGetLastError();
     }
   }
-  if (ws != nullptr) {
-    const cudaError_t err_free = cudaFreeAsync(ws, stream);
-    if (err == cudaSuccess) err = err_free;
-  }
-  return err;
+  return ws.release(err, stream);
 }
 
 }  // namespace gdn_bwd_dh

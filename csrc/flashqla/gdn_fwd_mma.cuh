@@ -25,6 +25,7 @@
 #pragma once
 
 #include "gdn_fwd_common.cuh"
+#include "kernels.h"
 #include "warp_mma.cuh"
 
 #include <cutlass/arch/reg_reconfig.h>
@@ -781,13 +782,27 @@ __global__ void __launch_bounds__(kPrepThreads, kPrepCtasPerSm) gdn_prep_kernel(
   }
 }
 
-// FLASHQLA_FWD_SPLIT=0 runs the fused kernel (aux products inside the recurrent kernel); otherwise, the
-// default, the prep kernel and then the recurrent kernel in loader mode. Read at each launch (a getenv
-// is far cheaper than a launch), so tests and benchmarks can compare the two in one process.
-inline bool split_mode() {
-  const char* e = std::getenv("FLASHQLA_FWD_SPLIT");
-  return !(e != nullptr && e[0] == '0');
-}
+// The caller's workspace when it is large enough, else a stream-ordered allocation (a graph allocation node
+// under capture) that release() frees on the same stream.
+struct Workspace {
+  void* ptr = nullptr;
+  bool owned = false;
+  cudaError_t acquire(const flashqla_gdn_fwd_params_t& p, size_t bytes, cudaStream_t stream) {
+    if (p.workspace != nullptr && p.workspace_bytes >= bytes) {
+      ptr = p.workspace;
+      return cudaSuccess;
+    }
+    owned = true;
+    return cudaMallocAsync(&ptr, bytes, stream);
+  }
+  cudaError_t release(cudaError_t err, cudaStream_t stream) {
+    if (owned && ptr != nullptr) {
+      const cudaError_t e = cudaFreeAsync(ptr, stream);
+      if (err == cudaSuccess) err = e;
+    }
+    return err;
+  }
+};
 
 template <typename T, AuxMode kMode>
 cudaError_t launch_recurrent(const flashqla_gdn_fwd_params_t& p, const PrepBuffers<T>& pb, cudaStream_t stream) {
@@ -805,15 +820,14 @@ cudaError_t launch_recurrent(const flashqla_gdn_fwd_params_t& p, const PrepBuffe
 template <typename T>
 cudaError_t launch(const flashqla_gdn_fwd_params_t& p, cudaStream_t stream) {
   const int64_t chunks = prep_chunk_bound(p);
-  if (!split_mode() || chunks == 0 || p.num_seqs == 0)
+  if (!fwd_split_mode() || chunks == 0 || p.num_seqs == 0)
     return launch_recurrent<T, AuxMode::kFused>(p, PrepBuffers<T>{nullptr, nullptr}, stream);
-  // Stream-ordered workspace (capturable in CUDA graphs as allocation nodes): X and W for every token row.
-  const size_t rows = static_cast<size_t>(p.batch) * static_cast<size_t>(p.seqlen);
-  const size_t bytes = rows * static_cast<size_t>(p.heads_v) * (kDimK + kChunk) * sizeof(T);
-  void* ws = nullptr;
-  cudaError_t err = cudaMallocAsync(&ws, bytes, stream);
+  static_assert(kFwdPrepCols == kDimK + kChunk && sizeof(T) == 2, "workspace layout");
+  Workspace ws;  // X and W for every token row
+  cudaError_t err = ws.acquire(p, prep_workspace_bytes(p, kFwdPrepCols), stream);
   if (err != cudaSuccess) return err;
-  PrepBuffers<T> pb{static_cast<T*>(ws), static_cast<T*>(ws) + rows * p.heads_v * kDimK};
+  const size_t rows = static_cast<size_t>(p.batch) * static_cast<size_t>(p.seqlen);
+  PrepBuffers<T> pb{static_cast<T*>(ws.ptr), static_cast<T*>(ws.ptr) + rows * p.heads_v * kDimK};
   auto prep = p.cu_seqlens != nullptr && p.cu_seqlens_dtype == FLASHQLA_INT64 ? gdn_prep_kernel<T, int64_t>
                                                                                : gdn_prep_kernel<T, int32_t>;
   const size_t smem = sizeof(PrepStorage<T>);
@@ -823,8 +837,7 @@ cudaError_t launch(const flashqla_gdn_fwd_params_t& p, cudaStream_t stream) {
     err = cudaGetLastError();
   }
   if (err == cudaSuccess) err = launch_recurrent<T, AuxMode::kLoadPrepared>(p, pb, stream);
-  const cudaError_t err_free = cudaFreeAsync(ws, stream);
-  return err != cudaSuccess ? err : err_free;
+  return ws.release(err, stream);
 }
 
 }  // namespace gdn_fwd_mma

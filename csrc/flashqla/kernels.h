@@ -1,11 +1,31 @@
 // Launchers the C API dispatches to (torch-free). Parameters arrive validated.
 #pragma once
 
+#include <cstddef>
+#include <cstdlib>
+
 #include <cuda_runtime_api.h>
 
 #include "flashqla/flashqla.h"
 
 namespace flashqla {
+
+// FLASHQLA_FWD_SPLIT=0 runs the fused forward (aux products inside the recurrent kernel); otherwise, the
+// default, the chunk-parallel prep kernel and then the recurrent kernel in loader mode. Read at each launch
+// (a getenv is far cheaper than a launch), so tests and benchmarks can compare the two in one process.
+inline bool fwd_split_mode() {
+  const char* e = std::getenv("FLASHQLA_FWD_SPLIT");
+  return !(e != nullptr && e[0] == '0');
+}
+// Workspace of the prep kernels: `cols` 16-bit values per token row per value head (forward split: X 128 +
+// W 64; backward: W' 128 + U 128).
+constexpr int kFwdPrepCols = 128 + 64;
+constexpr int kBwdPrepCols = 128 + 128;
+inline size_t prep_workspace_bytes(const flashqla_gdn_fwd_params_t& p, int cols) {
+  if (p.batch <= 0 || p.seqlen <= 0 || p.heads_v <= 0) return 0;
+  return static_cast<size_t>(p.batch) * static_cast<size_t>(p.seqlen) * static_cast<size_t>(p.heads_v) *
+         static_cast<size_t>(cols) * 2;
+}
 
 cudaError_t launch_chunk_local_cumsum(const flashqla_chunk_cumsum_params_t& p, cudaStream_t stream);
 // v2, warp-specialised with the state chain in registers (gdn_fwd_mma.cuh): the default

@@ -117,6 +117,10 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> gdn_fwd(const at::Tensor& q, cons
       ? at::empty({flashqla_gdn_chunk_bound(&p), v.size(2), k.size(3), v.size(3)}, v.options().dtype(at::kFloat))
       : at::empty({0}, v.options().dtype(at::kFloat));
   p.chunk_states = with_states ? states.data_ptr<float>() : nullptr;
+  // workspace from PyTorch's caching allocator (graph pools included), not an allocation inside the call
+  at::Tensor ws = at::empty({static_cast<int64_t>(flashqla_gdn_fwd_workspace_bytes(&p))}, v.options().dtype(at::kByte));
+  p.workspace = ws.numel() > 0 ? ws.data_ptr() : nullptr;
+  p.workspace_bytes = static_cast<size_t>(ws.numel());
   check_status(flashqla_gdn_fwd(&p, c10::cuda::getCurrentCUDAStream(q.device().index()).stream()), "chunk_gdn_fwd");
   return {o, final_state, states};
 }
@@ -190,6 +194,9 @@ std::tuple<at::Tensor, at::Tensor> chunk_gdn_bwd_dh_cuda(const at::Tensor& q, co
   at::Tensor dh0 = output_dh0 ? at::empty({N, f.heads_v, f.head_dim_k, f.head_dim_v}, fopts) : at::empty({0}, fopts);
   p.dh = dh.data_ptr<float>();
   p.dh0 = output_dh0 ? dh0.data_ptr<float>() : nullptr;
+  at::Tensor ws = at::empty({static_cast<int64_t>(flashqla_gdn_bwd_dh_workspace_bytes(&p))}, fopts.dtype(at::kByte));
+  p.fwd.workspace = ws.numel() > 0 ? ws.data_ptr() : nullptr;
+  p.fwd.workspace_bytes = static_cast<size_t>(ws.numel());
   check_status(flashqla_gdn_bwd_dh(&p, c10::cuda::getCurrentCUDAStream(q.device().index()).stream()),
                "chunk_gdn_bwd_dh");
   return {dh, dh0};

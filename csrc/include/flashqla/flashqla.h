@@ -127,9 +127,15 @@ typedef struct flashqla_gdn_fwd_params {
   float* chunk_states;                   /* NULL: not written; else the state at the start of every 64-token
                                             chunk (the backward's recompute), fp32 [flashqla_gdn_chunk_bound,
                                             heads_v, K, V], chunks of all sequences in order */
+  void* workspace;                       /* device scratch of at least flashqla_gdn_fwd_workspace_bytes (or, for
+                                            the backward, flashqla_gdn_bwd_dh_workspace_bytes); NULL or too small:
+                                            the call allocates it stream-ordered (cudaMallocAsync) and frees it */
+  size_t workspace_bytes;
 } flashqla_gdn_fwd_params_t;
 
 FLASHQLA_API flashqla_status_t flashqla_gdn_fwd(const flashqla_gdn_fwd_params_t* params, cudaStream_t stream);
+/* Device workspace flashqla_gdn_fwd needs for these shapes (0: none), for params->workspace. */
+FLASHQLA_API size_t flashqla_gdn_fwd_workspace_bytes(const flashqla_gdn_fwd_params_t* params);
 
 /*
  * Backward, step 1 of 2: the gradients of the chunk states (the reverse chain over 64-token chunks).
@@ -153,6 +159,8 @@ typedef struct flashqla_gdn_bwd_dh_params {
 /* An upper bound on the number of 64-token chunks of all sequences, from the shapes alone. */
 FLASHQLA_API int64_t flashqla_gdn_chunk_bound(const flashqla_gdn_fwd_params_t* fwd);
 FLASHQLA_API flashqla_status_t flashqla_gdn_bwd_dh(const flashqla_gdn_bwd_dh_params_t* params, cudaStream_t stream);
+/* Device workspace flashqla_gdn_bwd_dh needs (in params->fwd.workspace). */
+FLASHQLA_API size_t flashqla_gdn_bwd_dh_workspace_bytes(const flashqla_gdn_bwd_dh_params_t* params);
 
 #ifdef __cplusplus
 } /* extern "C" */
