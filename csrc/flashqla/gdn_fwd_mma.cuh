@@ -205,36 +205,48 @@ CUTLASS_DEVICE void aux_gram_inverse(StageT& S, AuxScratch<T>& ax, int tid, uint
   const int w = al.w, lane = al.lane, tq = al.tq, i0 = al.i0, i1 = al.i1;
   const LdsmOffsets& ld = al.ld;
 
-  // ---- K K^T and Q K^T for rows [16w, 16w + 16), column tiles up to the diagonal
+  // ---- K K^T for row block r = 3 - w and Q K^T for row block w, column tiles up to the diagonal: 4 - w plus
+  // w + 1 tiles, five per warp (one row block for both gave warp 3 four times warp 0's work)
+  const int r = 3 - w;
   float kk[8][4];
   zero_acc(kk);
   zero_acc(qk);
 #pragma unroll
   for (int ks = 0; ks < kDimK / 16; ++ks) {
     uint32_t ak[4], aq[4];
-    ldsm_x4(ak, &S.k[(16 * w + ld.a_row) * kLdK + 16 * ks + ld.a_col]);
+    ldsm_x4(ak, &S.k[(16 * r + ld.a_row) * kLdK + 16 * ks + ld.a_col]);
     ldsm_x4(aq, &S.q[(16 * w + ld.a_row) * kLdK + 16 * ks + ld.a_col]);
 #pragma unroll
     for (int np = 0; np < 4; ++np) {
-      if (np > w) continue;
+      if (np > r && np > w) continue;
       uint32_t b[4];
       ldsm_x4(b, &S.k[(16 * np + ld.b_row) * kLdK + 16 * ks + ld.b_col]);
-      mma_pair<T>(kk, np, ak, b);
-      mma_pair<T>(qk, np, aq, b);
+      if (np <= r) mma_pair<T>(kk, np, ak, b);
+      if (np <= w) mma_pair<T>(qk, np, aq, b);
     }
   }
-  // L = StrictLower(diag(beta) K K^T) to shared memory; P = Q K^T * Gamma stays in registers (in qk)
+  // L = StrictLower(diag(beta) K K^T) rows of block r to shared memory
   {
-    const float G0 = ax.G[i0], G1 = ax.G[i1], b0 = ax.beta[i0], b1 = ax.beta[i1];
+    const int k0 = 16 * r + al.gq, k1 = k0 + 8;
+    const float bk0 = ax.beta[k0], bk1 = ax.beta[k1];
+#pragma unroll
+    for (int nt = 0; nt < 8; ++nt) {
+      if (nt > 2 * r + 1) continue;
+      const int j = 8 * nt + 2 * tq;
+      ax.la[k0 * kLdF + j] = j < k0 ? bk0 * kk[nt][0] : 0.f;
+      ax.la[k0 * kLdF + j + 1] = j + 1 < k0 ? bk0 * kk[nt][1] : 0.f;
+      ax.la[k1 * kLdF + j] = j < k1 ? bk1 * kk[nt][2] : 0.f;
+      ax.la[k1 * kLdF + j + 1] = j + 1 < k1 ? bk1 * kk[nt][3] : 0.f;
+    }
+  }
+  // P = Q K^T * Gamma rows of block w stays in registers (in qk)
+  {
+    const float G0 = ax.G[i0], G1 = ax.G[i1];
 #pragma unroll
     for (int nt = 0; nt < 8; ++nt) {
       if (nt > 2 * w + 1) continue;
       const int j = 8 * nt + 2 * tq;
       const float Gj0 = ax.G[j], Gj1 = ax.G[j + 1];
-      ax.la[i0 * kLdF + j] = j < i0 ? b0 * kk[nt][0] : 0.f;
-      ax.la[i0 * kLdF + j + 1] = j + 1 < i0 ? b0 * kk[nt][1] : 0.f;
-      ax.la[i1 * kLdF + j] = j < i1 ? b1 * kk[nt][2] : 0.f;
-      ax.la[i1 * kLdF + j + 1] = j + 1 < i1 ? b1 * kk[nt][3] : 0.f;
       qk[nt][0] = j <= i0 ? qk[nt][0] * __expf(G0 - Gj0) : 0.f;
       qk[nt][1] = j + 1 <= i0 ? qk[nt][1] * __expf(G0 - Gj1) : 0.f;
       qk[nt][2] = j <= i1 ? qk[nt][2] * __expf(G1 - Gj0) : 0.f;
