@@ -287,7 +287,9 @@ def load_libs(requested, device: str) -> dict:
     for lib in requested:
         if lib == "flashqla":
             import flashqla
-            out[lib] = {"api": flashqla.chunk_gdn, "bwd": flashqla.chunk_gdn_bwd}
+            import torch
+            out[lib] = {"api": flashqla.chunk_gdn, "bwd": flashqla.chunk_gdn_bwd,
+                        "kernels": flashqla.kernels_available(torch.device(device))}
             continue
         if device != "cuda":
             out[lib] = "needs a CUDA GPU (Triton/TileLang kernels); this run is on the CPU fallback"
@@ -437,7 +439,7 @@ def run_case(case: Case, libs: dict, device: str, graph: bool, cpu_reps: int = 5
     gc.collect()
     if device == "cuda":
         torch.cuda.empty_cache()
-    notes = {"flashqla": "flashqla.chunk_gdn_bwd (PyTorch chunked backward; no kernel yet)"} \
+    notes = {"flashqla": flashqla_bwd_label(libs.get("flashqla", {}).get("kernels", False))} \
         if case.direction == "bwd" else None
     return case_entry(case, ms, errors, notes)
 
@@ -613,7 +615,12 @@ def _libs_in(rec):
     return [lib for lib in LIBS if lib in seen]
 
 
-FLASHQLA_BWD_LABEL = "flashqla.chunk_gdn_bwd (the PyTorch chunked backward on the GPU; no backward kernel yet)"
+def flashqla_bwd_label(kernels: bool) -> str:
+    """What flashqla.chunk_gdn_bwd runs in this process (FLASHQLA_BWD_KERNEL=0: the all-PyTorch backward)."""
+    if kernels and os.environ.get("FLASHQLA_BWD_KERNEL", "1").strip() != "0":
+        return ("flashqla.chunk_gdn_bwd (both state chains on the sm_90a kernels, the chunk-parallel gradient "
+                "step in PyTorch)")
+    return "flashqla.chunk_gdn_bwd (the PyTorch chunked backward on the GPU; no backward kernel)"
 
 
 def _bwd_label(rec) -> str:
@@ -931,7 +938,7 @@ def run(args) -> dict:
                       {"eager": f"CPU fallback: time.perf_counter median of {args.cpu_reps} calls after 1 warm-up "
                                 "[ms]; not a kernel timing"}),
            "labels": {"flashqla": {"fwd": "flashqla.chunk_gdn",
-                                   "bwd": FLASHQLA_BWD_LABEL},
+                                   "bwd": flashqla_bwd_label(kernels)},
                       "fla_triton": {"fwd": "fla chunk_gated_delta_rule_fwd (FLA_FLASH_QLA=0)",
                                      "bwd": "fla chunk_gated_delta_rule_bwd given its forward's g cumsum and A"},
                       "flash_qla_tilelang": {"fwd": "flash_qla.chunk_gated_delta_rule_fwd",

@@ -304,11 +304,15 @@ def test_merge_records(tmp_path):
         bench.merge_records([a, b])
 
 
-def test_backward_label_follows_the_record():
+def test_backward_label_follows_the_record(monkeypatch):
     rec = _fake_record()
-    rec["labels"] = {"flashqla": {"bwd": bench.FLASHQLA_BWD_LABEL}}
+    rec["labels"] = {"flashqla": {"bwd": bench.flashqla_bwd_label(kernels=True)}}
     md = bench.render_markdown(rec)
-    assert "flashqla = chunk_gdn_bwd" in md and "autograd" not in md
+    assert "flashqla = chunk_gdn_bwd" in md and "autograd" not in md and "sm_90a kernels" in md
+    # the label says what ran: no kernels, or FLASHQLA_BWD_KERNEL=0, is the PyTorch backward
+    assert "PyTorch chunked backward" in bench.flashqla_bwd_label(kernels=False)
+    monkeypatch.setenv("FLASHQLA_BWD_KERNEL", "0")
+    assert "PyTorch chunked backward" in bench.flashqla_bwd_label(kernels=True)
 
 
 def test_no_decay_heads_only_in_flashqlas_set():
