@@ -23,8 +23,9 @@ that the README generator never reads.
 
 Backward: every library runs its low-level backward (flashqla.chunk_gdn_bwd, which
 needs only the forward's inputs; FLA and FlashQLA given their own forward's
-intermediates). flashqla has no backward kernel yet: chunk_gdn_bwd runs the PyTorch
-chunked backward on the GPU (labelled so in the record).
+intermediates). flashqla's chunk_gdn_bwd runs both state chains on the sm_90a kernels
+and the chunk-parallel gradient step in PyTorch (FLASHQLA_BWD_KERNEL=0: all PyTorch);
+the record's label says which.
 
 Heavy modules (triton, fla, flash_qla, matplotlib) are imported lazily.
 """
