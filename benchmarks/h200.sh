@@ -121,11 +121,11 @@ if has bench; then
 fi
 if has ncu; then
   say "ncu: v2 forward kernel (1 x 8192 tokens, 16/64 heads)"
-  cuda_tool benchmarks/profile_fwd_phases.cu /tmp/fq_phases_ncu
+  [ -x /tmp/fq_phases ] || cuda_tool benchmarks/profile_fwd_phases.cu /tmp/fq_phases  # the phases stage's binary
   NCU=$(command -v ncu || echo /usr/local/cuda/bin/ncu)
   timeout ${NCU_TIMEOUT:-240} "$NCU" --section SchedulerStats --section WarpStateStats --section ComputeWorkloadAnalysis \
     --section SourceCounters --import-source yes -k regex:gdn_fwd_mma_kernel --launch-count 1 -f -o /tmp/fq_ncu \
-    /tmp/fq_phases_ncu > /tmp/ncu-run.log 2>&1 || { tail -20 /tmp/ncu-run.log | tee -a "$LOG"; status=1; }
+    /tmp/fq_phases > /tmp/ncu-run.log 2>&1 || { tail -20 /tmp/ncu-run.log | tee -a "$LOG"; status=1; }
   { "$NCU" -i /tmp/fq_ncu.ncu-rep --print-summary none 2>&1 | grep -vE "^\s*$"
     "$NCU" -i /tmp/fq_ncu.ncu-rep --page source --csv --print-source cuda > /tmp/ncu-source.csv 2> /tmp/ncu-source.err
     python3 benchmarks/ncu_source_top.py /tmp/ncu-source.csv 2>&1 || cat /tmp/ncu-source.err

@@ -63,8 +63,7 @@ def chunk_gdn(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor
     """
     if head_first:
         raise ValueError("head_first=True is not supported: pass [B, T, H, D] tensors")
-    shape = _validate.validate_gdn(q, k, v, g, beta, scale, initial_state, cu_seqlens)
-    _check_values(shape, q.device, cu_seqlens, cu_seqlens_cpu)
+    shape = _checked(q, k, v, g, beta, scale, initial_state, cu_seqlens, cu_seqlens_cpu)
     lengths = _host_lengths(shape, cu_seqlens, cu_seqlens_cpu)
     args = (q, k, v, g, beta, initial_state)
     if torch.is_grad_enabled() and any(x is not None and x.requires_grad for x in args):
@@ -84,8 +83,7 @@ def chunk_gdn_fwd(q, k, v, g, beta, scale=None, initial_state=None, output_final
     The backward (:func:`chunk_gdn_bwd`) needs only this call's inputs: it recomputes
     the chunk states, so nothing else is kept between the two (less than FLA keeps).
     """
-    shape = _validate.validate_gdn(q, k, v, g, beta, scale, initial_state, cu_seqlens)
-    _check_values(shape, q.device, cu_seqlens, cu_seqlens_cpu)
+    shape = _checked(q, k, v, g, beta, scale, initial_state, cu_seqlens, cu_seqlens_cpu)
     with torch.no_grad():
         return _forward(shape, q, k, v, g, beta, scale, initial_state, output_final_state,
                         use_qk_l2norm_in_kernel, cu_seqlens, _host_lengths(shape, cu_seqlens, cu_seqlens_cpu))
@@ -97,8 +95,7 @@ def chunk_gdn_bwd(q, k, v, g, beta, do, dht=None, scale=None, initial_state=None
     ``dht`` (the final state's gradient or None), returns ``(dq, dk, dv, dg, dbeta, dh0)`` in the
     inputs' dtypes (dh0 fp32; None without initial_state). dg is the gradient of the raw
     per-token log-decay g. Positions past cu_seqlens[-1] get zero gradients."""
-    shape = _validate.validate_gdn(q, k, v, g, beta, scale, initial_state, cu_seqlens)
-    _check_values(shape, q.device, cu_seqlens, cu_seqlens_cpu)
+    shape = _checked(q, k, v, g, beta, scale, initial_state, cu_seqlens, cu_seqlens_cpu)
     _validate.check_like(do, "do", v)
     if dht is not None:
         _validate.check_like(dht, "dht", None, (shape.N, shape.H_v, shape.K, shape.V), q.device)
@@ -124,9 +121,12 @@ class _ChunkGDN(torch.autograd.Function):
         return dq, dk, dv, dg, dbeta, dh0, None, None, None, None, None, None
 
 
-def _check_values(shape, dev, cu_seqlens, cu_seqlens_cpu):
+def _checked(q, k, v, g, beta, scale, initial_state, cu_seqlens, cu_seqlens_cpu):
+    """The shape of a validated call; cu_seqlens values checked where that is free (see maybe_check_values)."""
+    shape = _validate.validate_gdn(q, k, v, g, beta, scale, initial_state, cu_seqlens)
     _validate.maybe_check_values(cu_seqlens, cu_seqlens_cpu, shape.B * shape.T,
-                                 fallback=not _backend.kernels_available(dev))
+                                 fallback=not _backend.kernels_available(q.device))
+    return shape
 
 
 def _host_lengths(shape, cu_seqlens, cu_seqlens_cpu):

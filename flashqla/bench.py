@@ -471,6 +471,7 @@ def prewarm(cases, libs, accuracy_case: bool, jobs: int) -> float:
     """Compile the competitors' kernels for `cases` in up to `jobs` parallel processes; returns seconds."""
     t0 = time.perf_counter()
     todo = prewarm_groups(cases, libs, accuracy_case)
+    n_jobs = len(todo)
     env = dict(os.environ, FLA_CACHE_RESULTS="0")
     running, failed = [], 0
     while todo or running:
@@ -489,7 +490,7 @@ def prewarm(cases, libs, accuracy_case: bool, jobs: int) -> float:
                 print(f"    prewarm worker failed (rc {pr.returncode}): {log.read()[-400:]}", flush=True)
             log.close()
     dt = time.perf_counter() - t0
-    print(f"prewarm: {len(prewarm_groups(cases, libs, accuracy_case))} jobs in {dt:.0f} s ({failed} failed; "
+    print(f"prewarm: {n_jobs} jobs in {dt:.0f} s ({failed} failed; "
           "a failure only means that library compiles in the timed loop)", flush=True)
     return dt
 
