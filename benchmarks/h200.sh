@@ -22,6 +22,7 @@
 #   cumsum    the cumsum kernel record (benchmarks/bench_cumsum.py)
 #   bench     python -m flashqla.bench run --cases $CASES --prewarm $PREWARM $BENCH_ARGS (default anchors; the
 #             competitors' kernels compile first in $PREWARM (16) parallel processes, not case by case)
+#   ktimes    GPU time per kernel of flashqla's forward and backward on a few anchor cases (benchmarks/kernel_times.py)
 #   ncu       Nsight Compute on the v2 forward kernel of the phase profiler: scheduler and warp-state
 #             sections, and the source lines with the most stall samples (benchmarks/ncu_source_top.py)
 #   cp        the TP8/TP4 single-sequence forward cases with FLASHQLA_CP=1 against FLA (record cp-*.json)
@@ -118,6 +119,11 @@ if has bench; then
   if [ -n "$newest" ] && [[ ",$CASES," == *",anchors,"* ]] && [ -f ../shared/anchors/h200-2026-11-30.json ]; then
     python3 -m flashqla.bench anchors-check "$newest" 2>&1 | tee -a "$LOG"   # issue 3's +-15% check
   fi
+fi
+if has ktimes; then
+  say "kernel times"
+  timeout ${KTIMES_TIMEOUT:-120} python3 benchmarks/kernel_times.py 2>&1 | tee -a "$LOG"
+  [ "${PIPESTATUS[0]}" -eq 0 ] || status=1
 fi
 if has ncu; then
   say "ncu: v2 forward kernel (1 x 8192 tokens, 16/64 heads)"

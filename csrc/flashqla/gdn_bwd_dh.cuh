@@ -173,40 +173,58 @@ CUTLASS_DEVICE void dh_state_role(const flashqla_gdn_fwd_params_t& p, SharedStor
       mma_pair<T>(kd, np, sa[kk], b);
     });
 
-    // A operands: scale dO^T diag(gamma) and -Z^T = -(KdS^T diag(rho) + U^T) (hi + lo)
-    uint32_t da[4][4], zh[4][4], zl[4][4];
-#pragma unroll
-    for (int kb = 0; kb < 4; ++kb) {
-      uint32_t dr[4], ur[4];
-      ldsm_x4_trans(dr, &S.v[(16 * kb + ld.at_row) * kLdC + 16 * s + ld.at_col]);
-      ldsm_x4_trans(ur, &S.w[(16 * kb + ld.at_row) * kLdC + 16 * s + ld.at_col]);
-#pragma unroll
-      for (int r = 0; r < 4; ++r) {
-        const int nt = 2 * kb + (r >> 1), e = 2 * (r & 1);  // register r holds tile nt, elements e, e + 1
-        const int col = 8 * nt + 2 * tq;
-        const float2 dd = unpack2<T>(dr[r]), uu = unpack2<T>(ur[r]);
-        const float2 gm = *reinterpret_cast<const float2*>(&S.gamma[col]);
-        const float2 rho = *reinterpret_cast<const float2*>(&S.decay[col]);
-        da[kb][r] = pack2<T>(p.scale * gm.x * dd.x, p.scale * gm.y * dd.y);
-        const float z0 = -(rho.x * kd[nt][e] + uu.x), z1 = -(rho.y * kd[nt][e + 1] + uu.y);
-        zh[kb][r] = pack2<T>(z0, z1);
-        const float2 zr = unpack2<T>(zh[kb][r]);
-        zl[kb][r] = pack2<T>(z0 - zr.x, z1 - zr.y);
-      }
-    }
     const float gamma_c = S.gamma[kChunk - 1];
 #pragma unroll
     for (int j = 0; j < 16; ++j)
 #pragma unroll
       for (int e = 0; e < 4; ++e) sacc[j][e] *= gamma_c;
-    for_b_fragments<4, 8, true>(S.q, kLdK, ld, [&](int kb, int np, const uint32_t (&b)[4]) {
-      mma_pair<T>(sacc, np, da[kb], b);
-    });
+    // dS^T += (scale dO^T diag(gamma)) Q, the A operand as hi + lo: one bf16 rounding of it costs ~1.6e-3 of
+    // dh0 (the term dominates it), twice FLA's error, which multiplies in tf32
+    {
+      uint32_t dh_[4][4], dl[4][4];
+#pragma unroll
+      for (int kb = 0; kb < 4; ++kb) {
+        uint32_t dr[4];
+        ldsm_x4_trans(dr, &S.v[(16 * kb + ld.at_row) * kLdC + 16 * s + ld.at_col]);
+#pragma unroll
+        for (int r = 0; r < 4; ++r) {
+          const int col = 8 * (2 * kb + (r >> 1)) + 2 * tq;
+          const float2 dd = unpack2<T>(dr[r]);
+          const float2 gm = *reinterpret_cast<const float2*>(&S.gamma[col]);
+          split_hi_lo<T>(p.scale * gm.x * dd.x, p.scale * gm.y * dd.y, dh_[kb][r], dl[kb][r]);
+        }
+      }
+      for_b_fragments<4, 8, true>(S.q, kLdK, ld, [&](int kb, int np, const uint32_t (&b)[4]) {
+        mma_pair<T>(sacc, np, dh_[kb], b);
+        mma_pair<T>(sacc, np, dl[kb], b);
+      });
+    }
+    // dS^T -= Z^T W',  Z^T = KdS^T diag(rho) + U^T (hi + lo)
+    uint32_t zh[4][4], zl[4][4];
+#pragma unroll
+    for (int kb = 0; kb < 4; ++kb) {
+      uint32_t ur[4];
+      ldsm_x4_trans(ur, &S.w[(16 * kb + ld.at_row) * kLdC + 16 * s + ld.at_col]);
+#pragma unroll
+      for (int r = 0; r < 4; ++r) {
+        const int nt = 2 * kb + (r >> 1), e = 2 * (r & 1);  // register r holds tile nt, elements e, e + 1
+        const int col = 8 * nt + 2 * tq;
+        const float2 uu = unpack2<T>(ur[r]);
+        const float2 rho = *reinterpret_cast<const float2*>(&S.decay[col]);
+        split_hi_lo<T>(-(rho.x * kd[nt][e] + uu.x), -(rho.y * kd[nt][e + 1] + uu.y), zh[kb][r], zl[kb][r]);
+      }
+    }
     for_b_fragments<4, 8, true>(S.x, kLdK, ld, [&](int kb, int np, const uint32_t (&b)[4]) {
       mma_pair<T>(sacc, np, zh[kb], b);
       mma_pair<T>(sacc, np, zl[kb], b);
     });
-    if (it + kStages < wk.num_chunks) bar_arrive(kBarEmpty + st, kHandoffThreads);
+    if (it + kStages < wk.num_chunks) {
+      // the stage's last reads are consumed by the mma's above, so bar.arrive alone releases it; the state
+      // warps' sync first is for racecheck, which flags the aux group's refill otherwise (the mirror of the
+      // aux group's sync before its full arrive)
+      bar_sync(kBarState, kStateThreads);
+      bar_arrive(kBarEmpty + st, kHandoffThreads);
+    }
   }
 
   if (p.final_state != nullptr) store_state_tile(p.final_state + wk.state_off, sacc, tq, v0);  // dh0

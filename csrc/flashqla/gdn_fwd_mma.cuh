@@ -567,9 +567,7 @@ CUTLASS_DEVICE void state_role(const flashqla_gdn_fwd_params_t& p, SharedStorage
         os[nt][e] *= gm.x;
         os[nt][e + 1] *= gm.y;
         za[kb][r] = pack2<T>(z0, z1);
-        yh[kb][r] = pack2<T>(y0, y1);
-        const float2 yr = unpack2<T>(yh[kb][r]);
-        yl[kb][r] = pack2<T>(y0 - yr.x, y1 - yr.y);
+        split_hi_lo<T>(y0, y1, yh[kb][r], yl[kb][r]);
       }
     }
     // O^T += Z^T W^T  (W lower triangular: k block kb <= n block np)
@@ -595,7 +593,13 @@ CUTLASS_DEVICE void state_role(const flashqla_gdn_fwd_params_t& p, SharedStorage
       mma_pair<T>(sacc, np, yl[kb], b);
     });
 #endif
-    if (c + kStages < wk.num_chunks) bar_arrive(kBarEmpty + st, kHandoffThreads);
+    if (c + kStages < wk.num_chunks) {
+      // the stage's last reads are consumed by the mma's above, so bar.arrive alone releases it; the state
+      // warps' sync first is for racecheck, which flags the aux group's refill otherwise (the mirror of the
+      // aux group's sync before its full arrive)
+      bar_sync(kBarState, kStateThreads);
+      bar_arrive(kBarEmpty + st, kHandoffThreads);
+    }
     FLASHQLA_ROLE_PHASE(0, kStUpdate);
 
 #if FLASHQLA_V2_EXPERIMENT != 2

@@ -62,6 +62,13 @@ template <> CUTLASS_DEVICE float2 unpack2<__nv_bfloat16>(uint32_t v) {
   return __bfloat1622float2(*reinterpret_cast<__nv_bfloat162*>(&v));
 }
 template <> CUTLASS_DEVICE float2 unpack2<__half>(uint32_t v) { return __half22float2(*reinterpret_cast<__half2*>(&v)); }
+// (x0, x1) as a packed pair plus the packed pair of what that rounding lost: an operand split this way
+// makes two mma's product as exact as ~16 mantissa bits (used on the state chains' fp32 operands)
+template <typename T> CUTLASS_DEVICE void split_hi_lo(float x0, float x1, uint32_t& hi, uint32_t& lo) {
+  hi = pack2<T>(x0, x1);
+  const float2 r = unpack2<T>(hi);
+  lo = pack2<T>(x0 - r.x, x1 - r.y);
+}
 
 // The A fragment of one k16 step from the two adjacent 16 x 8 C tiles c0 (k 0-7) and c1 (k 8-15), rounded
 // to T: a product's accumulators feed the next product without leaving registers.

@@ -1,0 +1,73 @@
+"""Where flashqla's time goes: GPU time per kernel (torch.profiler) of one forward and one backward call on
+a few anchor cases, so a change can be aimed at the kernel that costs most.
+
+    python benchmarks/kernel_times.py [--match REGEX] [--reps N]
+
+Prints, per case, each kernel's summed GPU time per call (ms) and its share; the case's total is the sum of
+kernel times (launch gaps excluded). Needs an sm_90 GPU.
+"""
+import argparse
+import re
+import sys
+from collections import defaultdict
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+import torch  # noqa: E402
+
+from flashqla import bench  # noqa: E402
+
+DEFAULT = r"^(fwd (TP1|35B|TP8) .*1x32768|fwd TP1 .*8192x4|bwd hk16_hv32 32k_1seq)$"
+
+
+def kernel_times(fn, reps: int) -> dict:
+    """{kernel name: GPU ms per call} over `reps` profiled calls after a warm-up call."""
+    fn()
+    torch.cuda.synchronize()
+    acts = [torch.profiler.ProfilerActivity.CUDA]
+    with torch.profiler.profile(activities=acts) as prof:
+        for _ in range(reps):
+            fn()
+        torch.cuda.synchronize()
+    out = defaultdict(float)
+    for e in prof.events():
+        if e.device_type == torch.autograd.DeviceType.CUDA:
+            out[e.name] += e.device_time_total / 1e3 / reps
+    return dict(out)
+
+
+def short(name: str) -> str:
+    name = re.sub(r"<.*", "", name)            # template arguments
+    name = re.sub(r"\(.*", "", name)
+    return name.split("::")[-1][:60]
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--match", default=DEFAULT)
+    ap.add_argument("--reps", type=int, default=5)
+    args = ap.parse_args()
+    if not (torch.cuda.is_available() and torch.cuda.get_device_capability() == (9, 0)):
+        print("kernel_times: needs an sm_90 GPU")
+        return 0
+    libs = bench.load_libs(["flashqla"], "cuda")
+    rx = re.compile(args.match)
+    for case in bench.cases_for("anchors"):
+        label = f"{case.direction} {case.model} {case.name}"
+        if not rx.search(label):
+            continue
+        d = bench.make_inputs(case, "cuda")
+        times = kernel_times(bench.build_fn("flashqla", libs["flashqla"], case, d), args.reps)
+        merged = defaultdict(float)
+        for k, t in times.items():
+            merged[short(k)] += t
+        total = sum(merged.values())
+        print(f"{label}: {total:.3f} ms of kernel time per call")
+        for k, t in sorted(merged.items(), key=lambda kv: -kv[1])[:12]:
+            print(f"  {t:8.3f} ms {100 * t / total:5.1f}%  {k}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
