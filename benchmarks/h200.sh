@@ -5,7 +5,10 @@
 # (h200.log, build.log, tests.log, the cumsum record, the bench record, table,
 # plot and log), the most the device tool brings back.
 #
-#   FLASHQLA_COMMIT=$(git rev-parse HEAD) bash benchmarks/h200.sh        (carry .whl/build and .whl/fla[,qla])
+#   FLASHQLA_COMMIT=<40-hex sha> bash benchmarks/h200.sh        (carry .whl/build and .whl/fla[,qla])
+# Put the sha in the command literally (expand it on the machine that has the checkout): the H200's copy of
+# the tree can carry a stale .git whose HEAD is another commit. When that .git knows the commit, the tree is
+# checked against it here and a difference marks the record dirty.
 #
 # Stages (STAGES, comma-separated; default build,test,cmake,phases,probe,cumsum,bench,sanitize, run in this order):
 #   z3        install .whl/z3 into $SITE only (FlashQLA needs it; it does not fit in one carry with the rest)
@@ -50,6 +53,15 @@ cuda_tool() {
 }
 
 say "$(date -u +%FT%TZ) commit=${FLASHQLA_COMMIT:-unknown} stages=$STAGES"
+if [ -n "${FLASHQLA_COMMIT:-}" ] && git cat-file -e "${FLASHQLA_COMMIT}^{commit}" 2>/dev/null; then
+  if git diff --quiet "$FLASHQLA_COMMIT" -- csrc flashqla setup.py CMakeLists.txt benchmarks 2>/dev/null; then
+    say "tree matches $FLASHQLA_COMMIT"
+  else
+    export FLASHQLA_DIRTY=1; say "WARNING: the tree differs from FLASHQLA_COMMIT=$FLASHQLA_COMMIT: records marked dirty"
+  fi
+elif [ -n "${FLASHQLA_COMMIT:-}" ]; then
+  say "commit $FLASHQLA_COMMIT unknown to this copy's .git: not checked"
+fi
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.max.sm --format=csv,noheader 2>&1 | tee -a "$LOG"
 
 for t in .whl/kcache/*.tar.gz; do
