@@ -18,7 +18,7 @@ import torch  # noqa: E402
 
 from flashqla import bench  # noqa: E402
 
-DEFAULT = r"^(fwd (TP1|35B|TP8) .*1x32768|fwd TP1 .*8192x4|bwd hk16_hv32 32k_1seq)$"
+DEFAULT = r"^(fwd (TP1|35B|TP4|TP8) .*1x32768|fwd TP8 .*1x8192|bwd hk16_hv32 32k_1seq)$"
 
 
 def kernel_times(fn, reps: int) -> dict:

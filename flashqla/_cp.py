@@ -13,8 +13,10 @@ chunk recurrence is affine, S_end = Phi S_start + B, so:
 
 No truncation: the result is the same algebra as the unsegmented chain (the
 kernel's rounding of S differs only in where the chain restarts). It costs
-three kernel passes over the tokens, so it only runs where the plan predicts
-a gain. Planning reads host-known sequence lengths only (dense shapes or
+three passes of the state chain; on the kernels the first two are summaries
+only (no o, about half a chunk step each) and all three share one computation
+of the chunk products (the prep kernel runs once). It only runs where the
+plan predicts a gain. Planning reads host-known sequence lengths only (dense shapes or
 cu_seqlens_cpu): no device sync. The device copies of the plan are cached per
 plan, so a warm-up call before CUDA-graph capture makes capture work; during
 capture an uncached plan falls back to the unsegmented call.
@@ -30,6 +32,8 @@ CHUNK = 64
 MIN_SEGMENT_CHUNKS = 8
 V_BLOCKS = 2          # CTAs per (sequence, value head) in the forward kernel
 GAIN = 0.75           # run CP when its predicted time is below this fraction of the plain call's
+SUMMARY_STEP = 0.6    # a summaries-only chunk step against a full one (the chain without Q S^T, O, O store)
+RANK_STEP = 2.0       # the host-side scan's cost per rank, in chunk steps (a few small kernels)
 
 
 def mode() -> str:
@@ -69,8 +73,9 @@ def plan(lengths, heads_v: int, sms: int, chunk: int = CHUNK):
     seg = MIN_SEGMENT_CHUNKS
     while seg < longest:
         segs = sum(max(1, -(-c // seg)) for c in chunks)
-        # pass 1 runs B and Phi (two calls of `segs` segments), pass 2 one call
-        t = seg * (2 * _waves(segs * per_seq, sms) + _waves(segs * per_seq, sms))
+        # B and Phi: two summaries-only calls of `segs` segments; then one full call; the scan per rank
+        ranks = max(-(-c // seg) for c in chunks)
+        t = seg * _waves(segs * per_seq, sms) * (2 * SUMMARY_STEP + 1) + RANK_STEP * ranks
         if best is None or t <= best[0]:  # ties: the longer segments (fewer of them)
             best = (t, seg)
         seg *= 2
@@ -115,22 +120,32 @@ def device_plan(p: Plan, device: torch.device, index_dtype=torch.int32):
     return _DEVICE_PLANS[key]
 
 
-def forward(fwd, q, k, v, g, beta, scale, initial_state, p: Plan, l2norm: bool, index_dtype=torch.int32):
+def forward(fwd, q, k, v, g, beta, scale, initial_state, p: Plan, l2norm: bool, index_dtype=torch.int32,
+            fwd_pass=None):
     """o and the final states [N, H_v, K, V] through segments. `fwd` has the signature of the chunk_gdn_fwd
     op: (q, k, v, g, beta, scale, initial_state, output_final_state, cu_seqlens, use_qk_l2norm) -> (o, final).
-    q/k/v/g/beta are packed ([1, T, ...]); returns None when the plan's device copies are unavailable."""
+    `fwd_pass`, when given, is the chunk_gdn_fwd_pass op: the first two passes then skip o and all three
+    share one workspace, so the chunk products are computed once. q/k/v/g/beta are packed ([1, T, ...]);
+    returns None when the plan's device copies are unavailable."""
     dp = device_plan(p, q.device, index_dtype)
     if dp is None:
         return None
     cu, by_rank, last = dp
     H, K, V = v.shape[2], k.shape[3], v.shape[3]
     NS = p.segments
-    _, b_end = fwd(q, k, v, g, beta, scale, None, True, cu, l2norm)
+    if fwd_pass is not None:
+        from ._library import fwd_workspace_bytes
+        ws = torch.empty(fwd_workspace_bytes(q.shape[0], q.shape[1], H), dtype=torch.uint8, device=q.device)
+        run = lambda v_, h0, ready, write_o: fwd_pass(q, k, v_, g, beta, scale, h0, cu, l2norm, ws,  # noqa: E731
+                                                     ready, write_o)
+    else:
+        run = lambda v_, h0, ready, write_o: fwd(q, k, v_, g, beta, scale, h0, True, cu, l2norm)  # noqa: E731
+    _, b_end = run(v, None, False, False)
     sd = b_end.dtype  # the op's state dtype (fp32 on the GPU)
     eye = torch.eye(K, dtype=sd, device=q.device).expand(NS, H, K, K).contiguous()
     # v = 0 as one zero row broadcast over tokens and heads (stride 0): nothing written to or read from HBM
     zero_v = v.new_zeros(V).expand(v.shape)
-    _, phi = fwd(q, k, zero_v, g, beta, scale, eye, True, cu, l2norm)
+    _, phi = run(zero_v, eye, True, False)
     N = len(p.last_of_seq)
     S = (initial_state.to(sd, copy=True) if initial_state is not None
          else torch.zeros(N, H, K, V, dtype=sd, device=q.device))
@@ -139,5 +154,5 @@ def forward(fwd, q, k, v, g, beta, scale, initial_state, p: Plan, l2norm: bool, 
         cur = S.index_select(0, seqs)
         init.index_copy_(0, segs, cur)
         S.index_copy_(0, seqs, torch.matmul(phi.index_select(0, segs), cur) + b_end.index_select(0, segs))
-    o, final = fwd(q, k, v, g, beta, scale, init, True, cu, l2norm)
+    o, final = run(v, init, True, True)
     return o, final.index_select(0, last)

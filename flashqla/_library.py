@@ -15,6 +15,13 @@ _lib.define("chunk_gdn_fwd(Tensor q, Tensor k, Tensor v, Tensor g, Tensor beta, 
 # H_v, K, V]).
 _lib.define("chunk_gdn_fwd_states(Tensor q, Tensor k, Tensor v, Tensor g, Tensor beta, float scale, "
             "Tensor? initial_state, Tensor? cu_seqlens, bool use_qk_l2norm) -> (Tensor, Tensor)")
+# One pass of exact context parallelism (flashqla._cp): the final states [N, H_v, K, V] and, when write_o, o
+# (else an empty o: the kernel skips the output products). The passes of one call share `workspace`
+# (fwd_workspace_bytes); prep_ready = True reuses the chunk products an earlier pass left there (same q, k, g,
+# beta, cu_seqlens, scale, use_qk_l2norm).
+_lib.define("chunk_gdn_fwd_pass(Tensor q, Tensor k, Tensor v, Tensor g, Tensor beta, float scale, "
+            "Tensor? initial_state, Tensor? cu_seqlens, bool use_qk_l2norm, Tensor(a!) workspace, bool prep_ready, "
+            "bool write_o) -> (Tensor, Tensor)")
 # The backward's reverse chain: (dh [chunk bound, H_v, K, V], dh0 [N, H_v, K, V] or empty); see
 # reference.chunk_state_grads_torch and the C API's flashqla_gdn_bwd_dh.
 _lib.define("chunk_gdn_bwd_dh(Tensor q, Tensor k, Tensor g, Tensor beta, Tensor dout, Tensor? dht, float scale, "
@@ -39,6 +46,20 @@ def _chunk_gdn_fwd_fake(q, k, v, g, beta, scale, initial_state, output_final_sta
     final = (v.new_empty((N, v.shape[2], k.shape[3], v.shape[3]), dtype=sd) if output_final_state
              else v.new_empty((0,), dtype=sd))
     return v.new_empty(v.shape), final
+
+
+def fwd_workspace_bytes(B: int, T: int, H_v: int) -> int:
+    """Bytes of the forward's workspace (as flashqla_gdn_fwd_workspace_bytes: X 128 + W 64 bf16 values per
+    token row and value head)."""
+    return B * T * H_v * (128 + 64) * 2
+
+
+@torch.library.register_fake("flashqla::chunk_gdn_fwd_pass")
+def _chunk_gdn_fwd_pass_fake(q, k, v, g, beta, scale, initial_state, cu_seqlens, use_qk_l2norm, workspace,
+                             prep_ready, write_o):
+    N = cu_seqlens.shape[0] - 1 if cu_seqlens is not None else q.shape[0]
+    final = v.new_empty((N, v.shape[2], k.shape[3], v.shape[3]), dtype=_state_dtype(q))
+    return (v.new_empty(v.shape) if write_o else v.new_empty((0,))), final
 
 
 @torch.library.register_fake("flashqla::chunk_gdn_fwd_states")
@@ -69,6 +90,16 @@ def _chunk_gdn_fwd_cpu(q, k, v, g, beta, scale, initial_state, output_final_stat
                                          use_qk_l2norm_in_kernel=use_qk_l2norm)
     sd = _state_dtype(q)
     return o, (final.to(sd) if output_final_state else v.new_empty((0,), dtype=sd))
+
+
+@torch.library.impl("flashqla::chunk_gdn_fwd_pass", "cpu")
+def _chunk_gdn_fwd_pass_cpu(q, k, v, g, beta, scale, initial_state, cu_seqlens, use_qk_l2norm, workspace,
+                            prep_ready, write_o):
+    # the reference has no chunk products to keep: the workspace is not used
+    o, final = reference.chunk_gdn_torch(q, k, v, g, beta, scale=scale, initial_state=initial_state,
+                                         output_final_state=True, cu_seqlens=cu_seqlens,
+                                         use_qk_l2norm_in_kernel=use_qk_l2norm)
+    return (o if write_o else v.new_empty((0,))), final.to(_state_dtype(q))
 
 
 @torch.library.impl("flashqla::chunk_gdn_fwd_states", "cpu")

@@ -161,7 +161,9 @@ def _forward(shape, q, k, v, g, beta, scale, initial_state, output_final_state, 
             plan = _cp.plan(lengths, shape.H_v, sms)
             if plan is not None:
                 out = _cp.forward(torch.ops.flashqla.chunk_gdn_fwd, q, k, v, g, beta, scale, h0, plan, l2norm,
-                                  index_dtype=cu.dtype if cu is not None else torch.int32)
+                                  index_dtype=cu.dtype if cu is not None else torch.int32,
+                                  fwd_pass=None if os.environ.get("FLASHQLA_FWD_KERNEL") == "simple"
+                                  else torch.ops.flashqla.chunk_gdn_fwd_pass)  # v1 has no summaries-only mode
                 if out is not None:
                     return out[0], (out[1] if output_final_state else None)
         o, final = torch.ops.flashqla.chunk_gdn_fwd(q, k, v, g, beta, scale, h0, output_final_state, cu, l2norm)

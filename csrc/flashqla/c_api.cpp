@@ -156,10 +156,12 @@ flashqla_status_t validate_gdn(const flashqla_gdn_fwd_params_t* p, bool* run) {
   // 16-byte vector accesses: aligned bases, contiguous last dim (implied), strides in multiples of 8 elements.
   // With no tokens (T == 0) only the states are touched, and empty tensors may have NULL data.
   const bool has_tokens = p->batch * p->seqlen > 0;
-  const void* ptrs[] = {p->q, p->k, p->v, p->o};
+  const void* ptrs[] = {p->q, p->k, p->v};
   for (const void* ptr : ptrs)
     if (has_tokens && (ptr == nullptr || reinterpret_cast<uintptr_t>(ptr) % 16 != 0))
-      return fail(FLASHQLA_ERROR_INVALID_ARGUMENT, "q, k, v and o must be non-NULL and 16-byte aligned");
+      return fail(FLASHQLA_ERROR_INVALID_ARGUMENT, "q, k and v must be non-NULL and 16-byte aligned");
+  if (p->o != nullptr && reinterpret_cast<uintptr_t>(p->o) % 16 != 0)  // NULL: summaries only
+    return fail(FLASHQLA_ERROR_INVALID_ARGUMENT, "o must be 16-byte aligned");
   const int64_t strides[] = {p->q_stride_batch, p->q_stride_time, p->q_stride_head, p->k_stride_batch,
                              p->k_stride_time,  p->k_stride_head, p->v_stride_batch, p->v_stride_time,
                              p->v_stride_head,  p->o_stride_batch, p->o_stride_time, p->o_stride_head};
@@ -176,6 +178,8 @@ flashqla_status_t validate_gdn(const flashqla_gdn_fwd_params_t* p, bool* run) {
                 "initial_state, final_state and chunk_states must be 32-byte aligned");
   if (p->workspace && reinterpret_cast<uintptr_t>(p->workspace) % 16)
     return fail(FLASHQLA_ERROR_INVALID_ARGUMENT, "workspace must be 16-byte aligned");
+  if (p->prep_ready && (p->workspace == nullptr || p->workspace_bytes < flashqla_gdn_fwd_workspace_bytes(p)))
+    return fail(FLASHQLA_ERROR_INVALID_ARGUMENT, "prep_ready needs the workspace of the call that filled it");
   flashqla_status_t st = check_current_device();
   if (st != FLASHQLA_SUCCESS) return st;
   *run = true;
@@ -194,6 +198,8 @@ flashqla_status_t flashqla_gdn_fwd(const flashqla_gdn_fwd_params_t* p, cudaStrea
     const char* e = std::getenv("FLASHQLA_FWD_KERNEL");
     return e != nullptr && std::strcmp(e, "simple") == 0;
   }();
+  if (simple && p->o == nullptr)
+    return fail(FLASHQLA_ERROR_UNSUPPORTED, "o = NULL (summaries only) needs the default forward kernel (FLASHQLA_FWD_KERNEL=simple is set)");
   if (simple && p->chunk_states != nullptr)
     return fail(FLASHQLA_ERROR_UNSUPPORTED, "chunk_states needs the default forward kernel (FLASHQLA_FWD_KERNEL=simple is set)");
   const bool bf16 = p->qkv_dtype == FLASHQLA_BFLOAT16;
@@ -225,6 +231,7 @@ flashqla_status_t flashqla_gdn_bwd_dh(const flashqla_gdn_bwd_dh_params_t* p, cud
   f.initial_state = p->dht;
   f.final_state = p->dh0;
   f.chunk_states = nullptr;
+  f.prep_ready = 0;
   bool run = false;
   const flashqla_status_t vs = validate_gdn(&f, &run);
   if (vs != FLASHQLA_SUCCESS || !run) return vs;

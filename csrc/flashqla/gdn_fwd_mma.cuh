@@ -174,7 +174,8 @@ CUTLASS_DEVICE Work<T> make_work(const flashqla_gdn_fwd_params_t& p, const CtaTi
   wk.q = static_cast<const T*>(p.q) + b * p.q_stride_batch + bos * p.q_stride_time + ct.hq * p.q_stride_head;
   wk.k = static_cast<const T*>(p.k) + b * p.k_stride_batch + bos * p.k_stride_time + ct.hq * p.k_stride_head;
   wk.v = static_cast<const T*>(p.v) + b * p.v_stride_batch + bos * p.v_stride_time + ct.h * p.v_stride_head + ct.col0;
-  wk.o = static_cast<T*>(p.o) + b * p.o_stride_batch + bos * p.o_stride_time + ct.h * p.o_stride_head + ct.col0;
+  wk.o = p.o == nullptr ? nullptr  // summaries only (exact parallelism's first passes)
+                        : static_cast<T*>(p.o) + b * p.o_stride_batch + bos * p.o_stride_time + ct.h * p.o_stride_head + ct.col0;
   wk.b = b;
   wk.h = ct.h;
   wk.t0 = bos;
@@ -411,7 +412,7 @@ CUTLASS_DEVICE void aux_chunk(const flashqla_gdn_fwd_params_t& p, StageT& S, Aux
       const bool ok = r < rows;
       cp_async_16(&S.x[r * kLdK + c8], ok ? xs + int64_t(r) * p.heads_v * kDimK + c8 : xs, ok);
     }
-    for (int i = tid; i < kChunk * kChunk / 8; i += kAuxThreads) {
+    for (int i = tid; i < kChunk * kChunk / 8 && (kMode == AuxMode::kLoadBwd || wk.o != nullptr); i += kAuxThreads) {
       const int r = i >> 3, c8 = (i & 7) * 8;
       const bool ok = r < rows;
       cp_async_16(&S.w[r * kLdC + c8], ok ? ws + int64_t(r) * p.heads_v * kWRow + c8 : ws, ok);
@@ -520,6 +521,7 @@ CUTLASS_DEVICE void state_role(const flashqla_gdn_fwd_params_t& p, SharedStorage
 
   float sacc[16][4];  // S^T
   load_state_tile(sacc, p.initial_state != nullptr ? p.initial_state + wk.state_off : nullptr, tq, v0);
+  const bool want_o = wk.o != nullptr;  // else the chain alone: no Q S^T, no intra-chunk O, no O store
 
   for (int64_t c = 0; c < wk.num_chunks; ++c) {
     const int st = static_cast<int>(c % kStages);
@@ -543,9 +545,10 @@ CUTLASS_DEVICE void state_role(const flashqla_gdn_fwd_params_t& p, SharedStorage
     for_b_fragments<8, 4, false>(S.k, kLdK, ld, [&](int kk, int np, const uint32_t (&b)[4]) {
       mma_pair<T>(ks, np, sa[kk], b);
     });
-    for_b_fragments<8, 4, false>(S.q, kLdK, ld, [&](int kk, int np, const uint32_t (&b)[4]) {
-      mma_pair<T>(os, np, sa[kk], b);
-    });
+    if (want_o)
+      for_b_fragments<8, 4, false>(S.q, kLdK, ld, [&](int kk, int np, const uint32_t (&b)[4]) {
+        mma_pair<T>(os, np, sa[kk], b);
+      });
     FLASHQLA_ROLE_PHASE(0, kStKsQs);
 
     // Z^T = V^T - KS^T diag(gamma), Y^T = V^T diag(decay) - gamma_C KS^T, O^T = QS^T diag(gamma)
@@ -573,7 +576,7 @@ CUTLASS_DEVICE void state_role(const flashqla_gdn_fwd_params_t& p, SharedStorage
     // O^T += Z^T W^T  (W lower triangular: k block kb <= n block np)
     FLASHQLA_ROLE_PHASE(0, kStZY);
 #pragma unroll
-    for (int kb = 0; kb < 4; ++kb) {
+    for (int kb = 0; kb < 4 && want_o; ++kb) {
 #pragma unroll
       for (int np = 0; np < 4; ++np) {
         if (np < kb) continue;
@@ -603,6 +606,7 @@ CUTLASS_DEVICE void state_role(const flashqla_gdn_fwd_params_t& p, SharedStorage
     FLASHQLA_ROLE_PHASE(0, kStUpdate);
 
 #if FLASHQLA_V2_EXPERIMENT != 2
+    if (!want_o) continue;
     // O tile: transpose through shared memory, then 16-byte rows to global
     T* ot = sm.o[c & 1];
 #pragma unroll
@@ -652,7 +656,7 @@ __global__ void __launch_bounds__(kThreads, 1) gdn_fwd_mma_kernel(const __grid_c
   auto& sm = *reinterpret_cast<SharedStorage<T>*>(smem_raw);
   const int64_t main_blocks = p.num_seqs * p.heads_v * kVBlocks;
   if (static_cast<int64_t>(blockIdx.x) >= main_blocks) {
-    zero_rows_past_end<T, IndexT>(p, blockIdx.x - main_blocks, kTailBlocks, threadIdx.x, kThreads);
+    if (p.o != nullptr) zero_rows_past_end<T, IndexT>(p, blockIdx.x - main_blocks, kTailBlocks, threadIdx.x, kThreads);
     return;
   }
   const CtaTile ct = decode_cta<IndexT>(p, blockIdx.x, kVBlocks, kBlockV);
@@ -844,6 +848,7 @@ cudaError_t launch(const flashqla_gdn_fwd_params_t& p, cudaStream_t stream) {
   if (err != cudaSuccess) return err;
   const size_t rows = static_cast<size_t>(p.batch) * static_cast<size_t>(p.seqlen);
   PrepBuffers<T> pb{static_cast<T*>(ws.ptr), static_cast<T*>(ws.ptr) + rows * p.heads_v * kDimK};
+  if (p.prep_ready && !ws.owned) return launch_recurrent<T, AuxMode::kLoadPrepared>(p, pb, stream);  // X, W in place
   auto prep = p.cu_seqlens != nullptr && p.cu_seqlens_dtype == FLASHQLA_INT64 ? gdn_prep_kernel<T, int64_t>
                                                                                : gdn_prep_kernel<T, int32_t>;
   const size_t smem = sizeof(PrepStorage<T>);

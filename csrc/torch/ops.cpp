@@ -62,17 +62,21 @@ at::Tensor chunk_local_cumsum_cuda(const at::Tensor& g, int64_t chunk_size, bool
 }
 
 // The forward; with_states also writes the state at the start of every chunk (the backward's recompute).
+// workspace: the caller's (exact parallelism's passes share one: prep_ready skips recomputing X and W);
+// write_o = false: summaries only (o not computed, an empty o returned).
 std::tuple<at::Tensor, at::Tensor, at::Tensor> gdn_fwd(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
                                                        const at::Tensor& g, const at::Tensor& beta, double scale,
                                                        const std::optional<at::Tensor>& initial_state,
                                                        bool output_final_state,
                                                        const std::optional<at::Tensor>& cu_seqlens,
-                                                       bool use_qk_l2norm, bool with_states) {
+                                                       bool use_qk_l2norm, bool with_states,
+                                                       const at::Tensor* workspace = nullptr, bool prep_ready = false,
+                                                       bool write_o = true) {
   TORCH_CHECK(q.is_cuda() && q.dim() == 4 && k.dim() == 4 && v.dim() == 4 && g.dim() == 3 && beta.dim() == 3,
               "flashqla.chunk_gdn_fwd: expected CUDA q, k, v [B, T, H, D] and g, beta [B, T, H]");
   c10::cuda::CUDAGuard guard(q.device());
   const int64_t N = cu_seqlens.has_value() ? cu_seqlens->numel() - 1 : q.size(0);
-  auto o = at::empty(v.sizes(), v.options());
+  auto o = write_o ? at::empty(v.sizes(), v.options()) : at::empty({0}, v.options());
   at::Tensor final_state = output_final_state
       ? at::empty({N, v.size(2), k.size(3), v.size(3)}, v.options().dtype(at::kFloat))
       : at::empty({0}, v.options().dtype(at::kFloat));
@@ -94,8 +98,10 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> gdn_fwd(const at::Tensor& q, cons
   p.beta = beta.data_ptr();
   p.beta_dtype = to_flashqla_dtype(beta.scalar_type(), "beta");
   p.beta_stride_batch = beta.stride(0); p.beta_stride_time = beta.stride(1); p.beta_stride_head = beta.stride(2);
-  p.o = o.data_ptr();
-  p.o_stride_batch = o.stride(0); p.o_stride_time = o.stride(1); p.o_stride_head = o.stride(2);
+  if (write_o) {
+    p.o = o.data_ptr();
+    p.o_stride_batch = o.stride(0); p.o_stride_time = o.stride(1); p.o_stride_head = o.stride(2);
+  }
   if (initial_state.has_value()) {
     TORCH_CHECK(initial_state->is_contiguous() && initial_state->scalar_type() == at::kFloat,
                 "flashqla.chunk_gdn_fwd: initial_state must be contiguous float32");
@@ -118,9 +124,15 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> gdn_fwd(const at::Tensor& q, cons
       : at::empty({0}, v.options().dtype(at::kFloat));
   p.chunk_states = with_states ? states.data_ptr<float>() : nullptr;
   // workspace from PyTorch's caching allocator (graph pools included), not an allocation inside the call
-  at::Tensor ws = at::empty({static_cast<int64_t>(flashqla_gdn_fwd_workspace_bytes(&p))}, v.options().dtype(at::kByte));
+  const int64_t need = static_cast<int64_t>(flashqla_gdn_fwd_workspace_bytes(&p));
+  at::Tensor ws = workspace != nullptr ? *workspace : at::empty({need}, v.options().dtype(at::kByte));
+  TORCH_CHECK(ws.is_cuda() && ws.device() == q.device() && ws.is_contiguous() && ws.scalar_type() == at::kByte &&
+                  ws.numel() >= need,
+              "flashqla.chunk_gdn_fwd_pass: workspace must be a contiguous uint8 tensor on q's device of at least ",
+              need, " bytes");
   p.workspace = ws.numel() > 0 ? ws.data_ptr() : nullptr;
   p.workspace_bytes = static_cast<size_t>(ws.numel());
+  p.prep_ready = prep_ready ? 1 : 0;
   check_status(flashqla_gdn_fwd(&p, c10::cuda::getCurrentCUDAStream(q.device().index()).stream()), "chunk_gdn_fwd");
   return {o, final_state, states};
 }
@@ -132,6 +144,17 @@ std::tuple<at::Tensor, at::Tensor> chunk_gdn_fwd_cuda(const at::Tensor& q, const
                                                       const std::optional<at::Tensor>& cu_seqlens,
                                                       bool use_qk_l2norm) {
   auto r = gdn_fwd(q, k, v, g, beta, scale, initial_state, output_final_state, cu_seqlens, use_qk_l2norm, false);
+  return {std::get<0>(r), std::get<1>(r)};
+}
+
+// One pass of exact context parallelism (flashqla/_cp.py): the final states, o only when write_o.
+std::tuple<at::Tensor, at::Tensor> chunk_gdn_fwd_pass_cuda(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                                                           const at::Tensor& g, const at::Tensor& beta, double scale,
+                                                           const std::optional<at::Tensor>& initial_state,
+                                                           const std::optional<at::Tensor>& cu_seqlens, bool use_qk_l2norm,
+                                                           at::Tensor& workspace, bool prep_ready, bool write_o) {
+  auto r = gdn_fwd(q, k, v, g, beta, scale, initial_state, true, cu_seqlens, use_qk_l2norm, false, &workspace,
+                   prep_ready, write_o);
   return {std::get<0>(r), std::get<1>(r)};
 }
 
@@ -210,6 +233,7 @@ TORCH_LIBRARY_IMPL(flashqla, CUDA, m) {
   m.impl("chunk_local_cumsum", &chunk_local_cumsum_cuda);
   m.impl("chunk_gdn_fwd", &chunk_gdn_fwd_cuda);
   m.impl("chunk_gdn_fwd_states", &chunk_gdn_fwd_states_cuda);
+  m.impl("chunk_gdn_fwd_pass", &chunk_gdn_fwd_pass_cuda);
   m.impl("chunk_gdn_bwd_dh", &chunk_gdn_bwd_dh_cuda);
 }
 

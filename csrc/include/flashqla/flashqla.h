@@ -114,7 +114,7 @@ typedef struct flashqla_gdn_fwd_params {
   const void* beta;
   flashqla_dtype_t beta_dtype;           /* FLOAT32, BFLOAT16 or FLOAT16 */
   int64_t beta_stride_batch, beta_stride_time, beta_stride_head;
-  void* o;
+  void* o;                               /* NULL: summaries only (final/chunk states, no o; default kernel) */
   int64_t o_stride_batch, o_stride_time, o_stride_head;
   const float* initial_state;            /* NULL: zeros */
   float* final_state;                    /* NULL: not written */
@@ -131,6 +131,10 @@ typedef struct flashqla_gdn_fwd_params {
                                             the backward, flashqla_gdn_bwd_dh_workspace_bytes); NULL or too small:
                                             the call allocates it stream-ordered (cudaMallocAsync) and frees it */
   size_t workspace_bytes;
+  int32_t prep_ready;                    /* 1: the workspace already holds the chunk products (X, W) of an
+                                            earlier call on this stream with the same q, k, g, beta, cu_seqlens,
+                                            scale and use_qk_l2norm (v and initial_state may differ), so the
+                                            prep kernel is skipped; needs a caller workspace. 0: computed. */
 } flashqla_gdn_fwd_params_t;
 
 FLASHQLA_API flashqla_status_t flashqla_gdn_fwd(const flashqla_gdn_fwd_params_t* params, cudaStream_t stream);
