@@ -37,6 +37,18 @@ def kernel_times(fn, reps: int) -> dict:
     return dict(out)
 
 
+def launches(fn) -> list:
+    """[(kernel, GPU ms)] of one call, in launch order."""
+    fn()
+    torch.cuda.synchronize()
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
+        fn()
+        torch.cuda.synchronize()
+    evs = [e for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA]
+    evs.sort(key=lambda e: e.time_range.start)
+    return [(short(e.name), e.device_time_total / 1e3) for e in evs]
+
+
 def short(name: str) -> str:
     name = re.sub(r"<.*", "", name)            # template arguments
     name = re.sub(r"\(.*", "", name)
@@ -47,6 +59,7 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--match", default=DEFAULT)
     ap.add_argument("--reps", type=int, default=5)
+    ap.add_argument("--launches", action="store_true", help="also list one call's launches in order")
     args = ap.parse_args()
     if not (torch.cuda.is_available() and torch.cuda.get_device_capability() == (9, 0)):
         print("kernel_times: needs an sm_90 GPU")
@@ -66,6 +79,9 @@ def main() -> int:
         print(f"{label}: {total:.3f} ms of kernel time per call")
         for k, t in sorted(merged.items(), key=lambda kv: -kv[1])[:12]:
             print(f"  {t:8.3f} ms {100 * t / total:5.1f}%  {k}")
+        if args.launches and case.direction == "fwd":
+            print("  launches: " + ", ".join(f"{k or '?'} {t:.3f}" for k, t in
+                                             launches(bench.build_fn("flashqla", libs["flashqla"], case, d))))
     return 0
 
 
