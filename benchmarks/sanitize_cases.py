@@ -32,8 +32,9 @@ for cu in ([0, 0, 65, 65, 200, 260], [0, 900, 20, 300], [-5, 3, 1 << 30]):
     torch.ops.flashqla.chunk_gdn_fwd(q, k, v, g, beta, 0.088, h0, True, cut, True)
     # exact parallelism's passes: summaries only, then a full pass on the chunk products left in the workspace
     ws = torch.empty(T * 2 * 192 * 2, dtype=torch.uint8, device=dev)
-    torch.ops.flashqla.chunk_gdn_fwd_pass(q, k, v, g, beta, 0.088, h0, cut, True, ws, False, False)
-    torch.ops.flashqla.chunk_gdn_fwd_pass(q, k, v, g, beta, 0.088, h0, cut, True, ws, True, True)
+    torch.ops.flashqla.chunk_gdn_fwd_pass(q, k, v, g, beta, 0.088, h0, cut, True, ws, False, False, False)
+    torch.ops.flashqla.chunk_gdn_fwd_pass(q, k, v, g, beta, 0.088, h0, cut, True, ws, True, False, True)
+    torch.ops.flashqla.chunk_gdn_fwd_pass(q, k, v, g, beta, 0.088, h0, cut, True, ws, True, True, False)
 torch.cuda.synchronize()
 print("forward sanitize cases ran")
 

@@ -32,8 +32,10 @@ CHUNK = 64
 MIN_SEGMENT_CHUNKS = 8
 V_BLOCKS = 2          # CTAs per (sequence, value head) in the forward kernel
 GAIN = 0.75           # run CP when its predicted time is below this fraction of the plain call's
-SUMMARY_STEP = 0.6    # a summaries-only chunk step against a full one (the chain without Q S^T, O, O store)
-RANK_STEP = 2.0       # the host-side scan's cost per rank, in chunk steps (a few small kernels)
+# Measured on the H200 (benchmarks/kernel_times.py --launches, TP8/TP4 1 x 32768): a full chunk step ~2.5 us,
+# a summaries-only one (no Q S^T, no O) 0.7 of it, the scan ~25 us per rank (eight small kernels).
+SUMMARY_STEP = 0.7
+RANK_STEP = 10.0      # in chunk steps
 
 
 def mode() -> str:
@@ -133,18 +135,21 @@ def forward(fwd, q, k, v, g, beta, scale, initial_state, p: Plan, l2norm: bool, 
     cu, by_rank, last = dp
     H, K, V = v.shape[2], k.shape[3], v.shape[3]
     NS = p.segments
+    # v = 0 for the transition pass: one zero row broadcast over tokens and heads (stride 0; the kernels' pass
+    # op reads none of it)
+    zero_v = v.new_zeros(V).expand(v.shape)
     if fwd_pass is not None:
         from ._library import fwd_workspace_bytes
         ws = torch.empty(fwd_workspace_bytes(q.shape[0], q.shape[1], H), dtype=torch.uint8, device=q.device)
+        # the transition pass reads no v (zero_v): a stride-0 v would send every CTA to one L2 line (measured:
+        # that pass took 4.5x the other summaries pass)
         run = lambda v_, h0, ready, write_o: fwd_pass(q, k, v_, g, beta, scale, h0, cu, l2norm, ws,  # noqa: E731
-                                                     ready, write_o)
+                                                     ready, write_o, v_ is zero_v)
     else:
         run = lambda v_, h0, ready, write_o: fwd(q, k, v_, g, beta, scale, h0, True, cu, l2norm)  # noqa: E731
     _, b_end = run(v, None, False, False)
     sd = b_end.dtype  # the op's state dtype (fp32 on the GPU)
     eye = torch.eye(K, dtype=sd, device=q.device).expand(NS, H, K, K).contiguous()
-    # v = 0 as one zero row broadcast over tokens and heads (stride 0): nothing written to or read from HBM
-    zero_v = v.new_zeros(V).expand(v.shape)
     _, phi = run(zero_v, eye, True, False)
     N = len(p.last_of_seq)
     S = (initial_state.to(sd, copy=True) if initial_state is not None

@@ -16,12 +16,13 @@ _lib.define("chunk_gdn_fwd(Tensor q, Tensor k, Tensor v, Tensor g, Tensor beta, 
 _lib.define("chunk_gdn_fwd_states(Tensor q, Tensor k, Tensor v, Tensor g, Tensor beta, float scale, "
             "Tensor? initial_state, Tensor? cu_seqlens, bool use_qk_l2norm) -> (Tensor, Tensor)")
 # One pass of exact context parallelism (flashqla._cp): the final states [N, H_v, K, V] and, when write_o, o
-# (else an empty o: the kernel skips the output products). The passes of one call share `workspace`
+# (else an empty o: the kernel skips the output products); zero_v takes v as zeros without reading it (the
+# transition pass; v then only gives the shapes, and write_o must be False). The passes of one call share `workspace`
 # (fwd_workspace_bytes); prep_ready = True reuses the chunk products an earlier pass left there (same q, k, g,
 # beta, cu_seqlens, scale, use_qk_l2norm).
 _lib.define("chunk_gdn_fwd_pass(Tensor q, Tensor k, Tensor v, Tensor g, Tensor beta, float scale, "
             "Tensor? initial_state, Tensor? cu_seqlens, bool use_qk_l2norm, Tensor(a!) workspace, bool prep_ready, "
-            "bool write_o) -> (Tensor, Tensor)")
+            "bool write_o, bool zero_v) -> (Tensor, Tensor)")
 # The backward's reverse chain: (dh [chunk bound, H_v, K, V], dh0 [N, H_v, K, V] or empty); see
 # reference.chunk_state_grads_torch and the C API's flashqla_gdn_bwd_dh.
 _lib.define("chunk_gdn_bwd_dh(Tensor q, Tensor k, Tensor g, Tensor beta, Tensor dout, Tensor? dht, float scale, "
@@ -56,7 +57,7 @@ def fwd_workspace_bytes(B: int, T: int, H_v: int) -> int:
 
 @torch.library.register_fake("flashqla::chunk_gdn_fwd_pass")
 def _chunk_gdn_fwd_pass_fake(q, k, v, g, beta, scale, initial_state, cu_seqlens, use_qk_l2norm, workspace,
-                             prep_ready, write_o):
+                             prep_ready, write_o, zero_v):
     N = cu_seqlens.shape[0] - 1 if cu_seqlens is not None else q.shape[0]
     final = v.new_empty((N, v.shape[2], k.shape[3], v.shape[3]), dtype=_state_dtype(q))
     return (v.new_empty(v.shape) if write_o else v.new_empty((0,))), final
@@ -94,8 +95,9 @@ def _chunk_gdn_fwd_cpu(q, k, v, g, beta, scale, initial_state, output_final_stat
 
 @torch.library.impl("flashqla::chunk_gdn_fwd_pass", "cpu")
 def _chunk_gdn_fwd_pass_cpu(q, k, v, g, beta, scale, initial_state, cu_seqlens, use_qk_l2norm, workspace,
-                            prep_ready, write_o):
+                            prep_ready, write_o, zero_v):
     # the reference has no chunk products to keep: the workspace is not used
+    v = torch.zeros_like(v) if zero_v else v
     o, final = reference.chunk_gdn_torch(q, k, v, g, beta, scale=scale, initial_state=initial_state,
                                          output_final_state=True, cu_seqlens=cu_seqlens,
                                          use_qk_l2norm_in_kernel=use_qk_l2norm)

@@ -281,7 +281,8 @@ def test_split_and_fused_forward_agree_bitwise(monkeypatch, case):
 
 @pytest.mark.parametrize("split", ["1", "0"])
 def test_cp_pass_summaries_and_shared_chunk_products(monkeypatch, split):
-    # exact parallelism's pass op: summaries only (no o) leaves the state chain bitwise unchanged, and a pass
+    # exact parallelism's pass op: summaries only (no o) leaves the state chain bitwise unchanged, zero_v equals
+    # a zero v, and a pass
     # reusing the chunk products an earlier pass left in the workspace (other v, other h0) equals a fresh call
     from flashqla._library import fwd_workspace_bytes
     monkeypatch.setenv("FLASHQLA_FWD_SPLIT", split)
@@ -291,11 +292,15 @@ def test_cp_pass_summaries_and_shared_chunk_products(monkeypatch, split):
     full = torch.ops.flashqla.chunk_gdn_fwd(q, k, v, g, beta, scale, h0, True, cu, False)
     ws = torch.full((fwd_workspace_bytes(1, q.shape[1], v.shape[2]),), 0xFF, dtype=torch.uint8, device=DEV)
     op = torch.ops.flashqla.chunk_gdn_fwd_pass
-    o0, s0 = op(q, k, v, g, beta, scale, h0, cu, False, ws, False, False)
+    o0, s0 = op(q, k, v, g, beta, scale, h0, cu, False, ws, False, False, False)
     assert o0.numel() == 0 and torch.equal(s0, full[1])
+    # zero_v: v taken as zeros without reading it, as a real zero v
+    zeros = torch.ops.flashqla.chunk_gdn_fwd(q, k, torch.zeros_like(v), g, beta, scale, h0, True, cu, False)
+    _, sz = op(q, k, v, g, beta, scale, h0, cu, False, ws, True, False, True)
+    assert torch.equal(sz, zeros[1])
     gen = torch.Generator(device=DEV).manual_seed(25)
     v2 = torch.randn(v.shape, device=DEV, generator=gen).to(v.dtype)
     h2 = torch.randn(h0.shape, device=DEV, generator=gen)
     fresh = torch.ops.flashqla.chunk_gdn_fwd(q, k, v2, g, beta, scale, h2, True, cu, False)
-    o1, s1 = op(q, k, v2, g, beta, scale, h2, cu, False, ws, True, True)
+    o1, s1 = op(q, k, v2, g, beta, scale, h2, cu, False, ws, True, True, False)
     assert torch.equal(o1, fresh[0]) and torch.equal(s1, fresh[1])

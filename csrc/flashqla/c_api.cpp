@@ -156,10 +156,14 @@ flashqla_status_t validate_gdn(const flashqla_gdn_fwd_params_t* p, bool* run) {
   // 16-byte vector accesses: aligned bases, contiguous last dim (implied), strides in multiples of 8 elements.
   // With no tokens (T == 0) only the states are touched, and empty tensors may have NULL data.
   const bool has_tokens = p->batch * p->seqlen > 0;
-  const void* ptrs[] = {p->q, p->k, p->v};
+  const void* ptrs[] = {p->q, p->k};
   for (const void* ptr : ptrs)
     if (has_tokens && (ptr == nullptr || reinterpret_cast<uintptr_t>(ptr) % 16 != 0))
-      return fail(FLASHQLA_ERROR_INVALID_ARGUMENT, "q, k and v must be non-NULL and 16-byte aligned");
+      return fail(FLASHQLA_ERROR_INVALID_ARGUMENT, "q and k must be non-NULL and 16-byte aligned");
+  if (has_tokens && p->v == nullptr && p->o != nullptr)  // NULL v (zeros) only for summaries
+    return fail(FLASHQLA_ERROR_INVALID_ARGUMENT, "v may be NULL (zeros) only with o = NULL");
+  if (p->v != nullptr && reinterpret_cast<uintptr_t>(p->v) % 16 != 0)
+    return fail(FLASHQLA_ERROR_INVALID_ARGUMENT, "v must be 16-byte aligned");
   if (p->o != nullptr && reinterpret_cast<uintptr_t>(p->o) % 16 != 0)  // NULL: summaries only
     return fail(FLASHQLA_ERROR_INVALID_ARGUMENT, "o must be 16-byte aligned");
   const int64_t strides[] = {p->q_stride_batch, p->q_stride_time, p->q_stride_head, p->k_stride_batch,

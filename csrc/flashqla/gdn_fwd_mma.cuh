@@ -173,7 +173,8 @@ CUTLASS_DEVICE Work<T> make_work(const flashqla_gdn_fwd_params_t& p, const CtaTi
   const int64_t b = ct.b, bos = ct.bos;
   wk.q = static_cast<const T*>(p.q) + b * p.q_stride_batch + bos * p.q_stride_time + ct.hq * p.q_stride_head;
   wk.k = static_cast<const T*>(p.k) + b * p.k_stride_batch + bos * p.k_stride_time + ct.hq * p.k_stride_head;
-  wk.v = static_cast<const T*>(p.v) + b * p.v_stride_batch + bos * p.v_stride_time + ct.h * p.v_stride_head + ct.col0;
+  wk.v = p.v == nullptr ? nullptr  // v = 0 (the transition pass of exact parallelism): nothing read
+                        : static_cast<const T*>(p.v) + b * p.v_stride_batch + bos * p.v_stride_time + ct.h * p.v_stride_head + ct.col0;
   wk.o = p.o == nullptr ? nullptr  // summaries only (exact parallelism's first passes)
                         : static_cast<T*>(p.o) + b * p.o_stride_batch + bos * p.o_stride_time + ct.h * p.o_stride_head + ct.col0;
   wk.b = b;
@@ -396,8 +397,8 @@ CUTLASS_DEVICE void aux_chunk(const flashqla_gdn_fwd_params_t& p, StageT& S, Aux
   if constexpr (kMode == AuxMode::kFused || kMode == AuxMode::kLoadPrepared || kMode == AuxMode::kLoadBwd) {
     for (int i = tid; i < kChunk * kBlockV / 8; i += kAuxThreads) {
       const int r = i >> 3, c8 = (i & 7) * 8;
-      const bool ok = r < rows;
-      cp_async_16(&S.v[r * kLdC + c8], ok ? wk.v + (t0 - wk.t0 + r) * p.v_stride_time + c8 : wk.v, ok);
+      const bool ok = r < rows && wk.v != nullptr;  // else zero-filled, no read
+      cp_async_16(&S.v[r * kLdC + c8], ok ? wk.v + (t0 - wk.t0 + r) * p.v_stride_time + c8 : wk.k, ok);
     }
   }
   if constexpr (kMode == AuxMode::kLoadPrepared || kMode == AuxMode::kLoadBwd) {

@@ -71,7 +71,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> gdn_fwd(const at::Tensor& q, cons
                                                        const std::optional<at::Tensor>& cu_seqlens,
                                                        bool use_qk_l2norm, bool with_states,
                                                        const at::Tensor* workspace = nullptr, bool prep_ready = false,
-                                                       bool write_o = true) {
+                                                       bool write_o = true, bool zero_v = false) {
   TORCH_CHECK(q.is_cuda() && q.dim() == 4 && k.dim() == 4 && v.dim() == 4 && g.dim() == 3 && beta.dim() == 3,
               "flashqla.chunk_gdn_fwd: expected CUDA q, k, v [B, T, H, D] and g, beta [B, T, H]");
   c10::cuda::CUDAGuard guard(q.device());
@@ -83,7 +83,8 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> gdn_fwd(const at::Tensor& q, cons
   flashqla_gdn_fwd_params_t p{};
   p.q = q.data_ptr();
   p.k = k.data_ptr();
-  p.v = v.data_ptr();
+  p.v = zero_v ? nullptr : v.data_ptr();  // zero_v: v's shape only, its values taken as 0 (nothing read)
+  TORCH_CHECK(!(zero_v && write_o), "flashqla.chunk_gdn_fwd_pass: zero_v needs write_o = false");
   p.qkv_dtype = to_flashqla_dtype(v.scalar_type(), "v");
   TORCH_CHECK(q.scalar_type() == v.scalar_type() && k.scalar_type() == v.scalar_type(),
               "flashqla.chunk_gdn_fwd: q, k, v must share a dtype");
@@ -152,9 +153,10 @@ std::tuple<at::Tensor, at::Tensor> chunk_gdn_fwd_pass_cuda(const at::Tensor& q, 
                                                            const at::Tensor& g, const at::Tensor& beta, double scale,
                                                            const std::optional<at::Tensor>& initial_state,
                                                            const std::optional<at::Tensor>& cu_seqlens, bool use_qk_l2norm,
-                                                           at::Tensor& workspace, bool prep_ready, bool write_o) {
+                                                           at::Tensor& workspace, bool prep_ready, bool write_o,
+                                                           bool zero_v) {
   auto r = gdn_fwd(q, k, v, g, beta, scale, initial_state, true, cu_seqlens, use_qk_l2norm, false, &workspace,
-                   prep_ready, write_o);
+                   prep_ready, write_o, zero_v);
   return {std::get<0>(r), std::get<1>(r)};
 }
 

@@ -103,7 +103,7 @@ FLASHQLA_API flashqla_status_t flashqla_chunk_local_cumsum(const flashqla_chunk_
 typedef struct flashqla_gdn_fwd_params {
   const void* q;
   const void* k;
-  const void* v;
+  const void* v;                         /* NULL with o = NULL: v = 0 (a transition-only pass) */
   flashqla_dtype_t qkv_dtype;            /* BFLOAT16 or FLOAT16 */
   int64_t q_stride_batch, q_stride_time, q_stride_head;
   int64_t k_stride_batch, k_stride_time, k_stride_head;
