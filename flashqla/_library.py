@@ -29,6 +29,14 @@ _lib.define("chunk_gdn_bwd_dh(Tensor q, Tensor k, Tensor g, Tensor beta, Tensor 
             "Tensor? cu_seqlens, bool use_qk_l2norm, bool output_dh0) -> (Tensor, Tensor)")
 
 
+# The backward's chunk-parallel gradient step (v0, FLASHQLA_BWD_GRAD=1): from the chunk-start states and the
+# chunk-end state gradients, (dq, dk per value head fp32 [B, T, H_v, K], dv like v, dg, dbeta fp32 [B, T, H_v]);
+# see the C API's flashqla_gdn_bwd_grad. The caller sums dq/dk over each GVA group and applies the l2norm
+# backward.
+_lib.define("chunk_gdn_bwd_grad(Tensor q, Tensor k, Tensor v, Tensor g, Tensor beta, Tensor dout, Tensor states, "
+            "Tensor dh, float scale, Tensor? cu_seqlens, bool use_qk_l2norm) -> (Tensor, Tensor, Tensor, Tensor, Tensor)")
+
+
 def chunk_bound(B: int, T: int, cu_seqlens, chunk: int = 64) -> int:
     """Chunks of all sequences, bounded from the shapes alone (as flashqla_gdn_chunk_bound)."""
     per = -(-T // chunk)
@@ -68,6 +76,15 @@ def _chunk_gdn_fwd_states_fake(q, k, v, g, beta, scale, initial_state, cu_seqlen
     H, K, V = v.shape[2], q.shape[3], v.shape[3]
     return v.new_empty(v.shape), v.new_empty((chunk_bound(q.shape[0], q.shape[1], cu_seqlens), H, K, V),
                                              dtype=_state_dtype(q))
+
+
+@torch.library.register_fake("flashqla::chunk_gdn_bwd_grad")
+def _chunk_gdn_bwd_grad_fake(q, k, v, g, beta, dout, states, dh, scale, cu_seqlens, use_qk_l2norm):
+    B, T, H, V = v.shape
+    f32 = torch.float32
+    dqk = q.new_empty((B, T, H, q.shape[3]), dtype=f32)
+    return dqk, torch.empty_like(dqk), v.new_empty(v.shape), v.new_empty((B, T, H), dtype=f32), \
+        v.new_empty((B, T, H), dtype=f32)
 
 
 @torch.library.register_fake("flashqla::chunk_gdn_bwd_dh")

@@ -198,6 +198,17 @@ def _kernel_backward(shape, q, k, v, g, beta, do, dht, scale, initial_state, l2n
     dov = _vector_ready(do.to(v.dtype))
     dht_ = None if dht is None else dht.float().contiguous()
     dh, dh0 = torch.ops.flashqla.chunk_gdn_bwd_dh(qv, kv, g, beta, dov, dht_, sc, cu, l2norm, initial_state is not None)
+    if os.environ.get("FLASHQLA_BWD_GRAD", "0") == "1":  # the gradient kernel, v0 (off until measured)
+        dq, dk, dv, dg, dbeta = torch.ops.flashqla.chunk_gdn_bwd_grad(qv, kv, vv, g, beta, dov, states, dh, sc, cu,
+                                                                       l2norm)
+        # GVA: each group's value heads summed in fp32 (a fixed-order reduction), then the l2norm backward
+        B, T, Hq, K = q.shape
+        dq = dq.view(B, T, Hq, -1, K).sum(3)
+        dk = dk.view(B, T, Hq, -1, K).sum(3)
+        if l2norm:
+            dq, dk = reference._l2norm_bwd(q.float(), dq), reference._l2norm_bwd(k.float(), dk)
+        return (dq.to(q.dtype), dk.to(k.dtype), dv.to(v.dtype), dg.to(g.dtype), dbeta.to(beta.dtype),
+                dh0.to(initial_state.dtype) if initial_state is not None else None)
     return reference.chunk_gdn_bwd_from_states(q, k, v, g, beta, do, states, dh,
                                                dh0 if initial_state is not None else None, dht, scale=scale,
                                                initial_state=initial_state, cu_seqlens=cu_seqlens,
