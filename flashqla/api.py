@@ -194,10 +194,18 @@ def _kernel_backward(shape, q, k, v, g, beta, do, dht, scale, initial_state, l2n
     qv, kv, vv = (_vector_ready(x) for x in (q, k, v))
     h0 = None if initial_state is None else initial_state.float().contiguous()
     cu = None if cu_seqlens is None else cu_seqlens.contiguous()
-    _, states = torch.ops.flashqla.chunk_gdn_fwd_states(qv, kv, vv, g, beta, sc, h0, cu, l2norm)
     dov = _vector_ready(do.to(v.dtype))
     dht_ = None if dht is None else dht.float().contiguous()
+    # the two chains are independent: the forward recompute on a side stream beside the reverse chain (each
+    # fills only sequences x heads x 2 CTAs; also under CUDA-graph capture, as a fork and a join)
+    main = torch.cuda.current_stream(q.device)
+    side = _side_stream(q.device)
+    side.wait_stream(main)
+    with torch.cuda.stream(side):
+        _, states = torch.ops.flashqla.chunk_gdn_fwd_states(qv, kv, vv, g, beta, sc, h0, cu, l2norm)
     dh, dh0 = torch.ops.flashqla.chunk_gdn_bwd_dh(qv, kv, g, beta, dov, dht_, sc, cu, l2norm, initial_state is not None)
+    main.wait_stream(side)
+    states.record_stream(main)  # allocated on the side stream, used on this one
     if os.environ.get("FLASHQLA_BWD_GRAD", "0") == "1":  # the gradient kernel, v0 (off until measured)
         dq, dk, dv, dg, dbeta = torch.ops.flashqla.chunk_gdn_bwd_grad(qv, kv, vv, g, beta, dov, states, dh, sc, cu,
                                                                        l2norm)
@@ -213,6 +221,16 @@ def _kernel_backward(shape, q, k, v, g, beta, do, dht, scale, initial_state, l2n
                                                dh0 if initial_state is not None else None, dht, scale=scale,
                                                initial_state=initial_state, cu_seqlens=cu_seqlens,
                                                use_qk_l2norm_in_kernel=l2norm)
+
+
+_SIDE_STREAMS: dict = {}
+
+
+def _side_stream(dev: torch.device) -> torch.cuda.Stream:
+    key = dev.index if dev.index is not None else torch.cuda.current_device()
+    if key not in _SIDE_STREAMS:
+        _SIDE_STREAMS[key] = torch.cuda.Stream(device=key)
+    return _SIDE_STREAMS[key]
 
 
 def _segments(shape, dev):
