@@ -182,18 +182,10 @@ CUTLASS_DEVICE void dh_state_role(const flashqla_gdn_fwd_params_t& p, SharedStor
     // dh0 (the term dominates it), twice FLA's error, which multiplies in tf32
     {
       uint32_t dh_[4][4], dl[4][4];
-#pragma unroll
-      for (int kb = 0; kb < 4; ++kb) {
-        uint32_t dr[4];
-        ldsm_x4_trans(dr, &S.v[(16 * kb + ld.at_row) * kLdC + 16 * s + ld.at_col]);
-#pragma unroll
-        for (int r = 0; r < 4; ++r) {
-          const int col = 8 * (2 * kb + (r >> 1)) + 2 * tq;
-          const float2 dd = unpack2<T>(dr[r]);
-          const float2 gm = *reinterpret_cast<const float2*>(&S.gamma[col]);
-          split_hi_lo<T>(p.scale * gm.x * dd.x, p.scale * gm.y * dd.y, dh_[kb][r], dl[kb][r]);
-        }
-      }
+      for_vt_pairs<T>(S.v, s, tq, ld, [&](int kb, int r, int, int, int col, float2 dd) {
+        const float2 gm = *reinterpret_cast<const float2*>(&S.gamma[col]);
+        split_hi_lo<T>(p.scale * gm.x * dd.x, p.scale * gm.y * dd.y, dh_[kb][r], dl[kb][r]);
+      });
       for_b_fragments<4, 8, true>(S.q, kLdK, ld, [&](int kb, int np, const uint32_t (&b)[4]) {
         mma_pair<T>(sacc, np, dh_[kb], b);
         mma_pair<T>(sacc, np, dl[kb], b);
@@ -201,19 +193,10 @@ CUTLASS_DEVICE void dh_state_role(const flashqla_gdn_fwd_params_t& p, SharedStor
     }
     // dS^T -= Z^T W',  Z^T = KdS^T diag(rho) + U^T (hi + lo)
     uint32_t zh[4][4], zl[4][4];
-#pragma unroll
-    for (int kb = 0; kb < 4; ++kb) {
-      uint32_t ur[4];
-      ldsm_x4_trans(ur, &S.w[(16 * kb + ld.at_row) * kLdC + 16 * s + ld.at_col]);
-#pragma unroll
-      for (int r = 0; r < 4; ++r) {
-        const int nt = 2 * kb + (r >> 1), e = 2 * (r & 1);  // register r holds tile nt, elements e, e + 1
-        const int col = 8 * nt + 2 * tq;
-        const float2 uu = unpack2<T>(ur[r]);
-        const float2 rho = *reinterpret_cast<const float2*>(&S.decay[col]);
-        split_hi_lo<T>(-(rho.x * kd[nt][e] + uu.x), -(rho.y * kd[nt][e + 1] + uu.y), zh[kb][r], zl[kb][r]);
-      }
-    }
+    for_vt_pairs<T>(S.w, s, tq, ld, [&](int kb, int r, int nt, int e, int col, float2 uu) {
+      const float2 rho = *reinterpret_cast<const float2*>(&S.decay[col]);
+      split_hi_lo<T>(-(rho.x * kd[nt][e] + uu.x), -(rho.y * kd[nt][e + 1] + uu.y), zh[kb][r], zl[kb][r]);
+    });
     for_b_fragments<4, 8, true>(S.x, kLdK, ld, [&](int kb, int np, const uint32_t (&b)[4]) {
       mma_pair<T>(sacc, np, zh[kb], b);
       mma_pair<T>(sacc, np, zl[kb], b);

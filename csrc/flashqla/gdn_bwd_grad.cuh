@@ -62,21 +62,6 @@ struct GradStorage {
   int64_t seq, chunk;
 };
 
-// Where the outputs go (fp32 unless said): dq, dk [rows, heads_v, K] per value head, dv [rows, heads_v, V] in
-// T, dg, dbeta [rows, heads_v]; rows = batch * seqlen.
-template <typename T>
-struct GradOut {
-  const T* dout;
-  int64_t dout_stride_batch, dout_stride_time, dout_stride_head;
-  const float* states;
-  const float* dh;
-  float* dq;
-  float* dk;
-  T* dv;
-  float* dg;
-  float* dbeta;
-};
-
 // acc (16 rows from m0, NT 8-column tiles from n0) += A B over kdim, operands in shared memory: A stored
 // [m][k] (kAT false) or [k][m] (true), B stored [n][k] (kBT false) or [k][n] (true), leading dims in elements.
 template <typename T, int NT, bool kAT, bool kBT>
@@ -129,10 +114,11 @@ CUTLASS_DEVICE void store_pair(T* p, float a, float b) {
   *reinterpret_cast<uint32_t*>(p) = warp::pack2<T>(a, b);
 }
 
+// Outputs per flashqla_gdn_bwd_grad (flashqla.h); gp.fwd describes the inputs.
 template <typename T, typename IndexT>
-__global__ void __launch_bounds__(kGradThreads, 1) gdn_bwd_grad_kernel(const __grid_constant__ flashqla_gdn_fwd_params_t p,
-                                                                       const GradOut<T> out) {
+__global__ void __launch_bounds__(kGradThreads, 1) gdn_bwd_grad_kernel(const __grid_constant__ flashqla_gdn_bwd_grad_params_t gp) {
   using namespace warp;
+  const flashqla_gdn_fwd_params_t& p = gp.fwd;
   extern __shared__ __align__(128) unsigned char smem_raw[];
   auto& sm = *reinterpret_cast<GradStorage<T>*>(smem_raw);
   const int tid = threadIdx.x, w = tid >> 5, lane = tid & 31;
@@ -156,15 +142,16 @@ __global__ void __launch_bounds__(kGradThreads, 1) gdn_bwd_grad_kernel(const __g
     aux_chunk<T, AuxMode::kInputsOnly>(p, sm.in, sm.ax, wk, c, tid, kBarAux, no_pb, t_mark);
   } else {
     const int u = tid - kAuxThreads;
-    const T* dop = out.dout + wk.b * out.dout_stride_batch + wk.t0 * out.dout_stride_time + h * out.dout_stride_head;
+    const T* dop = static_cast<const T*>(gp.dout) + wk.b * gp.dout_stride_batch + wk.t0 * gp.dout_stride_time +
+                   h * gp.dout_stride_head;
     for (int i = u; i < kChunk * kDimV / 8; i += kAuxThreads) {
       const int r = i >> 4, c8 = (i & 15) * 8;
       const bool ok = r < rows;
-      cp_async_16(&sm.dout[r * kLdK + c8], ok ? dop + (c * kChunk + r) * out.dout_stride_time + c8 : dop, ok);
+      cp_async_16(&sm.dout[r * kLdK + c8], ok ? dop + (c * kChunk + r) * gp.dout_stride_time + c8 : dop, ok);
     }
     float dot = 0.f;
-    const float* s0g = out.states + slot;
-    const float* dsg = out.dh + slot;
+    const float* s0g = gp.states + slot;
+    const float* dsg = gp.dh + slot;
     for (int i = u; i < kDimK * kDimV / 4; i += kAuxThreads) {
       const int r = i >> 5, c4 = (i & 31) * 4;
       const float4 a = *reinterpret_cast<const float4*>(s0g + r * kDimV + c4);
@@ -288,7 +275,7 @@ __global__ void __launch_bounds__(kGradThreads, 1) gdn_bwd_grad_kernel(const __g
     warp_gemm<T, 8, true, true>(dy, sm.ax.m, kLdC, m0, sm.dvn, kLdK, n0, kChunk, ld);
     warp_gemm<T, 8, false, true>(ks, sm.in.k, kLdK, m0, sm.s0, kLdK, n0, kDimK, ld);
     float sb[2] = {0.f, 0.f}, sg[2] = {0.f, 0.f};
-    T* dvg = out.dv + (row0 * p.heads_v + h) * int64_t(kDimV);
+    T* dvg = static_cast<T*>(gp.dv) + (row0 * p.heads_v + h) * int64_t(kDimV);
 #pragma unroll
     for (int nt = 0; nt < 8; ++nt)
 #pragma unroll
@@ -433,14 +420,11 @@ __global__ void __launch_bounds__(kGradThreads, 1) gdn_bwd_grad_kernel(const __g
 
   // ---- phase 13: dK += (dKK^T + dKK^T^T) K; write dq, dk
   warp_gemm<T, 8, false, true>(dk, sm.pq, kLdC, m0, sm.in.k, kLdK, n0, kChunk, ld);
-  {
-    float* dqg = out.dq + (row0 * p.heads_v + h) * int64_t(kDimK);
-    float* dkg = out.dk + (row0 * p.heads_v + h) * int64_t(kDimK);
-    for_pairs(dq, m0, n0, lane, [&](int r, int col, int, float a, float b) {
-      if (r < rows) *reinterpret_cast<float2*>(dqg + int64_t(r) * p.heads_v * kDimK + col) = make_float2(a, b);
-    });
-    for_pairs(dk, m0, n0, lane, [&](int r, int col, int, float a, float b) {
-      if (r < rows) *reinterpret_cast<float2*>(dkg + int64_t(r) * p.heads_v * kDimK + col) = make_float2(a, b);
+#pragma unroll
+  for (int which = 0; which < 2; ++which) {
+    float* base = (which == 0 ? gp.dq : gp.dk) + (row0 * p.heads_v + h) * int64_t(kDimK);
+    for_pairs(which == 0 ? dq : dk, m0, n0, lane, [&](int r, int col, int, float a, float b) {
+      if (r < rows) *reinterpret_cast<float2*>(base + int64_t(r) * p.heads_v * kDimK + col) = make_float2(a, b);
     });
   }
 
@@ -475,16 +459,16 @@ __global__ void __launch_bounds__(kGradThreads, 1) gdn_bwd_grad_kernel(const __g
     for (int e = 0; e < 2; ++e) {
       const int i = 2 * lane + e;
       if (i < rows) {
-        out.dg[(row0 + i) * p.heads_v + h] = dgs[e];
-        out.dbeta[(row0 + i) * p.heads_v + h] = dbeta[e];
+        gp.dg[(row0 + i) * p.heads_v + h] = dgs[e];
+        gp.dbeta[(row0 + i) * p.heads_v + h] = dbeta[e];
       }
     }
   }
 }
 
-// p: the forward's struct (q, k, v, g, beta, shapes, cu_seqlens, scale, use_qk_l2norm; o unused).
 template <typename T>
-cudaError_t launch(const flashqla_gdn_fwd_params_t& p, const GradOut<T>& out, cudaStream_t stream) {
+cudaError_t launch(const flashqla_gdn_bwd_grad_params_t& gp, cudaStream_t stream) {
+  const flashqla_gdn_fwd_params_t& p = gp.fwd;
   const int64_t chunks = prep_chunk_bound(p);
   if (chunks == 0 || p.num_seqs == 0) return cudaSuccess;
   const bool ix64 = p.cu_seqlens != nullptr && p.cu_seqlens_dtype == FLASHQLA_INT64;
@@ -493,7 +477,7 @@ cudaError_t launch(const flashqla_gdn_fwd_params_t& p, const GradOut<T>& out, cu
   static_assert(sizeof(GradStorage<T>) <= 227 * 1024, "one gradient CTA per SM");
   cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem));
   if (err != cudaSuccess) return err;
-  kernel<<<dim3(static_cast<unsigned>(chunks), static_cast<unsigned>(p.heads_v)), kGradThreads, smem, stream>>>(p, out);
+  kernel<<<dim3(static_cast<unsigned>(chunks), static_cast<unsigned>(p.heads_v)), kGradThreads, smem, stream>>>(gp);
   return cudaGetLastError();
 }
 

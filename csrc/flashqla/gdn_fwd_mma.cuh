@@ -555,6 +555,24 @@ CUTLASS_DEVICE void aux_role(const flashqla_gdn_fwd_params_t& p, SharedStorage<T
   }
 }
 
+// The state warps' walk over a chunk tile stored [kChunk][kLdC] (V, or the backward's dO and U: chunk rows,
+// this CTA's 64 columns) as transposed A fragments of warp s's 16 columns: f(kb, r, nt, e, col, pair) for
+// k block kb and register r, which holds elements e, e + 1 of C tile nt = 2 kb + r / 2, i.e. chunk columns
+// col, col + 1.
+template <typename T, typename F>
+CUTLASS_DEVICE void for_vt_pairs(const T* tile, int s, int tq, const warp::LdsmOffsets& ld, F&& f) {
+#pragma unroll
+  for (int kb = 0; kb < 4; ++kb) {
+    uint32_t vr[4];
+    warp::ldsm_x4_trans(vr, &tile[(16 * kb + ld.at_row) * kLdC + 16 * s + ld.at_col]);
+#pragma unroll
+    for (int r = 0; r < 4; ++r) {
+      const int nt = 2 * kb + (r >> 1);
+      f(kb, r, nt, 2 * (r & 1), 8 * nt + 2 * tq, warp::unpack2<T>(vr[r]));
+    }
+  }
+}
+
 template <typename T>
 CUTLASS_DEVICE void state_role(const flashqla_gdn_fwd_params_t& p, SharedStorage<T>& sm, const Work<T>& wk) {
   using namespace warp;
@@ -599,25 +617,16 @@ CUTLASS_DEVICE void state_role(const flashqla_gdn_fwd_params_t& p, SharedStorage
     // Z^T = V^T - KS^T diag(gamma), Y^T = V^T diag(decay) - gamma_C KS^T, O^T = QS^T diag(gamma)
     const float gamma_c = S.gamma[kChunk - 1];
     uint32_t za[4][4], yh[4][4], yl[4][4];
-#pragma unroll
-    for (int kb = 0; kb < 4; ++kb) {
-      uint32_t vr[4];
-      ldsm_x4_trans(vr, &S.v[(16 * kb + ld.at_row) * kLdC + 16 * s + ld.at_col]);
-#pragma unroll
-      for (int r = 0; r < 4; ++r) {
-        const int nt = 2 * kb + (r >> 1), e = 2 * (r & 1);  // register r holds tile nt, elements e, e + 1
-        const int col = 8 * nt + 2 * tq;
-        const float2 vv = unpack2<T>(vr[r]);
-        const float2 gm = *reinterpret_cast<const float2*>(&S.gamma[col]);
-        const float2 dc = *reinterpret_cast<const float2*>(&S.decay[col]);
-        const float z0 = vv.x - gm.x * ks[nt][e], z1 = vv.y - gm.y * ks[nt][e + 1];
-        const float y0 = dc.x * vv.x - gamma_c * ks[nt][e], y1 = dc.y * vv.y - gamma_c * ks[nt][e + 1];
-        os[nt][e] *= gm.x;
-        os[nt][e + 1] *= gm.y;
-        za[kb][r] = pack2<T>(z0, z1);
-        split_hi_lo<T>(y0, y1, yh[kb][r], yl[kb][r]);
-      }
-    }
+    for_vt_pairs<T>(S.v, s, tq, ld, [&](int kb, int r, int nt, int e, int col, float2 vv) {
+      const float2 gm = *reinterpret_cast<const float2*>(&S.gamma[col]);
+      const float2 dc = *reinterpret_cast<const float2*>(&S.decay[col]);
+      const float z0 = vv.x - gm.x * ks[nt][e], z1 = vv.y - gm.y * ks[nt][e + 1];
+      const float y0 = dc.x * vv.x - gamma_c * ks[nt][e], y1 = dc.y * vv.y - gamma_c * ks[nt][e + 1];
+      os[nt][e] *= gm.x;
+      os[nt][e + 1] *= gm.y;
+      za[kb][r] = pack2<T>(z0, z1);
+      split_hi_lo<T>(y0, y1, yh[kb][r], yl[kb][r]);
+    });
     // O^T += Z^T W^T  (W lower triangular: k block kb <= n block np)
     FLASHQLA_ROLE_PHASE(0, kStZY);
 #pragma unroll
