@@ -95,35 +95,13 @@ __global__ void __launch_bounds__(kAuxThreads, kBwdPrepCtasPerSm)
   bar_sync(kBarAux, kAuxThreads);
 
   const LdsmOffsets ld(lane);
-  // U rows [16w, 16w + 16): U[i][v] = scale sum_{j >= i} P^T[i][j] dO[j][v]
+  // U rows [16w, 16w + 16): U[i][v] = scale sum_{j >= i} P^T[i][j] dO[j][v];
+  // W' rows [16w, 16w + 16): W'[i][k] = sum_{j <= i} Mg[i][j] K[j][k]  (triangular: k blocks from / up to w)
   float ua[16][4], wa[16][4];
   zero_acc(ua);
   zero_acc(wa);
-#pragma unroll
-  for (int ks = 0; ks < 4; ++ks) {
-    if (ks < w) continue;
-    uint32_t a[4];
-    ldsm_x4(a, &pt[(16 * w + ld.a_row) * kLdC + 16 * ks + ld.a_col]);
-#pragma unroll
-    for (int np = 0; np < 8; ++np) {
-      uint32_t bb[4];
-      ldsm_x4_trans(bb, &S.v[(16 * ks + ld.bt_row) * kLdK + 16 * np + ld.bt_col]);
-      mma_pair<T>(ua, np, a, bb);
-    }
-  }
-  // W' rows [16w, 16w + 16): W'[i][k] = sum_{j <= i} Mg[i][j] K[j][k]
-#pragma unroll
-  for (int ks = 0; ks < 4; ++ks) {
-    if (ks > w) continue;
-    uint32_t a[4];
-    ldsm_x4(a, &ax.m[(16 * w + ld.a_row) * kLdC + 16 * ks + ld.a_col]);
-#pragma unroll
-    for (int np = 0; np < 8; ++np) {
-      uint32_t bb[4];
-      ldsm_x4_trans(bb, &S.k[(16 * ks + ld.bt_row) * kLdK + 16 * np + ld.bt_col]);
-      mma_pair<T>(wa, np, a, bb);
-    }
-  }
+  gemm_rows16<T, 16, false, true>(ua, pt, kLdC, 16 * w, S.v, kLdK, 0, w, 4, ld);
+  gemm_rows16<T, 16, false, true>(wa, ax.m, kLdC, 16 * w, S.k, kLdK, 0, 0, w + 1, ld);
 #pragma unroll
   for (int nt = 0; nt < 16; ++nt)
 #pragma unroll

@@ -62,30 +62,6 @@ struct GradStorage {
   int64_t seq, chunk;
 };
 
-// acc (16 rows from m0, NT 8-column tiles from n0) += A B over kdim, operands in shared memory: A stored
-// [m][k] (kAT false) or [k][m] (true), B stored [n][k] (kBT false) or [k][n] (true), leading dims in elements.
-template <typename T, int NT, bool kAT, bool kBT>
-CUTLASS_DEVICE void warp_gemm(float (&acc)[NT][4], const T* A, int lda, int m0, const T* B, int ldb, int n0, int kdim,
-                              const warp::LdsmOffsets& ld) {
-  static_assert(NT % 2 == 0, "pairs of n-tiles");
-  for (int ks = 0; ks < kdim / 16; ++ks) {
-    uint32_t a[4];
-    if constexpr (kAT)
-      warp::ldsm_x4_trans(a, A + (16 * ks + ld.at_row) * lda + m0 + ld.at_col);
-    else
-      warp::ldsm_x4(a, A + (m0 + ld.a_row) * lda + 16 * ks + ld.a_col);
-#pragma unroll
-    for (int np = 0; np < NT / 2; ++np) {
-      uint32_t b[4];
-      if constexpr (kBT)
-        warp::ldsm_x4_trans(b, B + (16 * ks + ld.bt_row) * ldb + n0 + 16 * np + ld.bt_col);
-      else
-        warp::ldsm_x4(b, B + (n0 + 16 * np + ld.b_row) * ldb + 16 * ks + ld.b_col);
-      warp::mma_pair<T>(acc, np, a, b);
-    }
-  }
-}
-
 // Calls f(row, col, e_pair, v0, v1) for each pair of adjacent accumulator elements (row, col), (row, col + 1)
 // of a warp tile (16 rows from m0, NT 8-column tiles from n0); e_pair 0: row g, 1: row g + 8.
 template <int NT, typename F>
@@ -201,7 +177,7 @@ __global__ void __launch_bounds__(kGradThreads, 1) gdn_bwd_grad_kernel(const __g
   {
     float ks[8][4];
     zero_acc(ks);
-    warp_gemm<T, 8, false, true>(ks, sm.in.k, kLdK, m0, sm.s0, kLdK, n0, kDimK, ld);
+    gemm_rows16<T, 8, false, true>(ks, sm.in.k, kLdK, m0, sm.s0, kLdK, n0, 0, kDimK / 16, ld);
     for_pairs(ks, m0, n0, lane, [&](int r, int col, int, float a, float b) {
       const float2 v = v_pair(r, col);
       const float gm = sm.in.gamma[r], bt = sm.ax.beta[r];
@@ -216,9 +192,9 @@ __global__ void __launch_bounds__(kGradThreads, 1) gdn_bwd_grad_kernel(const __g
     zero_acc(vn);
     zero_acc(dw);
     zero_acc(u1);
-    warp_gemm<T, 8, false, true>(vn, sm.ax.m, kLdC, m0, sm.y, kLdK, n0, kChunk, ld);
-    warp_gemm<T, 8, false, true>(dw, sm.in.k, kLdK, m0, sm.ds, kLdK, n0, kDimK, ld);
-    warp_gemm<T, 8, true, true>(u1, sm.pq, kLdC, m0, sm.dout, kLdK, n0, kChunk, ld);
+    gemm_rows16<T, 8, false, true>(vn, sm.ax.m, kLdC, m0, sm.y, kLdK, n0, 0, kChunk / 16, ld);
+    gemm_rows16<T, 8, false, true>(dw, sm.in.k, kLdK, m0, sm.ds, kLdK, n0, 0, kDimK / 16, ld);
+    gemm_rows16<T, 8, true, true>(u1, sm.pq, kLdC, m0, sm.dout, kLdK, n0, 0, kChunk / 16, ld);
     float s[2] = {0.f, 0.f};
 #pragma unroll
     for (int nt = 0; nt < 8; ++nt)
@@ -242,7 +218,7 @@ __global__ void __launch_bounds__(kGradThreads, 1) gdn_bwd_grad_kernel(const __g
   {
     float t[8][4];
     zero_acc(t);
-    warp_gemm<T, 8, false, false>(t, sm.vn, kLdK, m0, sm.ds, kLdK, n0, kDimV, ld);
+    gemm_rows16<T, 8, false, false>(t, sm.vn, kLdK, m0, sm.ds, kLdK, n0, 0, kDimV / 16, ld);
 #pragma unroll
     for (int nt = 0; nt < 8; ++nt)
 #pragma unroll
@@ -255,8 +231,8 @@ __global__ void __launch_bounds__(kGradThreads, 1) gdn_bwd_grad_kernel(const __g
     float a[4][4], b[4][4];
     zero_acc(a);
     zero_acc(b);
-    warp_gemm<T, 4, false, false>(a, sm.dout, kLdK, m0, sm.vn, kLdK, n0c, kDimV, ld);
-    warp_gemm<T, 4, false, false>(b, sm.dvn, kLdK, m0, sm.y, kLdK, n0c, kDimV, ld);
+    gemm_rows16<T, 4, false, false>(a, sm.dout, kLdK, m0, sm.vn, kLdK, n0c, 0, kDimV / 16, ld);
+    gemm_rows16<T, 4, false, false>(b, sm.dvn, kLdK, m0, sm.y, kLdK, n0c, 0, kDimV / 16, ld);
     for_pairs(a, m0, n0c, lane, [&](int r, int col, int, float x, float y) {
       *reinterpret_cast<float2*>(&sm.dpm[0][r * kLdF + col]) = make_float2(p.scale * x, p.scale * y);
     });
@@ -272,8 +248,8 @@ __global__ void __launch_bounds__(kGradThreads, 1) gdn_bwd_grad_kernel(const __g
     float dy[8][4], ks[8][4];
     zero_acc(dy);
     zero_acc(ks);
-    warp_gemm<T, 8, true, true>(dy, sm.ax.m, kLdC, m0, sm.dvn, kLdK, n0, kChunk, ld);
-    warp_gemm<T, 8, false, true>(ks, sm.in.k, kLdK, m0, sm.s0, kLdK, n0, kDimK, ld);
+    gemm_rows16<T, 8, true, true>(dy, sm.ax.m, kLdC, m0, sm.dvn, kLdK, n0, 0, kChunk / 16, ld);
+    gemm_rows16<T, 8, false, true>(ks, sm.in.k, kLdK, m0, sm.s0, kLdK, n0, 0, kDimK / 16, ld);
     float sb[2] = {0.f, 0.f}, sg[2] = {0.f, 0.f};
     T* dvg = static_cast<T*>(gp.dv) + (row0 * p.heads_v + h) * int64_t(kDimV);
 #pragma unroll
@@ -302,10 +278,10 @@ __global__ void __launch_bounds__(kGradThreads, 1) gdn_bwd_grad_kernel(const __g
 
   // ---- phase 8: dK += dKS S0^T; dQ = scale gamma (dO S0^T); d_gamma += scale rowsum(Q * dO S0^T)
   {
-    warp_gemm<T, 8, false, false>(dk, sm.y, kLdK, m0, sm.s0, kLdK, n0, kDimV, ld);
+    gemm_rows16<T, 8, false, false>(dk, sm.y, kLdK, m0, sm.s0, kLdK, n0, 0, kDimV / 16, ld);
     float t[8][4];
     zero_acc(t);
-    warp_gemm<T, 8, false, false>(t, sm.dout, kLdK, m0, sm.s0, kLdK, n0, kDimV, ld);
+    gemm_rows16<T, 8, false, false>(t, sm.dout, kLdK, m0, sm.s0, kLdK, n0, 0, kDimV / 16, ld);
     float sg[2] = {0.f, 0.f};
 #pragma unroll
     for (int nt = 0; nt < 8; ++nt)
@@ -329,7 +305,7 @@ __global__ void __launch_bounds__(kGradThreads, 1) gdn_bwd_grad_kernel(const __g
   {
     float qk[4][4];
     zero_acc(qk);
-    warp_gemm<T, 4, false, false>(qk, sm.in.q, kLdK, m0, sm.in.k, kLdK, n0c, kDimK, ld);
+    gemm_rows16<T, 4, false, false>(qk, sm.in.q, kLdK, m0, sm.in.k, kLdK, n0c, 0, kDimK / 16, ld);
     float hr[2] = {0.f, 0.f};
     float hc[4][2] = {};
 #pragma unroll
@@ -373,8 +349,8 @@ __global__ void __launch_bounds__(kGradThreads, 1) gdn_bwd_grad_kernel(const __g
   __syncthreads();
 
   // ---- phase 10: dQ += dQK K, dK += dQK^T Q; tf32: X = dA A^T -> f2[1]
-  warp_gemm<T, 8, false, true>(dq, sm.pq, kLdC, m0, sm.in.k, kLdK, n0, kChunk, ld);
-  warp_gemm<T, 8, true, true>(dk, sm.pq, kLdC, m0, sm.in.q, kLdK, n0, kChunk, ld);
+  gemm_rows16<T, 8, false, true>(dq, sm.pq, kLdC, m0, sm.in.k, kLdK, n0, 0, kChunk / 16, ld);
+  gemm_rows16<T, 8, true, true>(dk, sm.pq, kLdC, m0, sm.in.q, kLdK, n0, 0, kChunk / 16, ld);
 #pragma unroll
   for (int b = 0; b < 2; ++b) {  // 16 blocks of 16 x 16, two per warp
     const int blk = 2 * w + b, bi = blk >> 2, bj = blk & 3;
@@ -398,7 +374,7 @@ __global__ void __launch_bounds__(kGradThreads, 1) gdn_bwd_grad_kernel(const __g
   {
     float kk[4][4];
     zero_acc(kk);
-    warp_gemm<T, 4, false, false>(kk, sm.in.k, kLdK, m0, sm.in.k, kLdK, n0c, kDimK, ld);
+    gemm_rows16<T, 4, false, false>(kk, sm.in.k, kLdK, m0, sm.in.k, kLdK, n0c, 0, kDimK / 16, ld);
     float sb[2] = {0.f, 0.f};
     for_pairs(kk, m0, n0c, lane, [&](int r, int col, int hh, float a, float b) {
       float sym[2];
@@ -419,7 +395,7 @@ __global__ void __launch_bounds__(kGradThreads, 1) gdn_bwd_grad_kernel(const __g
   __syncthreads();
 
   // ---- phase 13: dK += (dKK^T + dKK^T^T) K; write dq, dk
-  warp_gemm<T, 8, false, true>(dk, sm.pq, kLdC, m0, sm.in.k, kLdK, n0, kChunk, ld);
+  gemm_rows16<T, 8, false, true>(dk, sm.pq, kLdC, m0, sm.in.k, kLdK, n0, 0, kChunk / 16, ld);
 #pragma unroll
   for (int which = 0; which < 2; ++which) {
     float* base = (which == 0 ? gp.dq : gp.dk) + (row0 * p.heads_v + h) * int64_t(kDimK);

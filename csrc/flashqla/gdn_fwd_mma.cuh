@@ -317,11 +317,11 @@ CUTLASS_DEVICE void aux_gram_inverse(StageT& S, AuxScratch<T>& ax, int tid, uint
                                      float (&qk)[8][4]) {
   float kk[8][4];
   aux_gram_raw<T>(S, tid, kk, qk);
+  aux_gates_inverse<T>(ax, tid, bar_aux, t_mark, kk);  // K K^T dies here, before P is formed
   const AuxLane al(tid);
 #pragma unroll
   for (int nt = 0; nt < 8; ++nt)  // tiles past the diagonal block stay zero
     if (nt <= 2 * al.w + 1) gate_p_tile<T>(ax, al, nt, qk[nt], qk[nt]);
-  aux_gates_inverse<T>(ax, tid, bar_aux, t_mark, kk);
 }
 
 // The forward's products after the inverse: M, W = P M and X into the stage. qk holds P, or with kRawQK the
