@@ -179,3 +179,27 @@ def test_bwd_dh_op_cpu_and_fake_shapes():
         fdh, fdh0 = torch.ops.flashqla.chunk_gdn_bwd_dh(f(q), f(k), f(g), f(beta), f(do), None, 0.25, f(cu), False,
                                                         False)
         assert fdh.shape == dh.shape and fdh0.shape == (0,)
+
+
+def test_fwd_pass_op_cpu_and_fake_shapes():
+    # exact parallelism's pass op: the CPU implementation is the reference (v taken as zeros with zero_v; o
+    # empty without write_o), the fake one has the same shapes
+    from torch._subclasses.fake_tensor import FakeTensorMode
+    from flashqla.reference import chunk_gdn_torch
+    d = make_inputs(1, 150, 2, 4, 16, 16, n_seqs=2, seed=23)
+    cu = torch.tensor([0, 70, 150])
+    ws = torch.empty(0, dtype=torch.uint8)
+    args = (d["q"], d["k"], d["v"], d["g"], d["beta"], 0.25, d["initial_state"], cu, False, ws)
+    o, s = torch.ops.flashqla.chunk_gdn_fwd_pass(*args, False, True, False)
+    ro, rs = chunk_gdn_torch(d["q"], d["k"], d["v"], d["g"], d["beta"], scale=0.25, initial_state=d["initial_state"],
+                             output_final_state=True, cu_seqlens=cu)
+    assert torch.equal(o, ro) and torch.equal(s, rs)
+    o0, s0 = torch.ops.flashqla.chunk_gdn_fwd_pass(*args, True, False, True)
+    _, rz = chunk_gdn_torch(d["q"], d["k"], torch.zeros_like(d["v"]), d["g"], d["beta"], scale=0.25,
+                            initial_state=d["initial_state"], output_final_state=True, cu_seqlens=cu)
+    assert o0.numel() == 0 and torch.equal(s0, rz)
+    with FakeTensorMode() as mode:
+        f = mode.from_tensor
+        fo, fs = torch.ops.flashqla.chunk_gdn_fwd_pass(*(f(x) if isinstance(x, torch.Tensor) else x for x in args),
+                                                       True, False, True)
+        assert fo.shape == (0,) and fs.shape == s.shape
