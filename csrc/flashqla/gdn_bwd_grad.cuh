@@ -11,7 +11,7 @@
 //   KS = K S0, R = V - gamma KS, Y = beta R, Vn = M Y (M = Gamma * A), dW = K dS', U1 = scale P^T dO
 //   (P = Q K^T * Gamma), dVn = U1 + dte dW, d_dte = rowsum(dW * Vn);
 //   dK = dte (Vn dS'^T) + dKS S0^T + dQK^T Q + (dKK^T + dKK^T^T) K,  dQ = scale gamma (dO S0^T) + dQK K;
-//   dP = scale dO Vn^T, dM = dVn Y^T, dY = M^T dVn, dV = dR = beta dY, dKS = -gamma dR, dbeta = rowsum(dY R)
+//   dP = scale dO Vn^T, dM = dVn Y^T, dY = M^T dVn (dVn hi + lo), dV = dR = beta dY, dKS = -gamma dR, dbeta = rowsum(dY R)
 //   + rowsum(dL * K K^T), d_gamma = scale rowsum(Q * dO S0^T) - rowsum(dR * KS);
 //   dQK = dP * Gamma, dA = dM * Gamma, dL = -(A^T dA A^T) strictly lower (tf32), dKK^T = beta dL;
 //   H = Gamma * (dP * Q K^T + dM * A) (lower), dG = gamma d_gamma - dte d_dte + rowsum(H) - colsum(H),
@@ -186,9 +186,11 @@ __global__ void __launch_bounds__(kGradThreads, 1) gdn_bwd_grad_kernel(const __g
   }
   __syncthreads();
 
-  // ---- phase 4: Vn = M Y, dW = K dS', U1 = scale P^T dO; dVn = U1 + dte dW; d_dte = rowsum(dW * Vn)
+  // ---- phase 4: Vn = M Y, dW = K dS', U1 = scale P^T dO; dVn = U1 + dte dW; d_dte = rowsum(dW * Vn).
+  // dVn stays in registers (fp32) until phase 7 writes what its bf16 copy lost (dY's hi + lo operand)
+  float u1[8][4];
   {
-    float vn[8][4], dw[8][4], u1[8][4];
+    float vn[8][4], dw[8][4];
     zero_acc(vn);
     zero_acc(dw);
     zero_acc(u1);
@@ -242,13 +244,20 @@ __global__ void __launch_bounds__(kGradThreads, 1) gdn_bwd_grad_kernel(const __g
   }
   __syncthreads();
 
-  // ---- phase 7: dY = M^T dVn; KS again for R; dV = dR = beta dY (to HBM); dKS = -gamma dR -> y;
-  // dbeta = rowsum(dY R); d_gamma = -rowsum(dR KS)
+  // ---- phase 7: dY = M^T dVn with dVn as hi + lo (its bf16 rounding alone doubled dbeta's error in the
+  // float64 emulation, benchmarks/precision_study_bwd.py); KS again for R; dV = dR = beta dY (to HBM);
+  // dKS = -gamma dR -> y; dbeta = rowsum(dY R); d_gamma = -rowsum(dR KS)
+  for_pairs(u1, m0, n0, lane, [&](int r, int col, int, float a, float b) {  // Vn is dead: its tile takes lo
+    const float2 hi = load_pair<T>(&sm.dvn[r * kLdK + col]);
+    store_pair<T>(&sm.vn[r * kLdK + col], a - hi.x, b - hi.y);
+  });
+  __syncthreads();
   {
     float dy[8][4], ks[8][4];
     zero_acc(dy);
     zero_acc(ks);
     gemm_rows16<T, 8, true, true>(dy, sm.ax.m, kLdC, m0, sm.dvn, kLdK, n0, 0, kChunk / 16, ld);
+    gemm_rows16<T, 8, true, true>(dy, sm.ax.m, kLdC, m0, sm.vn, kLdK, n0, 0, kChunk / 16, ld);
     gemm_rows16<T, 8, false, true>(ks, sm.in.k, kLdK, m0, sm.s0, kLdK, n0, 0, kDimK / 16, ld);
     float sb[2] = {0.f, 0.f}, sg[2] = {0.f, 0.f};
     T* dvg = static_cast<T*>(gp.dv) + (row0 * p.heads_v + h) * int64_t(kDimV);
