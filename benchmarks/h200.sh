@@ -28,6 +28,8 @@
 #   ktimes    GPU time per kernel of flashqla's forward and backward on a few anchor cases (benchmarks/kernel_times.py)
 #   ncu       Nsight Compute on the v2 forward kernel of the phase profiler: scheduler and warp-state
 #             sections, and the source lines with the most stall samples (benchmarks/ncu_source_top.py)
+#   ncuflow   Nsight Compute speed-of-light and memory sections of the split forward's prep and recurrent
+#             kernels on the torch path (TP1 1 x 8192): is the recurrent kernel L2-bound? (see NOTES)
 #   cp        the TP8/TP4 single-sequence forward cases with FLASHQLA_CP=1 against FLA (record cp-*.json)
 #   variants  for each prebuilt variants/<name>/ (benchmarks/build_variants.sh; carry `variants`): swap its
 #             _C into flashqla/, run the forward GPU tests, its phase profiler and the benchmark with
@@ -149,6 +151,25 @@ if has ncu; then
     python3 benchmarks/ncu_source_top.py /tmp/ncu-source.csv 2>&1 || cat /tmp/ncu-source.err
   } > "$OUT/ncu.txt" 2>&1
   grep -E "Issued Warp|Eligible Warps|Active Warps|Warp Cycles Per Issued|Issue Slots Busy" "$OUT/ncu.txt" | tee -a "$LOG"
+fi
+
+if has ncuflow; then
+  say "ncu: throughput of the split forward's two kernels (torch path, TP1 1 x 8192)"
+  NCU=$(command -v ncu || echo /usr/local/cuda/bin/ncu)
+  timeout ${NCU_TIMEOUT:-240} "$NCU" --section SpeedOfLight --section MemoryWorkloadAnalysis \
+    -k regex:"gdn_fwd_mma_kernel|gdn_prep_kernel" --launch-skip 2 --launch-count 2 -f -o /tmp/fq_ncuflow \
+    python3 -c "
+import torch, torch.nn.functional as F, flashqla
+T, hq, hv = 8192, 16, 64
+q, k = (F.normalize(torch.randn(1, T, hq, 128, device='cuda'), dim=-1).bfloat16() for _ in range(2))
+v = torch.randn(1, T, hv, 128, device='cuda').bfloat16()
+g = F.logsigmoid(torch.randn(1, T, hv, device='cuda')) / 16
+beta = torch.rand(1, T, hv, device='cuda')
+for _ in range(3): flashqla.chunk_gdn(q, k, v, g, beta, output_final_state=True)
+torch.cuda.synchronize()" > /tmp/ncuflow-run.log 2>&1 || { tail -20 /tmp/ncuflow-run.log | tee -a "$LOG"; status=1; }
+  "$NCU" -i /tmp/fq_ncuflow.ncu-rep --print-summary none 2>&1 | grep -vE "^\s*$" > "$OUT/ncuflow.txt"
+  grep -E "gdn_|Duration|Memory Throughput|DRAM Throughput|L2 Cache Throughput|L1/TEX Cache Throughput|Compute \(SM\) Throughput" \
+    "$OUT/ncuflow.txt" | tee -a "$LOG"
 fi
 
 if has cp; then
