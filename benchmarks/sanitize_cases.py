@@ -45,7 +45,7 @@ for cu in ([0, 0, 65, 65, 200, 260], [0, 900, 20, 300], [-5, 3, 1 << 30]):
     cut = torch.tensor(cu, device=dev, dtype=torch.int32)
     dht = torch.randn(len(cu) - 1, 2, D, D, device=dev)
     dh, _ = torch.ops.flashqla.chunk_gdn_bwd_dh(q, k, g, beta, do, dht, 0.088, cut, True, True)
-    _, states = torch.ops.flashqla.chunk_gdn_fwd_states(q, k, v, g, beta, 0.088, None, cut, False)
+    states = torch.ops.flashqla.chunk_gdn_fwd_states(q, k, v, g, beta, 0.088, None, cut, False)
     torch.ops.flashqla.chunk_gdn_bwd_grad(q, k, v, g, beta, do, states, dh, 0.088, cut, True)
 torch.cuda.synchronize()
 print("backward sanitize cases ran")

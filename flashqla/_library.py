@@ -11,10 +11,10 @@ _lib.define("chunk_local_cumsum(Tensor g, int chunk_size, bool reverse, float sc
 
 _lib.define("chunk_gdn_fwd(Tensor q, Tensor k, Tensor v, Tensor g, Tensor beta, float scale, Tensor? initial_state, "
             "bool output_final_state, Tensor? cu_seqlens, bool use_qk_l2norm) -> (Tensor, Tensor)")
-# The forward with the state at the start of every chunk (the backward's recompute): (o, states [chunk bound,
-# H_v, K, V]).
+# The backward's recompute: the state at the start of every chunk, [chunk bound, H_v, K, V] (no o: the kernel
+# skips the output products and the o pass over HBM).
 _lib.define("chunk_gdn_fwd_states(Tensor q, Tensor k, Tensor v, Tensor g, Tensor beta, float scale, "
-            "Tensor? initial_state, Tensor? cu_seqlens, bool use_qk_l2norm) -> (Tensor, Tensor)")
+            "Tensor? initial_state, Tensor? cu_seqlens, bool use_qk_l2norm) -> Tensor")
 # One pass of exact context parallelism (flashqla._cp): the final states [N, H_v, K, V] and, when write_o, o
 # (else an empty o: the kernel skips the output products); zero_v takes v as zeros without reading it (the
 # transition pass; v then only gives the shapes, and write_o must be False). The passes of one call share `workspace`
@@ -74,8 +74,7 @@ def _chunk_gdn_fwd_pass_fake(q, k, v, g, beta, scale, initial_state, cu_seqlens,
 @torch.library.register_fake("flashqla::chunk_gdn_fwd_states")
 def _chunk_gdn_fwd_states_fake(q, k, v, g, beta, scale, initial_state, cu_seqlens, use_qk_l2norm):
     H, K, V = v.shape[2], q.shape[3], v.shape[3]
-    return v.new_empty(v.shape), v.new_empty((chunk_bound(q.shape[0], q.shape[1], cu_seqlens), H, K, V),
-                                             dtype=_state_dtype(q))
+    return v.new_empty((chunk_bound(q.shape[0], q.shape[1], cu_seqlens), H, K, V), dtype=_state_dtype(q))
 
 
 @torch.library.register_fake("flashqla::chunk_gdn_bwd_grad")
@@ -123,11 +122,9 @@ def _chunk_gdn_fwd_pass_cpu(q, k, v, g, beta, scale, initial_state, cu_seqlens, 
 
 @torch.library.impl("flashqla::chunk_gdn_fwd_states", "cpu")
 def _chunk_gdn_fwd_states_cpu(q, k, v, g, beta, scale, initial_state, cu_seqlens, use_qk_l2norm):
-    o, _ = reference.chunk_gdn_torch(q, k, v, g, beta, scale=scale, initial_state=initial_state,
-                                     cu_seqlens=cu_seqlens, use_qk_l2norm_in_kernel=use_qk_l2norm)
     states = reference.chunk_states_torch(q, k, v, g, beta, scale=scale, initial_state=initial_state,
                                           cu_seqlens=cu_seqlens, use_qk_l2norm_in_kernel=use_qk_l2norm)
-    return o, states[: chunk_bound(q.shape[0], q.shape[1], cu_seqlens)].to(_state_dtype(q))
+    return states[: chunk_bound(q.shape[0], q.shape[1], cu_seqlens)].to(_state_dtype(q))
 
 
 @torch.library.impl("flashqla::chunk_gdn_bwd_dh", "cpu")

@@ -202,7 +202,7 @@ def _kernel_backward(shape, q, k, v, g, beta, do, dht, scale, initial_state, l2n
     side = _side_stream(q.device)
     side.wait_stream(main)
     with torch.cuda.stream(side):
-        _, states = torch.ops.flashqla.chunk_gdn_fwd_states(qv, kv, vv, g, beta, sc, h0, cu, l2norm)
+        states = torch.ops.flashqla.chunk_gdn_fwd_states(qv, kv, vv, g, beta, sc, h0, cu, l2norm)
     dh, dh0 = torch.ops.flashqla.chunk_gdn_bwd_dh(qv, kv, g, beta, dov, dht_, sc, cu, l2norm, initial_state is not None)
     main.wait_stream(side)
     states.record_stream(main)  # allocated on the side stream, used on this one

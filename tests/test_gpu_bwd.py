@@ -89,8 +89,8 @@ def test_forward_chunk_states_match_float64():
     gen = torch.Generator(device=DEV).manual_seed(9)
     v = torch.randn(d["do"].shape, device=DEV, generator=gen).to(d["do"].dtype)
     h0 = torch.randn(5, 4, D, D, device=DEV, generator=gen)
-    o, states = torch.ops.flashqla.chunk_gdn_fwd_states(d["q"], d["k"], v, d["g"], d["beta"], D ** -0.5, h0, d["cu"],
-                                                        False)
+    states = torch.ops.flashqla.chunk_gdn_fwd_states(d["q"], d["k"], v, d["g"], d["beta"], D ** -0.5, h0, d["cu"],
+                                                     False)
     torch.cuda.synchronize()
     states = states[: d["chunks"]]
     assert torch.isfinite(states).all()

@@ -171,14 +171,13 @@ std::tuple<at::Tensor, at::Tensor> chunk_gdn_fwd_pass_cuda(const at::Tensor& q, 
   return {std::get<0>(r), std::get<1>(r)};
 }
 
-std::tuple<at::Tensor, at::Tensor> chunk_gdn_fwd_states_cuda(const at::Tensor& q, const at::Tensor& k,
-                                                             const at::Tensor& v, const at::Tensor& g,
-                                                             const at::Tensor& beta, double scale,
-                                                             const std::optional<at::Tensor>& initial_state,
-                                                             const std::optional<at::Tensor>& cu_seqlens,
-                                                             bool use_qk_l2norm) {
-  auto r = gdn_fwd(q, k, v, g, beta, scale, initial_state, false, cu_seqlens, use_qk_l2norm, true);
-  return {std::get<0>(r), std::get<2>(r)};
+// The backward's recompute: the chunk-start states only (summaries mode: no o, no output products).
+at::Tensor chunk_gdn_fwd_states_cuda(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& g,
+                                     const at::Tensor& beta, double scale, const std::optional<at::Tensor>& initial_state,
+                                     const std::optional<at::Tensor>& cu_seqlens, bool use_qk_l2norm) {
+  auto r = gdn_fwd(q, k, v, g, beta, scale, initial_state, false, cu_seqlens, use_qk_l2norm, true, nullptr, false,
+                   /*write_o=*/false);
+  return std::get<2>(r);
 }
 
 std::tuple<at::Tensor, at::Tensor> chunk_gdn_bwd_dh_cuda(const at::Tensor& q, const at::Tensor& k, const at::Tensor& g,
