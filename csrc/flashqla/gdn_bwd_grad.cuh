@@ -352,7 +352,7 @@ __global__ void __launch_bounds__(kGradThreads, 1) gdn_bwd_grad_kernel(const __g
       }
     for (int e = tid; e < kChunk * kChunk; e += kGradThreads) {
       const int i = e >> 6, j = e & 63;
-      sm.f2[0][i * kLdF + j] = sm.ax.la[j * kLdF + i];
+      sm.f2[0][i * kLdF + j] = j >= i ? sm.ax.la[j * kLdF + i] : 0.f;  // la above A's lower blocks is stale
     }
   }
   __syncthreads();
