@@ -118,6 +118,15 @@ struct SharedStorage {
 };
 
 // Where one CTA's work lives.
+// Upper bound on the number of chunks of all sequences, known on the host without reading cu_seqlens:
+// every sequence adds at most one partial chunk to ceil(total tokens / 64). Chunk-indexed buffers (chunk
+// states, dh) have this many slots; malformed cu_seqlens (overlapping sequences) can name more chunks, whose
+// slots are skipped.
+CUTLASS_HOST_DEVICE int64_t prep_chunk_bound(const flashqla_gdn_fwd_params_t& p) {
+  return p.cu_seqlens == nullptr ? p.batch * ((p.seqlen + kChunk - 1) / kChunk)
+                                 : (p.seqlen + kChunk - 1) / kChunk + p.num_seqs;
+}
+
 template <typename T>
 struct Work {
   const T* q;   // row 0 of the sequence, this head
@@ -590,7 +599,7 @@ CUTLASS_DEVICE void state_role(const flashqla_gdn_fwd_params_t& p, SharedStorage
     const int st = static_cast<int>(c % kStages);
     const Stage<T>& S = sm.stage[st];
     const int rows = static_cast<int>(wk.len - c * kChunk < kChunk ? wk.len - c * kChunk : kChunk);
-    if (p.chunk_states != nullptr) {  // the state at the chunk's start, for the backward
+    if (p.chunk_states != nullptr && wk.chunk0 + c < prep_chunk_bound(p)) {  // the state at the chunk's start
       store_state_tile(p.chunk_states + ((wk.chunk0 + c) * p.heads_v + wk.h) * int64_t(kDimK) * kDimV + wk.col0, sacc, tq, v0);
     }
     bar_sync(kBarFull + st, kHandoffThreads);
@@ -748,12 +757,6 @@ struct PrepStorage {
   int64_t seq, chunk;  // what this CTA works on (-1: nothing)
 };
 
-// Upper bound on the number of chunks of all sequences, known on the host without reading cu_seqlens:
-// every sequence adds at most one partial chunk to ceil(total tokens / 64).
-inline int64_t prep_chunk_bound(const flashqla_gdn_fwd_params_t& p) {
-  return p.cu_seqlens == nullptr ? p.batch * ((p.seqlen + kChunk - 1) / kChunk)
-                                 : (p.seqlen + kChunk - 1) / kChunk + p.num_seqs;
-}
 
 // Chunk `k` (over all sequences, in order) -> (sequence, chunk within it); (-1, -1) past the last chunk.
 // Varlen: one warp scans the sequences' chunk counts 32 at a time.
