@@ -29,7 +29,7 @@ _lib.define("chunk_gdn_bwd_dh(Tensor q, Tensor k, Tensor g, Tensor beta, Tensor 
             "Tensor? cu_seqlens, bool use_qk_l2norm, bool output_dh0) -> (Tensor, Tensor)")
 
 
-# The backward's chunk-parallel gradient step (v0, FLASHQLA_BWD_GRAD=1): from the chunk-start states and the
+# The backward's chunk-parallel gradient step (the default; FLASHQLA_BWD_GRAD=0 runs it in PyTorch): from the chunk-start states and the
 # chunk-end state gradients, (dq, dk per value head fp32 [B, T, H_v, K], dv like v, dg, dbeta fp32 [B, T, H_v]);
 # see the C API's flashqla_gdn_bwd_grad. The caller sums dq/dk over each GVA group and applies the l2norm
 # backward.

@@ -188,8 +188,8 @@ def _backward(shape, q, k, v, g, beta, do, dht, scale, initial_state, l2norm, cu
 
 def _kernel_backward(shape, q, k, v, g, beta, do, dht, scale, initial_state, l2norm, cu_seqlens):
     """Both serial chains on the sm_90a kernels (the chunk-start states from the forward kernel, the
-    chunk-end state gradients from chunk_gdn_bwd_dh), the chunk-parallel gradient step in PyTorch
-    (reference.chunk_gdn_bwd_from_states) until its kernel lands."""
+    chunk-end state gradients from chunk_gdn_bwd_dh), then the chunk-parallel gradient step on its kernel
+    (chunk_gdn_bwd_grad; FLASHQLA_BWD_GRAD=0: in PyTorch, reference.chunk_gdn_bwd_from_states)."""
     sc = shape.K ** -0.5 if scale is None else float(scale)
     qv, kv, vv = (_vector_ready(x) for x in (q, k, v))
     h0 = None if initial_state is None else initial_state.float().contiguous()
@@ -206,7 +206,7 @@ def _kernel_backward(shape, q, k, v, g, beta, do, dht, scale, initial_state, l2n
     dh, dh0 = torch.ops.flashqla.chunk_gdn_bwd_dh(qv, kv, g, beta, dov, dht_, sc, cu, l2norm, initial_state is not None)
     main.wait_stream(side)
     states.record_stream(main)  # allocated on the side stream, used on this one
-    if os.environ.get("FLASHQLA_BWD_GRAD", "0") == "1":  # the gradient kernel, v0 (off until measured)
+    if os.environ.get("FLASHQLA_BWD_GRAD", "1").strip() != "0":  # the gradient kernel (0: the PyTorch step)
         dq, dk, dv, dg, dbeta = torch.ops.flashqla.chunk_gdn_bwd_grad(qv, kv, vv, g, beta, dov, states, dh, sc, cu,
                                                                        l2norm)
         # GVA: each group's value heads summed in fp32 (a fixed-order reduction), then the l2norm backward

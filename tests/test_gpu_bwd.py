@@ -1,4 +1,6 @@
 """GPU tests of the backward kernels (sm_90a) against the float64 reference."""
+import os
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -105,7 +107,11 @@ def test_forward_chunk_states_match_float64():
 @pytest.mark.parametrize("case", ["varlen_gva_l2norm", "strong_decay_fp16"])
 def test_kernel_backward_matches_the_pytorch_backward(monkeypatch, case):
     # autograd's backward on the kernel path (FLASHQLA_BWD_KERNEL, default on) against the PyTorch chunked
-    # backward on the same GPU inputs, both against float64 autograd: no worse than ~1.5x its error
+    # backward on the same GPU inputs, both against float64 autograd: no worse than ~1.5x its error, or than
+    # the floor that the kernel path's bf16 products allow. The PyTorch backward is fp32 end to end (errors
+    # down to 1e-7), the gradient kernel rounds its operands to bf16 like FLA's: its floor is 6e-3, 1.2x FLA's
+    # largest anchor error (dk 5.0e-3; this l2norm + GVA case measured dk 5.1e-3 on the H200, the anchor case
+    # 4.2e-3 against FLA's 5.6e-3 in the same run)
     import flashqla
     from flashqla.reference import recurrent_gdn
     if case == "varlen_gva_l2norm":
@@ -128,10 +134,11 @@ def test_kernel_backward_matches_the_pytorch_backward(monkeypatch, case):
     x = {n: t.double().cpu().requires_grad_(True) for n, t in inputs.items()}
     ro, rs = recurrent_gdn(**x, cu_seqlens=d["cu"].cpu(), output_final_state=True, use_qk_l2norm_in_kernel=l2)
     ref = torch.autograd.grad((ro * do.double().cpu()).sum() + (rs * dht.double().cpu()).sum(), [x[n] for n in names])
+    floor = 6e-3 if os.environ.get("FLASHQLA_BWD_GRAD", "1").strip() != "0" else 5e-3
     for n, r, a, b in zip(names, ref, grads["1"], grads["0"]):
         ek, et = rel_l2(a.cpu(), r), rel_l2(b.cpu(), r)
         print(f"{case} d{n}: kernel path {ek:.2e}, PyTorch path {et:.2e}")
-        assert torch.isfinite(a).all() and ek <= max(1.5 * et, 5e-3), n
+        assert torch.isfinite(a).all() and ek <= max(1.5 * et, floor), n
 
 
 @pytest.mark.parametrize("case", ["varlen_gva_l2norm", "strong_decay_fp16", "dense_tail"])

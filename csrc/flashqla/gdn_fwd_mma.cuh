@@ -826,58 +826,74 @@ CUTLASS_DEVICE bool prep_tile(const flashqla_gdn_fwd_params_t& p, int64_t& seq_s
   return true;
 }
 
-// One CTA per (chunk, hpc value heads of one GVA group): K, Q, their l2norm and the raw Gram products K K^T,
-// Q K^T once (the group's heads share them), then per value head its gates, the inverse and M, W, X, written
-// to the prep buffers. No recurrence, so the whole GPU works on them at once.
-template <typename T, typename IndexT>
+// The prep kernel's X and W of value head h for the chunk's rows (rows past the sequence's end are not
+// written: the recurrent kernel zero-fills them on load).
+template <typename T>
+CUTLASS_DEVICE void store_prep(const flashqla_gdn_fwd_params_t& p, const PrepBuffers<T>& pb, const PrepStage<T>& S,
+                               int64_t row0, int rows, int64_t h, int tid) {
+  T* xd = pb.x + row0 * p.heads_v * kDimK + h * kDimK;
+  T* wd = pb.w + row0 * p.heads_v * kChunk + h * kChunk;
+  for (int i = tid; i < rows * (kDimK / 8); i += kPrepThreads) {
+    const int r = i >> 4, c8 = (i & 15) * 8;
+    *reinterpret_cast<uint4*>(xd + int64_t(r) * p.heads_v * kDimK + c8) = *reinterpret_cast<const uint4*>(&S.x[r * kLdK + c8]);
+  }
+  for (int i = tid; i < rows * (kChunk / 8); i += kPrepThreads) {
+    const int r = i >> 3, c8 = (i & 7) * 8;
+    *reinterpret_cast<uint4*>(wd + int64_t(r) * p.heads_v * kChunk + c8) = *reinterpret_cast<const uint4*>(&S.w[r * kLdC + c8]);
+  }
+}
+
+// One CTA per (chunk, value head), or with kGroup per (chunk, hpc value heads of one GVA group): then K, Q,
+// their l2norm and the raw Gram products K K^T, Q K^T once (the group's heads share them), and per value head
+// its gates, the inverse and M, W, X. No recurrence, so the whole GPU works on them at once. The per-head
+// form is its own instantiation: the group loop keeps the raw products live across heads (156 bytes of spills)
+// and measured 5-11% slower per head, which the sharing only won back (NOTES, session 5).
+template <typename T, typename IndexT, bool kGroup>
 __global__ void __launch_bounds__(kPrepThreads, kPrepCtasPerSm) gdn_prep_kernel(const __grid_constant__ flashqla_gdn_fwd_params_t p,
                                                                 const PrepBuffers<T> pb, int hpc) {
   extern __shared__ __align__(128) unsigned char smem_raw[];
   auto& sm = *reinterpret_cast<PrepStorage<T>*>(smem_raw);
+  static_assert(3 * sizeof(PrepStorage<T>) <= 227 * 1024, "three prep CTAs per SM");
   const int tid = threadIdx.x;
   CtaTile ct;
   int64_t c;
-  if (!prep_tile<IndexT>(p, sm.seq, sm.chunk, ct, c, hpc)) return;
+  if (!prep_tile<IndexT>(p, sm.seq, sm.chunk, ct, c, kGroup ? hpc : 1)) return;
   Work<T> wk = make_work<T>(p, ct);
   long long t_mark = 0;
-  aux_chunk<T, AuxMode::kInputsOnly>(p, sm.stage, sm.aux, wk, c, tid, kBarAux, pb, t_mark);  // gates of head ct.h
-  static_assert(3 * sizeof(PrepStorage<T>) <= 227 * 1024, "three prep CTAs per SM");
-  float kk[8][4], qk[8][4];
-  aux_gram_raw<T>(sm.stage, tid, kk, qk);
-  // rows past the sequence's end are not written: the recurrent kernel zero-fills them on load
   const int rows = static_cast<int>(wk.len - c * kChunk < kChunk ? wk.len - c * kChunk : kChunk);
   const int64_t row0 = wk.flat0 + c * kChunk;
-  for (int j = 0; j < hpc; ++j) {
-    if (j > 0) {  // the next head's gates (the previous head's readers finished at the sync below)
-      wk.h = ct.h + j;
-      if (tid < 32) load_gates<T>(p, sm.stage, sm.aux, wk, c, tid);
-      warp::bar_sync(kBarAux, kAuxThreads);
-    }
-    aux_gates_inverse<T>(sm.aux, tid, kBarAux, t_mark, kk);
-    aux_mwx<T, true>(sm.stage, sm.aux, tid, kBarAux, t_mark, qk);
+  if constexpr (!kGroup) {
+    aux_chunk<T, AuxMode::kPrep>(p, sm.stage, sm.aux, wk, c, tid, kBarAux, pb, t_mark);
     __syncthreads();
-    T* xd = pb.x + row0 * p.heads_v * kDimK + wk.h * kDimK;
-    T* wd = pb.w + row0 * p.heads_v * kChunk + wk.h * kChunk;
-    for (int i = tid; i < rows * (kDimK / 8); i += kPrepThreads) {
-      const int r = i >> 4, c8 = (i & 15) * 8;
-      *reinterpret_cast<uint4*>(xd + int64_t(r) * p.heads_v * kDimK + c8) =
-          *reinterpret_cast<const uint4*>(&sm.stage.x[r * kLdK + c8]);
+    store_prep<T>(p, pb, sm.stage, row0, rows, ct.h, tid);
+  } else {
+    aux_chunk<T, AuxMode::kInputsOnly>(p, sm.stage, sm.aux, wk, c, tid, kBarAux, pb, t_mark);  // gates of head ct.h
+    float kk[8][4], qk[8][4];
+    aux_gram_raw<T>(sm.stage, tid, kk, qk);
+    for (int j = 0; j < hpc; ++j) {
+      if (j > 0) {  // the next head's gates (the previous head's readers finished at the sync below)
+        wk.h = ct.h + j;
+        if (tid < 32) load_gates<T>(p, sm.stage, sm.aux, wk, c, tid);
+        warp::bar_sync(kBarAux, kAuxThreads);
+      }
+      aux_gates_inverse<T>(sm.aux, tid, kBarAux, t_mark, kk);
+      aux_mwx<T, true>(sm.stage, sm.aux, tid, kBarAux, t_mark, qk);
+      __syncthreads();
+      store_prep<T>(p, pb, sm.stage, row0, rows, wk.h, tid);
+      __syncthreads();  // X, W, A and M are rewritten for the next head
     }
-    for (int i = tid; i < rows * (kChunk / 8); i += kPrepThreads) {
-      const int r = i >> 3, c8 = (i & 7) * 8;
-      *reinterpret_cast<uint4*>(wd + int64_t(r) * p.heads_v * kChunk + c8) =
-          *reinterpret_cast<const uint4*>(&sm.stage.w[r * kLdC + c8]);
-    }
-    __syncthreads();  // X, W, A and M are rewritten for the next head
   }
 }
 
-// Value heads per prep CTA: as many of a GVA group's heads (a divisor of the group size) as keeps two full
-// waves of prep CTAs on the GPU; FLASHQLA_PREP_HEADS=n caps it at n instead (tests, comparisons).
+// Value heads per prep CTA: 1 (the per-head kernel) unless FLASHQLA_PREP_HEADS=n (n > 1; 0 = automatic)
+// asks for the group kernel: then as many of a GVA group's heads (a divisor of the group size, at most n) as
+// n allows, or with 0 as keeps two full waves of prep CTAs on the GPU. Off by default: the group kernel
+// measured no faster than the per-head one on the H200 anchors (NOTES, session 5).
 inline int prep_heads_per_cta(const flashqla_gdn_fwd_params_t& p, int64_t chunks) {
   const int group = static_cast<int>(p.heads_v / p.heads_qk);
   const char* e = std::getenv("FLASHQLA_PREP_HEADS");
-  const int cap = e != nullptr && std::atoi(e) > 0 ? std::atoi(e) : 0;
+  if (e == nullptr || *e == '\0' || std::atoi(e) == 1) return 1;
+  const int cap = std::atoi(e) > 0 ? std::atoi(e) : 0;
   static int sms = 0;  // per process: the SM count of the first device asked (a hint, not a correctness input)
   if (sms == 0) {
     int dev = 0, n = 0;
@@ -938,12 +954,13 @@ cudaError_t launch(const flashqla_gdn_fwd_params_t& p, cudaStream_t stream) {
   const size_t rows = static_cast<size_t>(p.batch) * static_cast<size_t>(p.seqlen);
   PrepBuffers<T> pb{static_cast<T*>(ws.ptr), static_cast<T*>(ws.ptr) + rows * p.heads_v * kDimK};
   if (p.prep_ready && !ws.owned) return launch_recurrent<T, AuxMode::kLoadPrepared>(p, pb, stream);  // X, W in place
-  auto prep = p.cu_seqlens != nullptr && p.cu_seqlens_dtype == FLASHQLA_INT64 ? gdn_prep_kernel<T, int64_t>
-                                                                               : gdn_prep_kernel<T, int32_t>;
+  const bool ix64 = p.cu_seqlens != nullptr && p.cu_seqlens_dtype == FLASHQLA_INT64;
+  const int hpc = prep_heads_per_cta(p, chunks);
+  auto prep = hpc > 1 ? (ix64 ? gdn_prep_kernel<T, int64_t, true> : gdn_prep_kernel<T, int32_t, true>)
+                      : (ix64 ? gdn_prep_kernel<T, int64_t, false> : gdn_prep_kernel<T, int32_t, false>);
   const size_t smem = sizeof(PrepStorage<T>);
   err = cudaFuncSetAttribute(prep, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem));
   if (err == cudaSuccess) {
-    const int hpc = prep_heads_per_cta(p, chunks);
     prep<<<dim3(static_cast<unsigned>(chunks), static_cast<unsigned>(p.heads_v / hpc)), kPrepThreads, smem, stream>>>(
         p, pb, hpc);
     err = cudaGetLastError();
