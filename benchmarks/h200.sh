@@ -217,8 +217,12 @@ fi
 if has sanitize; then
   for tool in memcheck racecheck; do
     say "compute-sanitizer $tool"
-    timeout ${SAN_TIMEOUT:-120} compute-sanitizer --tool "$tool" --error-exitcode 3 python3 benchmarks/sanitize_cases.py 2>&1 | tail -6 | tee -a "$LOG"
-    [ "${PIPESTATUS[0]}" -eq 0 ] || status=1
+    # the whole report goes to sanitize.txt (the first errors name the kernel and the access); the log gets its tail
+    timeout ${SAN_TIMEOUT:-120} compute-sanitizer --tool "$tool" --print-limit 12 --error-exitcode 3 python3 benchmarks/sanitize_cases.py \
+      > /tmp/san-$tool.txt 2>&1
+    [ $? -eq 0 ] || status=1
+    { echo "== $tool"; head -c 60000 /tmp/san-$tool.txt; } >> "$OUT/sanitize.txt"
+    tail -6 /tmp/san-$tool.txt | tee -a "$LOG"
   done
 fi
 

@@ -102,23 +102,24 @@ _DEVICE_PLANS: dict = {}
 
 
 def device_plan(p: Plan, device: torch.device, index_dtype=torch.int32):
-    """Device tensors of a plan (cu_seqlens of the segments; per rank, its segments and their sequences;
-    each sequence's last segment), cached. During CUDA-graph capture only a cached copy can be used (a copy
-    from the host cannot be captured): None when there is none."""
+    """Device tensors of a plan, cached: the segments' cu_seqlens; `gather`, for the rank-major grid
+    [ranks, sequences], the segment at each cell (a sequence with fewer segments repeats its last one there,
+    whose results are never read); `cell` of each segment (rank * sequences + sequence); each sequence's last
+    segment. During CUDA-graph capture only a cached copy can be used (a copy from the host cannot be
+    captured): None when there is none."""
     key = (p, str(device), index_dtype)
     hit = _DEVICE_PLANS.get(key)
     if hit is not None or (device.type == "cuda" and torch.cuda.is_current_stream_capturing()):
         return hit
-    cu = torch.tensor(p.cu, dtype=index_dtype).to(device)
-    by_rank = []
-    for r in range(p.ranks):
-        segs = [i for i in range(p.segments) if p.rank_of[i] == r]
-        by_rank.append((torch.tensor(segs, dtype=torch.long).to(device),
-                        torch.tensor([p.seq_of[i] for i in segs], dtype=torch.long).to(device)))
-    last = torch.tensor(p.last_of_seq, dtype=torch.long).to(device)
+    N = len(p.last_of_seq)
+    first = [p.last_of_seq[s] - max(r for i, r in enumerate(p.rank_of) if p.seq_of[i] == s) for s in range(N)]
+    gather = [min(first[s] + r, p.last_of_seq[s]) for r in range(p.ranks) for s in range(N)]
+    cell = [p.rank_of[i] * N + p.seq_of[i] for i in range(p.segments)]
+    as_long = lambda x: torch.tensor(x, dtype=torch.long).to(device)  # noqa: E731
     if len(_DEVICE_PLANS) >= 64:
         _DEVICE_PLANS.clear()
-    _DEVICE_PLANS[key] = (cu, by_rank, last)
+    _DEVICE_PLANS[key] = (torch.tensor(p.cu, dtype=index_dtype).to(device), as_long(gather), as_long(cell),
+                          as_long(p.last_of_seq))
     return _DEVICE_PLANS[key]
 
 
@@ -132,7 +133,7 @@ def forward(fwd, q, k, v, g, beta, scale, initial_state, p: Plan, l2norm: bool, 
     dp = device_plan(p, q.device, index_dtype)
     if dp is None:
         return None
-    cu, by_rank, last = dp
+    cu, gather, cell, last = dp
     H, K, V = v.shape[2], k.shape[3], v.shape[3]
     NS = p.segments
     # v = 0 for the transition pass: one zero row broadcast over tokens and heads (stride 0; the kernels' pass
@@ -151,13 +152,18 @@ def forward(fwd, q, k, v, g, beta, scale, initial_state, p: Plan, l2norm: bool, 
     sd = b_end.dtype  # the op's state dtype (fp32 on the GPU)
     eye = torch.eye(K, dtype=sd, device=q.device).expand(NS, H, K, K).contiguous()
     _, phi = run(zero_v, eye, True, False)
-    N = len(p.last_of_seq)
-    S = (initial_state.to(sd, copy=True) if initial_state is not None
-         else torch.zeros(N, H, K, V, dtype=sd, device=q.device))
-    init = torch.empty(NS, H, K, V, dtype=sd, device=q.device)
-    for segs, seqs in by_rank:
-        cur = S.index_select(0, seqs)
-        init.index_copy_(0, segs, cur)
-        S.index_copy_(0, seqs, torch.matmul(phi.index_select(0, segs), cur) + b_end.index_select(0, segs))
+    # the scan over each sequence's segments, S_{r+1} = Phi_r S_r + B_r, rank by rank on a [ranks, sequences]
+    # grid: one batched GEMM per rank (measured before: ~25 us per rank as eight small launches)
+    N, R = len(p.last_of_seq), p.ranks
+    grid = torch.empty(R, N * H, K, V, dtype=sd, device=q.device)
+    if initial_state is not None:
+        grid[0].copy_(initial_state.reshape(N * H, K, V))
+    else:
+        grid[0].zero_()
+    phi_g = phi.index_select(0, gather).view(R, N * H, K, K)
+    b_g = b_end.index_select(0, gather).view(R, N * H, K, V)
+    for r in range(R - 1):
+        torch.baddbmm(b_g[r], phi_g[r], grid[r], out=grid[r + 1])
+    init = grid.view(R * N, H, K, V).index_select(0, cell)
     o, final = run(v, init, True, True)
     return o, final.index_select(0, last)

@@ -11,10 +11,10 @@ _lib.define("chunk_local_cumsum(Tensor g, int chunk_size, bool reverse, float sc
 
 _lib.define("chunk_gdn_fwd(Tensor q, Tensor k, Tensor v, Tensor g, Tensor beta, float scale, Tensor? initial_state, "
             "bool output_final_state, Tensor? cu_seqlens, bool use_qk_l2norm) -> (Tensor, Tensor)")
-# The forward with the state at the start of every chunk (the backward's recompute): (o, states [chunk bound,
-# H_v, K, V]).
+# The backward's recompute: the state at the start of every chunk, [chunk bound, H_v, K, V] (no o: the kernel
+# skips the output products and the o pass over HBM).
 _lib.define("chunk_gdn_fwd_states(Tensor q, Tensor k, Tensor v, Tensor g, Tensor beta, float scale, "
-            "Tensor? initial_state, Tensor? cu_seqlens, bool use_qk_l2norm) -> (Tensor, Tensor)")
+            "Tensor? initial_state, Tensor? cu_seqlens, bool use_qk_l2norm) -> Tensor")
 # One pass of exact context parallelism (flashqla._cp): the final states [N, H_v, K, V] and, when write_o, o
 # (else an empty o: the kernel skips the output products); zero_v takes v as zeros without reading it (the
 # transition pass; v then only gives the shapes, and write_o must be False). The passes of one call share `workspace`
@@ -27,6 +27,14 @@ _lib.define("chunk_gdn_fwd_pass(Tensor q, Tensor k, Tensor v, Tensor g, Tensor b
 # reference.chunk_state_grads_torch and the C API's flashqla_gdn_bwd_dh.
 _lib.define("chunk_gdn_bwd_dh(Tensor q, Tensor k, Tensor g, Tensor beta, Tensor dout, Tensor? dht, float scale, "
             "Tensor? cu_seqlens, bool use_qk_l2norm, bool output_dh0) -> (Tensor, Tensor)")
+
+
+# The backward's chunk-parallel gradient step (the default; FLASHQLA_BWD_GRAD=0 runs it in PyTorch): from the chunk-start states and the
+# chunk-end state gradients, (dq, dk per value head fp32 [B, T, H_v, K], dv like v, dg, dbeta fp32 [B, T, H_v]);
+# see the C API's flashqla_gdn_bwd_grad. The caller sums dq/dk over each GVA group and applies the l2norm
+# backward.
+_lib.define("chunk_gdn_bwd_grad(Tensor q, Tensor k, Tensor v, Tensor g, Tensor beta, Tensor dout, Tensor states, "
+            "Tensor dh, float scale, Tensor? cu_seqlens, bool use_qk_l2norm) -> (Tensor, Tensor, Tensor, Tensor, Tensor)")
 
 
 def chunk_bound(B: int, T: int, cu_seqlens, chunk: int = 64) -> int:
@@ -66,8 +74,16 @@ def _chunk_gdn_fwd_pass_fake(q, k, v, g, beta, scale, initial_state, cu_seqlens,
 @torch.library.register_fake("flashqla::chunk_gdn_fwd_states")
 def _chunk_gdn_fwd_states_fake(q, k, v, g, beta, scale, initial_state, cu_seqlens, use_qk_l2norm):
     H, K, V = v.shape[2], q.shape[3], v.shape[3]
-    return v.new_empty(v.shape), v.new_empty((chunk_bound(q.shape[0], q.shape[1], cu_seqlens), H, K, V),
-                                             dtype=_state_dtype(q))
+    return v.new_empty((chunk_bound(q.shape[0], q.shape[1], cu_seqlens), H, K, V), dtype=_state_dtype(q))
+
+
+@torch.library.register_fake("flashqla::chunk_gdn_bwd_grad")
+def _chunk_gdn_bwd_grad_fake(q, k, v, g, beta, dout, states, dh, scale, cu_seqlens, use_qk_l2norm):
+    B, T, H, V = v.shape
+    f32 = torch.float32
+    dqk = q.new_empty((B, T, H, q.shape[3]), dtype=f32)
+    return dqk, torch.empty_like(dqk), v.new_empty(v.shape), v.new_empty((B, T, H), dtype=f32), \
+        v.new_empty((B, T, H), dtype=f32)
 
 
 @torch.library.register_fake("flashqla::chunk_gdn_bwd_dh")
@@ -106,11 +122,9 @@ def _chunk_gdn_fwd_pass_cpu(q, k, v, g, beta, scale, initial_state, cu_seqlens, 
 
 @torch.library.impl("flashqla::chunk_gdn_fwd_states", "cpu")
 def _chunk_gdn_fwd_states_cpu(q, k, v, g, beta, scale, initial_state, cu_seqlens, use_qk_l2norm):
-    o, _ = reference.chunk_gdn_torch(q, k, v, g, beta, scale=scale, initial_state=initial_state,
-                                     cu_seqlens=cu_seqlens, use_qk_l2norm_in_kernel=use_qk_l2norm)
     states = reference.chunk_states_torch(q, k, v, g, beta, scale=scale, initial_state=initial_state,
                                           cu_seqlens=cu_seqlens, use_qk_l2norm_in_kernel=use_qk_l2norm)
-    return o, states[: chunk_bound(q.shape[0], q.shape[1], cu_seqlens)].to(_state_dtype(q))
+    return states[: chunk_bound(q.shape[0], q.shape[1], cu_seqlens)].to(_state_dtype(q))
 
 
 @torch.library.impl("flashqla::chunk_gdn_bwd_dh", "cpu")

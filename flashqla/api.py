@@ -188,20 +188,49 @@ def _backward(shape, q, k, v, g, beta, do, dht, scale, initial_state, l2norm, cu
 
 def _kernel_backward(shape, q, k, v, g, beta, do, dht, scale, initial_state, l2norm, cu_seqlens):
     """Both serial chains on the sm_90a kernels (the chunk-start states from the forward kernel, the
-    chunk-end state gradients from chunk_gdn_bwd_dh), the chunk-parallel gradient step in PyTorch
-    (reference.chunk_gdn_bwd_from_states) until its kernel lands."""
+    chunk-end state gradients from chunk_gdn_bwd_dh), then the chunk-parallel gradient step on its kernel
+    (chunk_gdn_bwd_grad; FLASHQLA_BWD_GRAD=0: in PyTorch, reference.chunk_gdn_bwd_from_states)."""
     sc = shape.K ** -0.5 if scale is None else float(scale)
     qv, kv, vv = (_vector_ready(x) for x in (q, k, v))
     h0 = None if initial_state is None else initial_state.float().contiguous()
     cu = None if cu_seqlens is None else cu_seqlens.contiguous()
-    _, states = torch.ops.flashqla.chunk_gdn_fwd_states(qv, kv, vv, g, beta, sc, h0, cu, l2norm)
     dov = _vector_ready(do.to(v.dtype))
     dht_ = None if dht is None else dht.float().contiguous()
+    # the two chains are independent: the forward recompute on a side stream beside the reverse chain (each
+    # fills only sequences x heads x 2 CTAs; also under CUDA-graph capture, as a fork and a join)
+    main = torch.cuda.current_stream(q.device)
+    side = _side_stream(q.device)
+    side.wait_stream(main)
+    with torch.cuda.stream(side):
+        states = torch.ops.flashqla.chunk_gdn_fwd_states(qv, kv, vv, g, beta, sc, h0, cu, l2norm)
     dh, dh0 = torch.ops.flashqla.chunk_gdn_bwd_dh(qv, kv, g, beta, dov, dht_, sc, cu, l2norm, initial_state is not None)
+    main.wait_stream(side)
+    states.record_stream(main)  # allocated on the side stream, used on this one
+    if os.environ.get("FLASHQLA_BWD_GRAD", "1").strip() != "0":  # the gradient kernel (0: the PyTorch step)
+        dq, dk, dv, dg, dbeta = torch.ops.flashqla.chunk_gdn_bwd_grad(qv, kv, vv, g, beta, dov, states, dh, sc, cu,
+                                                                       l2norm)
+        # GVA: each group's value heads summed in fp32 (a fixed-order reduction), then the l2norm backward
+        B, T, Hq, K = q.shape
+        dq = dq.view(B, T, Hq, -1, K).sum(3)
+        dk = dk.view(B, T, Hq, -1, K).sum(3)
+        if l2norm:
+            dq, dk = reference._l2norm_bwd(q.float(), dq), reference._l2norm_bwd(k.float(), dk)
+        return (dq.to(q.dtype), dk.to(k.dtype), dv.to(v.dtype), dg.to(g.dtype), dbeta.to(beta.dtype),
+                dh0.to(initial_state.dtype) if initial_state is not None else None)
     return reference.chunk_gdn_bwd_from_states(q, k, v, g, beta, do, states, dh,
                                                dh0 if initial_state is not None else None, dht, scale=scale,
                                                initial_state=initial_state, cu_seqlens=cu_seqlens,
                                                use_qk_l2norm_in_kernel=l2norm)
+
+
+_SIDE_STREAMS: dict = {}
+
+
+def _side_stream(dev: torch.device) -> torch.cuda.Stream:
+    key = dev.index if dev.index is not None else torch.cuda.current_device()
+    if key not in _SIDE_STREAMS:
+        _SIDE_STREAMS[key] = torch.cuda.Stream(device=key)
+    return _SIDE_STREAMS[key]
 
 
 def _segments(shape, dev):

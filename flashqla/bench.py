@@ -23,9 +23,9 @@ that the README generator never reads.
 
 Backward: every library runs its low-level backward (flashqla.chunk_gdn_bwd, which
 needs only the forward's inputs; FLA and FlashQLA given their own forward's
-intermediates). flashqla's chunk_gdn_bwd runs both state chains on the sm_90a kernels
-and the chunk-parallel gradient step in PyTorch (FLASHQLA_BWD_KERNEL=0: all PyTorch);
-the record's label says which.
+intermediates). flashqla's chunk_gdn_bwd runs both state chains and the chunk-parallel
+gradient step on the sm_90a kernels (FLASHQLA_BWD_GRAD=0: the step in PyTorch;
+FLASHQLA_BWD_KERNEL=0: all PyTorch); the record's label says which.
 
 Heavy modules (triton, fla, flash_qla, matplotlib) are imported lazily.
 """
@@ -620,6 +620,9 @@ def _libs_in(rec):
 def flashqla_bwd_label(kernels: bool) -> str:
     """What flashqla.chunk_gdn_bwd runs in this process (FLASHQLA_BWD_KERNEL=0: the all-PyTorch backward)."""
     if kernels and os.environ.get("FLASHQLA_BWD_KERNEL", "1").strip() != "0":
+        if os.environ.get("FLASHQLA_BWD_GRAD", "1").strip() != "0":
+            return ("flashqla.chunk_gdn_bwd (both state chains and the chunk-parallel gradient step on the sm_90a "
+                    "kernels; the GVA sum and the l2norm backward in PyTorch)")
         return ("flashqla.chunk_gdn_bwd (both state chains on the sm_90a kernels, the chunk-parallel gradient "
                 "step in PyTorch)")
     return "flashqla.chunk_gdn_bwd (the PyTorch chunked backward on the GPU; no backward kernel)"

@@ -257,10 +257,13 @@ def test_torch_compile_kernel_path():
     assert torch.equal(o, o2) and torch.equal(s, s2)
 
 
+@pytest.mark.parametrize("prep_heads", ["1", "8"])
 @pytest.mark.parametrize("case", ["varlen", "dense", "l2norm_fp16"])
-def test_split_and_fused_forward_agree_bitwise(monkeypatch, case):
+def test_split_and_fused_forward_agree_bitwise(monkeypatch, case, prep_heads):
     # the split mode (prep kernel + loading recurrent kernel, FLASHQLA_FWD_SPLIT=1, the default) computes the
-    # same X and W in the same dtype as the fused mode, only through global memory: outputs must be identical
+    # same X and W in the same dtype as the fused mode, only through global memory: outputs must be identical,
+    # also when one prep CTA serves a whole GVA group (FLASHQLA_PREP_HEADS=8: groups of 2, 3 and 4 heads here)
+    monkeypatch.setenv("FLASHQLA_PREP_HEADS", prep_heads)
     if case == "varlen":   # zero-length sequences, tails, one long sequence, GVA 2
         d, kw = make([0, 65, 1, 700, 0, 130, 2300], 2, 4, seed=21), {}
     elif case == "dense":

@@ -213,3 +213,78 @@ def test_backward_from_given_states_equals_the_explicit_backward():
                               cu_seqlens=cu)
     for a, b in zip(got, ref):
         assert (a - b).abs().max() < 1e-10
+
+
+def _grad_kernel_phases(Q, K, V, dO, g, beta, S0, dS, scale):
+    """csrc/flashqla/gdn_bwd_grad.cuh's phases for one 64-row chunk of one value head (zero-padded rows,
+    g = beta = 0 there), in the kernel's order and forms, without rounding: (dq, dk, dv, dg, dbeta)."""
+    G = g.cumsum(0)
+    gamma, dte = G.exp(), (G[-1] - G).exp()
+    mask = torch.ones(64, 64, dtype=torch.bool).tril()
+    Gam = torch.where(mask, (G[:, None] - G[None, :]).masked_fill(~mask, 0).exp(), torch.zeros(()).double())
+    KK, QK = K @ K.T, Q @ K.T
+    A = torch.linalg.inv(torch.eye(64, dtype=Q.dtype) + (beta[:, None] * KK).tril(-1))
+    M, P = Gam * A, QK * Gam
+    KS = K @ S0                                                     # phase 3
+    R = V - gamma[:, None] * KS
+    Y = beta[:, None] * R
+    Vn, dW = M @ Y, K @ dS                                          # phase 4
+    dVn = scale * P.T @ dO + dte[:, None] * dW
+    d_dte = (dW * Vn).sum(1)
+    dK = dte[:, None] * (Vn @ dS.T)                                 # phase 5
+    dP, dM = scale * dO @ Vn.T, dVn @ Y.T                           # phase 6
+    dY = M.T @ dVn                                                  # phase 7
+    dR = beta[:, None] * dY
+    dbeta, d_gamma = (dY * R).sum(1), -(dR * KS).sum(1)
+    dK = dK + (-gamma[:, None] * dR) @ S0.T                         # phase 8
+    t = dO @ S0.T
+    d_gamma = d_gamma + scale * (Q * t).sum(1)
+    dQ = scale * gamma[:, None] * t
+    H = Gam * (dP * QK + dM * A)                                    # phase 9
+    dQK, dA = dP * Gam, dM * Gam
+    dQ, dK = dQ + dQK @ K, dK + dQK.T @ Q                           # phase 10
+    dL = -(A.T @ (dA @ A.T))                                        # phases 10-11
+    dbeta = dbeta + (dL.tril(-1) * KK).sum(1)                       # phase 12
+    dKK = beta[:, None] * dL.tril(-1)
+    dK = dK + (dKK + dKK.T) @ K                                     # phase 13
+    dG = gamma * d_gamma - dte * d_dte + H.sum(1) - H.sum(0)
+    dG[-1] += (dte * d_dte).sum() + gamma[-1] * (S0 * dS).sum()
+    return dQ, dK, dR, dG.flip(0).cumsum(0).flip(0), dbeta
+
+
+def test_gradient_kernel_phase_algebra():
+    # the gradient kernel's decomposition (d_gamma's Q S0 term as a row dot with dO S0^T, dte applied after
+    # Vn dS'^T, dKK^T's symmetric sum, the gate chain) equals the reference's chunk-parallel step, float64
+    from flashqla.reference import chunk_gdn_bwd_from_states, chunk_state_grads_torch, chunk_states_torch
+    lens, Hq, Hv, D = [130, 64, 37], 1, 2, 16
+    d = make_inputs(1, sum(lens), Hq, Hv, D, D, n_seqs=len(lens), seed=51)
+    cu = torch.tensor([0] + torch.tensor(lens).cumsum(0).tolist())
+    gen = torch.Generator().manual_seed(52)
+    do = torch.randn(d["v"].shape, generator=gen, dtype=torch.float64)
+    scale = 0.3
+    states = chunk_states_torch(d["q"], d["k"], d["v"], d["g"], d["beta"], scale=scale,
+                                initial_state=d["initial_state"], cu_seqlens=cu)
+    dh, dh0 = chunk_state_grads_torch(d["q"], d["k"], d["g"], d["beta"], do, None, scale=scale, cu_seqlens=cu)
+    ref = chunk_gdn_bwd_from_states(d["q"], d["k"], d["v"], d["g"], d["beta"], do, states, dh, dh0, None,
+                                    scale=scale, initial_state=d["initial_state"], cu_seqlens=cu)
+    T = sum(lens)
+    out = [torch.zeros(1, T, Hv, D).double(), torch.zeros(1, T, Hv, D).double(), torch.zeros(1, T, Hv, D).double(),
+           torch.zeros(1, T, Hv).double(), torch.zeros(1, T, Hv).double()]
+    chunk = 0
+    for s, n in enumerate(lens):
+        t0 = int(cu[s])
+        for c0 in range(0, n, 64):
+            rows = min(64, n - c0)
+            sl = slice(t0 + c0, t0 + c0 + rows)
+            for h in range(Hv):
+                pad = lambda x: torch.cat([x, x.new_zeros((64 - rows,) + tuple(x.shape[1:]))])  # noqa: E731
+                hq = h // (Hv // Hq)
+                res = _grad_kernel_phases(pad(d["q"][0, sl, hq]), pad(d["k"][0, sl, hq]), pad(d["v"][0, sl, h]),
+                                          pad(do[0, sl, h]), pad(d["g"][0, sl, h]), pad(d["beta"][0, sl, h]),
+                                          states[chunk, h], dh[chunk, h], scale)
+                for o, r in zip(out, res):
+                    o[0, sl, h] = r[:rows]
+            chunk += 1
+    dq, dk = (x.view(1, T, Hq, Hv // Hq, D).sum(3) for x in out[:2])
+    for got, want in zip((dq, dk, out[2], out[3], out[4]), ref[:5]):
+        assert (got - want).abs().max() < 1e-9

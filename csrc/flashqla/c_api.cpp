@@ -220,6 +220,32 @@ int64_t flashqla_gdn_chunk_bound(const flashqla_gdn_fwd_params_t* p) {
   return p->cu_seqlens == nullptr ? p->batch * per : per + (p->num_seqs > 0 ? p->num_seqs : 0);
 }
 
+flashqla_status_t flashqla_gdn_bwd_grad(const flashqla_gdn_bwd_grad_params_t* p, cudaStream_t stream) {
+  if (p == nullptr) return fail(FLASHQLA_ERROR_INVALID_ARGUMENT, "params is NULL");
+  flashqla_gdn_fwd_params_t f = p->fwd;
+  f.o = nullptr;  // not written
+  f.initial_state = nullptr;
+  f.final_state = nullptr;
+  f.chunk_states = nullptr;
+  f.prep_ready = 0;
+  if (f.v == nullptr && f.batch * f.seqlen > 0) return fail(FLASHQLA_ERROR_INVALID_ARGUMENT, "v must not be NULL");
+  bool run = false;
+  const flashqla_status_t vs = validate_gdn(&f, &run);
+  if (vs != FLASHQLA_SUCCESS || !run) return vs;
+  if (flashqla_gdn_chunk_bound(&f) == 0) return ok();
+  const void* need16[] = {p->dout, p->states, p->dh, p->dq, p->dk, p->dv};
+  for (const void* ptr : need16)
+    if (ptr == nullptr || reinterpret_cast<uintptr_t>(ptr) % 16 != 0)
+      return fail(FLASHQLA_ERROR_INVALID_ARGUMENT, "dout, states, dh, dq, dk and dv must be non-NULL and 16-byte aligned");
+  if (p->dg == nullptr || p->dbeta == nullptr) return fail(FLASHQLA_ERROR_INVALID_ARGUMENT, "dg and dbeta must not be NULL");
+  const int64_t strides[] = {p->dout_stride_batch, p->dout_stride_time, p->dout_stride_head};
+  for (int64_t st : strides)
+    if (st % 8 != 0) return fail(FLASHQLA_ERROR_INVALID_ARGUMENT, "dout strides must be multiples of 8 elements");
+  const cudaError_t err = f.qkv_dtype == FLASHQLA_BFLOAT16 ? flashqla::launch_gdn_bwd_grad_bf16(*p, stream)
+                                                           : flashqla::launch_gdn_bwd_grad_fp16(*p, stream);
+  return from_cuda(err, "gdn_bwd_grad launch");
+}
+
 flashqla_status_t flashqla_gdn_bwd_dh(const flashqla_gdn_bwd_dh_params_t* p, cudaStream_t stream) {
   if (p == nullptr) return fail(FLASHQLA_ERROR_INVALID_ARGUMENT, "params is NULL");
   // the kernels read the forward's struct with v = dO, initial_state = dht, final_state = dh0 (o unused)

@@ -95,35 +95,13 @@ __global__ void __launch_bounds__(kAuxThreads, kBwdPrepCtasPerSm)
   bar_sync(kBarAux, kAuxThreads);
 
   const LdsmOffsets ld(lane);
-  // U rows [16w, 16w + 16): U[i][v] = scale sum_{j >= i} P^T[i][j] dO[j][v]
+  // U rows [16w, 16w + 16): U[i][v] = scale sum_{j >= i} P^T[i][j] dO[j][v];
+  // W' rows [16w, 16w + 16): W'[i][k] = sum_{j <= i} Mg[i][j] K[j][k]  (triangular: k blocks from / up to w)
   float ua[16][4], wa[16][4];
   zero_acc(ua);
   zero_acc(wa);
-#pragma unroll
-  for (int ks = 0; ks < 4; ++ks) {
-    if (ks < w) continue;
-    uint32_t a[4];
-    ldsm_x4(a, &pt[(16 * w + ld.a_row) * kLdC + 16 * ks + ld.a_col]);
-#pragma unroll
-    for (int np = 0; np < 8; ++np) {
-      uint32_t bb[4];
-      ldsm_x4_trans(bb, &S.v[(16 * ks + ld.bt_row) * kLdK + 16 * np + ld.bt_col]);
-      mma_pair<T>(ua, np, a, bb);
-    }
-  }
-  // W' rows [16w, 16w + 16): W'[i][k] = sum_{j <= i} Mg[i][j] K[j][k]
-#pragma unroll
-  for (int ks = 0; ks < 4; ++ks) {
-    if (ks > w) continue;
-    uint32_t a[4];
-    ldsm_x4(a, &ax.m[(16 * w + ld.a_row) * kLdC + 16 * ks + ld.a_col]);
-#pragma unroll
-    for (int np = 0; np < 8; ++np) {
-      uint32_t bb[4];
-      ldsm_x4_trans(bb, &S.k[(16 * ks + ld.bt_row) * kLdK + 16 * np + ld.bt_col]);
-      mma_pair<T>(wa, np, a, bb);
-    }
-  }
+  gemm_rows16<T, 16, false, true>(ua, pt, kLdC, 16 * w, S.v, kLdK, 0, w, 4, ld);
+  gemm_rows16<T, 16, false, true>(wa, ax.m, kLdC, 16 * w, S.k, kLdK, 0, 0, w + 1, ld);
 #pragma unroll
   for (int nt = 0; nt < 16; ++nt)
 #pragma unroll
@@ -162,7 +140,8 @@ CUTLASS_DEVICE void dh_state_role(const flashqla_gdn_fwd_params_t& p, SharedStor
     bar_sync(kBarFull + st, kHandoffThreads);
 
     // dS' of chunk c: the gradient of its end state, [K][V] rows like the states
-    store_state_tile(dh + ((wk.chunk0 + c) * p.heads_v + wk.h) * int64_t(kDimK) * kDimV + wk.col0, sacc, tq, v0);
+    if (wk.chunk0 + c < prep_chunk_bound(p))  // (malformed cu_seqlens can name more chunks than dh has slots)
+      store_state_tile(dh + ((wk.chunk0 + c) * p.heads_v + wk.h) * int64_t(kDimK) * kDimV + wk.col0, sacc, tq, v0);
 
     uint32_t sa[8][4];
 #pragma unroll
@@ -182,18 +161,10 @@ CUTLASS_DEVICE void dh_state_role(const flashqla_gdn_fwd_params_t& p, SharedStor
     // dh0 (the term dominates it), twice FLA's error, which multiplies in tf32
     {
       uint32_t dh_[4][4], dl[4][4];
-#pragma unroll
-      for (int kb = 0; kb < 4; ++kb) {
-        uint32_t dr[4];
-        ldsm_x4_trans(dr, &S.v[(16 * kb + ld.at_row) * kLdC + 16 * s + ld.at_col]);
-#pragma unroll
-        for (int r = 0; r < 4; ++r) {
-          const int col = 8 * (2 * kb + (r >> 1)) + 2 * tq;
-          const float2 dd = unpack2<T>(dr[r]);
-          const float2 gm = *reinterpret_cast<const float2*>(&S.gamma[col]);
-          split_hi_lo<T>(p.scale * gm.x * dd.x, p.scale * gm.y * dd.y, dh_[kb][r], dl[kb][r]);
-        }
-      }
+      for_vt_pairs<T>(S.v, s, tq, ld, [&](int kb, int r, int, int, int col, float2 dd) {
+        const float2 gm = *reinterpret_cast<const float2*>(&S.gamma[col]);
+        split_hi_lo<T>(p.scale * gm.x * dd.x, p.scale * gm.y * dd.y, dh_[kb][r], dl[kb][r]);
+      });
       for_b_fragments<4, 8, true>(S.q, kLdK, ld, [&](int kb, int np, const uint32_t (&b)[4]) {
         mma_pair<T>(sacc, np, dh_[kb], b);
         mma_pair<T>(sacc, np, dl[kb], b);
@@ -201,19 +172,10 @@ CUTLASS_DEVICE void dh_state_role(const flashqla_gdn_fwd_params_t& p, SharedStor
     }
     // dS^T -= Z^T W',  Z^T = KdS^T diag(rho) + U^T (hi + lo)
     uint32_t zh[4][4], zl[4][4];
-#pragma unroll
-    for (int kb = 0; kb < 4; ++kb) {
-      uint32_t ur[4];
-      ldsm_x4_trans(ur, &S.w[(16 * kb + ld.at_row) * kLdC + 16 * s + ld.at_col]);
-#pragma unroll
-      for (int r = 0; r < 4; ++r) {
-        const int nt = 2 * kb + (r >> 1), e = 2 * (r & 1);  // register r holds tile nt, elements e, e + 1
-        const int col = 8 * nt + 2 * tq;
-        const float2 uu = unpack2<T>(ur[r]);
-        const float2 rho = *reinterpret_cast<const float2*>(&S.decay[col]);
-        split_hi_lo<T>(-(rho.x * kd[nt][e] + uu.x), -(rho.y * kd[nt][e + 1] + uu.y), zh[kb][r], zl[kb][r]);
-      }
-    }
+    for_vt_pairs<T>(S.w, s, tq, ld, [&](int kb, int r, int nt, int e, int col, float2 uu) {
+      const float2 rho = *reinterpret_cast<const float2*>(&S.decay[col]);
+      split_hi_lo<T>(-(rho.x * kd[nt][e] + uu.x), -(rho.y * kd[nt][e + 1] + uu.y), zh[kb][r], zl[kb][r]);
+    });
     for_b_fragments<4, 8, true>(S.x, kLdK, ld, [&](int kb, int np, const uint32_t (&b)[4]) {
       mma_pair<T>(sacc, np, zh[kb], b);
       mma_pair<T>(sacc, np, zl[kb], b);

@@ -118,6 +118,15 @@ struct SharedStorage {
 };
 
 // Where one CTA's work lives.
+// Upper bound on the number of chunks of all sequences, known on the host without reading cu_seqlens:
+// every sequence adds at most one partial chunk to ceil(total tokens / 64). Chunk-indexed buffers (chunk
+// states, dh) have this many slots; malformed cu_seqlens (overlapping sequences) can name more chunks, whose
+// slots are skipped.
+CUTLASS_HOST_DEVICE int64_t prep_chunk_bound(const flashqla_gdn_fwd_params_t& p) {
+  return p.cu_seqlens == nullptr ? p.batch * ((p.seqlen + kChunk - 1) / kChunk)
+                                 : (p.seqlen + kChunk - 1) / kChunk + p.num_seqs;
+}
+
 template <typename T>
 struct Work {
   const T* q;   // row 0 of the sequence, this head
@@ -195,22 +204,18 @@ CUTLASS_DEVICE Work<T> make_work(const flashqla_gdn_fwd_params_t& p, const CtaTi
 // U (in w, this CTA's columns).
 enum class AuxMode { kFused, kLoadPrepared, kPrep, kInputsOnly, kLoadBwd };
 
-// The chunk's products (K K^T, Q K^T, L, P, the inverse A, M, W, X) from the loaded K, Q, G and beta.
-// K K^T, Q K^T, L, P and the inverse: A = (I + L)^-1 in ax.la (fp32), P = Q K^T * Gamma (masked lower) for
-// rows [16w, 16w + 16) in `qk` (C fragments). The forward's and the backward's products both start here.
-template <typename T, typename StageT>
-CUTLASS_DEVICE void aux_gram_inverse(StageT& S, AuxScratch<T>& ax, int tid, uint32_t bar_aux, long long& t_mark,
-                                     float (&qk)[8][4]) {
-  using namespace warp;
-  (void)t_mark;
-  const AuxLane al(tid);
-  const int w = al.w, lane = al.lane, tq = al.tq, i0 = al.i0, i1 = al.i1;
-  const LdsmOffsets& ld = al.ld;
+// ---- The chunk's products (K K^T, Q K^T, L, P, the inverse A, M, W, X) from the loaded K, Q, G and beta.
 
-  // ---- K K^T for row block r = 3 - w and Q K^T for row block w, column tiles up to the diagonal: 4 - w plus
-  // w + 1 tiles, five per warp (one row block for both gave warp 3 four times warp 0's work)
+// The raw Gram products (no gates): K K^T for row block 3 - w in kk, Q K^T for row block w in qk, column tiles
+// up to the diagonal: 4 - w plus w + 1 tiles, five per warp (one row block for both gave warp 3 four times
+// warp 0's work). The value heads of a GVA group share them (gdn_prep_kernel).
+template <typename T, typename StageT>
+CUTLASS_DEVICE void aux_gram_raw(const StageT& S, int tid, float (&kk)[8][4], float (&qk)[8][4]) {
+  using namespace warp;
+  const AuxLane al(tid);
+  const int w = al.w;
+  const LdsmOffsets& ld = al.ld;
   const int r = 3 - w;
-  float kk[8][4];
   zero_acc(kk);
   zero_acc(qk);
 #pragma unroll
@@ -227,6 +232,31 @@ CUTLASS_DEVICE void aux_gram_inverse(StageT& S, AuxScratch<T>& ax, int tid, uint
       if (np <= w) mma_pair<T>(qk, np, aq, b);
     }
   }
+}
+
+// P = Q K^T * Gamma (masked lower) of C tile nt in this warp's rows [16w, 16w + 16), from the raw Q K^T tile
+// and this head's G (ax.G).
+template <typename T>
+CUTLASS_DEVICE void gate_p_tile(const AuxScratch<T>& ax, const AuxLane& al, int nt, const float (&raw)[4],
+                                float (&out)[4]) {
+  const int j = 8 * nt + 2 * al.tq, i0 = al.i0, i1 = al.i1;
+  const float G0 = ax.G[i0], G1 = ax.G[i1], Gj0 = ax.G[j], Gj1 = ax.G[j + 1];
+  out[0] = j <= i0 ? raw[0] * __expf(G0 - Gj0) : 0.f;
+  out[1] = j + 1 <= i0 ? raw[1] * __expf(G0 - Gj1) : 0.f;
+  out[2] = j <= i1 ? raw[2] * __expf(G1 - Gj0) : 0.f;
+  out[3] = j + 1 <= i1 ? raw[3] * __expf(G1 - Gj1) : 0.f;
+}
+
+// From the raw K K^T and this head's gates (ax.G, ax.beta): L = StrictLower(diag(beta) K K^T) to ax.la, then
+// the inverse A = (I + L)^-1 in ax.la (fp32).
+template <typename T>
+CUTLASS_DEVICE void aux_gates_inverse(AuxScratch<T>& ax, int tid, uint32_t bar_aux, long long& t_mark,
+                                      const float (&kk)[8][4]) {
+  using namespace warp;
+  (void)t_mark;
+  const AuxLane al(tid);
+  const int w = al.w, lane = al.lane, tq = al.tq;
+  const int r = 3 - w;
   // L = StrictLower(diag(beta) K K^T) rows of block r to shared memory
   {
     const int k0 = 16 * r + al.gq, k1 = k0 + 8;
@@ -239,20 +269,6 @@ CUTLASS_DEVICE void aux_gram_inverse(StageT& S, AuxScratch<T>& ax, int tid, uint
       ax.la[k0 * kLdF + j + 1] = j + 1 < k0 ? bk0 * kk[nt][1] : 0.f;
       ax.la[k1 * kLdF + j] = j < k1 ? bk1 * kk[nt][2] : 0.f;
       ax.la[k1 * kLdF + j + 1] = j + 1 < k1 ? bk1 * kk[nt][3] : 0.f;
-    }
-  }
-  // P = Q K^T * Gamma rows of block w stays in registers (in qk)
-  {
-    const float G0 = ax.G[i0], G1 = ax.G[i1];
-#pragma unroll
-    for (int nt = 0; nt < 8; ++nt) {
-      if (nt > 2 * w + 1) continue;
-      const int j = 8 * nt + 2 * tq;
-      const float Gj0 = ax.G[j], Gj1 = ax.G[j + 1];
-      qk[nt][0] = j <= i0 ? qk[nt][0] * __expf(G0 - Gj0) : 0.f;
-      qk[nt][1] = j + 1 <= i0 ? qk[nt][1] * __expf(G0 - Gj1) : 0.f;
-      qk[nt][2] = j <= i1 ? qk[nt][2] * __expf(G1 - Gj0) : 0.f;
-      qk[nt][3] = j + 1 <= i1 ? qk[nt][3] * __expf(G1 - Gj1) : 0.f;
     }
   }
   bar_sync(bar_aux, kAuxThreads);
@@ -303,16 +319,30 @@ CUTLASS_DEVICE void aux_gram_inverse(StageT& S, AuxScratch<T>& ax, int tid, uint
   FLASHQLA_ROLE_PHASE(1, kAuxInvMerge);
 }
 
-// The forward's products: the inverse (aux_gram_inverse), then M, W and X into the stage.
+// K K^T, Q K^T, L, P and the inverse: A = (I + L)^-1 in ax.la (fp32), P = Q K^T * Gamma (masked lower) for
+// rows [16w, 16w + 16) in `qk` (C fragments). The forward's and the backward's products both start here.
 template <typename T, typename StageT>
-CUTLASS_DEVICE void aux_products(StageT& S, AuxScratch<T>& ax, int tid, uint32_t bar_aux, long long& t_mark) {
+CUTLASS_DEVICE void aux_gram_inverse(StageT& S, AuxScratch<T>& ax, int tid, uint32_t bar_aux, long long& t_mark,
+                                     float (&qk)[8][4]) {
+  float kk[8][4];
+  aux_gram_raw<T>(S, tid, kk, qk);
+  aux_gates_inverse<T>(ax, tid, bar_aux, t_mark, kk);  // K K^T dies here, before P is formed
+  const AuxLane al(tid);
+#pragma unroll
+  for (int nt = 0; nt < 8; ++nt)  // tiles past the diagonal block stay zero
+    if (nt <= 2 * al.w + 1) gate_p_tile<T>(ax, al, nt, qk[nt], qk[nt]);
+}
+
+// The forward's products after the inverse: M, W = P M and X into the stage. qk holds P, or with kRawQK the
+// raw Q K^T, gated here tile by tile (the prep kernel keeps it for all heads of a GVA group).
+template <typename T, bool kRawQK = false, typename StageT>
+CUTLASS_DEVICE void aux_mwx(StageT& S, AuxScratch<T>& ax, int tid, uint32_t bar_aux, long long& t_mark,
+                            const float (&qk)[8][4]) {
   using namespace warp;
   (void)t_mark;
   const AuxLane al(tid);
   const int w = al.w, lane = al.lane, tq = al.tq, i0 = al.i0, i1 = al.i1;
   const LdsmOffsets& ld = al.ld;
-  float qk[8][4];
-  aux_gram_inverse<T>(S, ax, tid, bar_aux, t_mark, qk);
 
   // ---- M = (Gamma * A) diag(beta) (shared, T)
 #pragma unroll 4
@@ -332,7 +362,14 @@ CUTLASS_DEVICE void aux_products(StageT& S, AuxScratch<T>& ax, int tid, uint32_t
     for (int kb = 0; kb < 4; ++kb) {
       if (kb > w) continue;
       uint32_t pa[4];
-      c_to_a<T>(pa, qk[2 * kb], qk[2 * kb + 1]);
+      if constexpr (kRawQK) {
+        float p0[4], p1[4];
+        gate_p_tile<T>(ax, al, 2 * kb, qk[2 * kb], p0);
+        gate_p_tile<T>(ax, al, 2 * kb + 1, qk[2 * kb + 1], p1);
+        c_to_a<T>(pa, p0, p1);
+      } else {
+        c_to_a<T>(pa, qk[2 * kb], qk[2 * kb + 1]);
+      }
 #pragma unroll
       for (int np = 0; np < 4; ++np) {
         if (np > kb) continue;
@@ -372,6 +409,50 @@ CUTLASS_DEVICE void aux_products(StageT& S, AuxScratch<T>& ax, int tid, uint32_t
   FLASHQLA_ROLE_PHASE(1, kAuxW);
 }
 
+// The forward's products: the inverse (aux_gram_inverse), then M, W and X into the stage.
+template <typename T, typename StageT>
+CUTLASS_DEVICE void aux_products(StageT& S, AuxScratch<T>& ax, int tid, uint32_t bar_aux, long long& t_mark) {
+  float qk[8][4];
+  aux_gram_inverse<T>(S, ax, tid, bar_aux, t_mark, qk);
+  aux_mwx<T>(S, ax, tid, bar_aux, t_mark, qk);
+}
+
+// Warp 0: chunk c's gates for value head wk.h: the chunk-local cumsum G and beta (ax), gamma = e^G and
+// decay = e^(G_C - G) (S); rows past the end have g = 0, beta = 0.
+template <typename T, typename StageT>
+CUTLASS_DEVICE void load_gates(const flashqla_gdn_fwd_params_t& p, StageT& S, AuxScratch<T>& ax, const Work<T>& wk,
+                               int64_t c, int lane) {
+  const int64_t g_off = wk.b * p.g_stride_batch + wk.h * p.g_stride_head;
+  const int64_t beta_off = wk.b * p.beta_stride_batch + wk.h * p.beta_stride_head;
+  const int64_t t0 = wk.t0 + c * kChunk;
+  const int rows = static_cast<int>(wk.len - c * kChunk < kChunk ? wk.len - c * kChunk : kChunk);
+  // chunk-local cumsum: lane holds rows 2 lane, 2 lane + 1
+  float gv[2], bv[2];
+#pragma unroll
+  for (int e = 0; e < 2; ++e) {
+    const int r = 2 * lane + e;
+    const int64_t t = t0 + r;
+    gv[e] = r < rows ? load_scalar(p.g, p.g_dtype, g_off + t * p.g_stride_time) : 0.f;
+    bv[e] = r < rows ? load_scalar(p.beta, p.beta_dtype, beta_off + t * p.beta_stride_time) : 0.f;
+  }
+  float incl = gv[0] + gv[1];
+#pragma unroll
+  for (int off = 1; off < 32; off <<= 1) {
+    const float up = __shfl_up_sync(0xffffffffu, incl, off);
+    if (lane >= off) incl += up;
+  }
+  const float Gc = __shfl_sync(0xffffffffu, incl, 31);  // padding has g = 0: the last real G
+  const float G1 = incl, G0 = incl - gv[1];
+  ax.G[2 * lane] = G0;
+  ax.G[2 * lane + 1] = G1;
+  ax.beta[2 * lane] = bv[0];
+  ax.beta[2 * lane + 1] = bv[1];
+  S.gamma[2 * lane] = __expf(G0);
+  S.gamma[2 * lane + 1] = __expf(G1);
+  S.decay[2 * lane] = __expf(Gc - G0);
+  S.decay[2 * lane + 1] = __expf(Gc - G1);
+}
+
 // One chunk's aux work on `S` by one 128-thread group: loads (K, Q, g, beta; V unless kPrep; X and W when
 // kLoadPrepared), the gates, l2norm, and unless kLoadPrepared the products (aux_products). Ends before the
 // group's closing sync (the callers do it).
@@ -382,8 +463,6 @@ CUTLASS_DEVICE void aux_chunk(const flashqla_gdn_fwd_params_t& p, StageT& S, Aux
   (void)t_mark;
   (void)pb;
   const int w = tid >> 5, lane = tid & 31;
-  const int64_t g_off = wk.b * p.g_stride_batch + wk.h * p.g_stride_head;
-  const int64_t beta_off = wk.b * p.beta_stride_batch + wk.h * p.beta_stride_head;
   const int64_t t0 = wk.t0 + c * kChunk;
   const int rows = static_cast<int>(wk.len - c * kChunk < kChunk ? wk.len - c * kChunk : kChunk);
 
@@ -419,33 +498,7 @@ CUTLASS_DEVICE void aux_chunk(const flashqla_gdn_fwd_params_t& p, StageT& S, Aux
       cp_async_16(&S.w[r * kLdC + c8], ok ? ws + int64_t(r) * p.heads_v * kWRow + c8 : ws, ok);
     }
   }
-  if (w == 0) {
-    // chunk-local cumsum: lane holds rows 2 lane, 2 lane + 1
-    float gv[2], bv[2];
-#pragma unroll
-    for (int e = 0; e < 2; ++e) {
-      const int r = 2 * lane + e;
-      const int64_t t = t0 + r;
-      gv[e] = r < rows ? load_scalar(p.g, p.g_dtype, g_off + t * p.g_stride_time) : 0.f;
-      bv[e] = r < rows ? load_scalar(p.beta, p.beta_dtype, beta_off + t * p.beta_stride_time) : 0.f;
-    }
-    float incl = gv[0] + gv[1];
-#pragma unroll
-    for (int off = 1; off < 32; off <<= 1) {
-      const float up = __shfl_up_sync(0xffffffffu, incl, off);
-      if (lane >= off) incl += up;
-    }
-    const float Gc = __shfl_sync(0xffffffffu, incl, 31);  // padding has g = 0: the last real G
-    const float G1 = incl, G0 = incl - gv[1];
-    ax.G[2 * lane] = G0;
-    ax.G[2 * lane + 1] = G1;
-    ax.beta[2 * lane] = bv[0];
-    ax.beta[2 * lane + 1] = bv[1];
-    S.gamma[2 * lane] = __expf(G0);
-    S.gamma[2 * lane + 1] = __expf(G1);
-    S.decay[2 * lane] = __expf(Gc - G0);
-    S.decay[2 * lane + 1] = __expf(Gc - G1);
-  }
+  if (w == 0) load_gates<T>(p, S, ax, wk, c, lane);
   cp_async_wait_all();
   bar_sync(bar_aux, kAuxThreads);
   FLASHQLA_ROLE_PHASE(1, kAuxLoad);
@@ -511,6 +564,24 @@ CUTLASS_DEVICE void aux_role(const flashqla_gdn_fwd_params_t& p, SharedStorage<T
   }
 }
 
+// The state warps' walk over a chunk tile stored [kChunk][kLdC] (V, or the backward's dO and U: chunk rows,
+// this CTA's 64 columns) as transposed A fragments of warp s's 16 columns: f(kb, r, nt, e, col, pair) for
+// k block kb and register r, which holds elements e, e + 1 of C tile nt = 2 kb + r / 2, i.e. chunk columns
+// col, col + 1.
+template <typename T, typename F>
+CUTLASS_DEVICE void for_vt_pairs(const T* tile, int s, int tq, const warp::LdsmOffsets& ld, F&& f) {
+#pragma unroll
+  for (int kb = 0; kb < 4; ++kb) {
+    uint32_t vr[4];
+    warp::ldsm_x4_trans(vr, &tile[(16 * kb + ld.at_row) * kLdC + 16 * s + ld.at_col]);
+#pragma unroll
+    for (int r = 0; r < 4; ++r) {
+      const int nt = 2 * kb + (r >> 1);
+      f(kb, r, nt, 2 * (r & 1), 8 * nt + 2 * tq, warp::unpack2<T>(vr[r]));
+    }
+  }
+}
+
 template <typename T>
 CUTLASS_DEVICE void state_role(const flashqla_gdn_fwd_params_t& p, SharedStorage<T>& sm, const Work<T>& wk) {
   using namespace warp;
@@ -528,7 +599,7 @@ CUTLASS_DEVICE void state_role(const flashqla_gdn_fwd_params_t& p, SharedStorage
     const int st = static_cast<int>(c % kStages);
     const Stage<T>& S = sm.stage[st];
     const int rows = static_cast<int>(wk.len - c * kChunk < kChunk ? wk.len - c * kChunk : kChunk);
-    if (p.chunk_states != nullptr) {  // the state at the chunk's start, for the backward
+    if (p.chunk_states != nullptr && wk.chunk0 + c < prep_chunk_bound(p)) {  // the state at the chunk's start
       store_state_tile(p.chunk_states + ((wk.chunk0 + c) * p.heads_v + wk.h) * int64_t(kDimK) * kDimV + wk.col0, sacc, tq, v0);
     }
     bar_sync(kBarFull + st, kHandoffThreads);
@@ -555,25 +626,16 @@ CUTLASS_DEVICE void state_role(const flashqla_gdn_fwd_params_t& p, SharedStorage
     // Z^T = V^T - KS^T diag(gamma), Y^T = V^T diag(decay) - gamma_C KS^T, O^T = QS^T diag(gamma)
     const float gamma_c = S.gamma[kChunk - 1];
     uint32_t za[4][4], yh[4][4], yl[4][4];
-#pragma unroll
-    for (int kb = 0; kb < 4; ++kb) {
-      uint32_t vr[4];
-      ldsm_x4_trans(vr, &S.v[(16 * kb + ld.at_row) * kLdC + 16 * s + ld.at_col]);
-#pragma unroll
-      for (int r = 0; r < 4; ++r) {
-        const int nt = 2 * kb + (r >> 1), e = 2 * (r & 1);  // register r holds tile nt, elements e, e + 1
-        const int col = 8 * nt + 2 * tq;
-        const float2 vv = unpack2<T>(vr[r]);
-        const float2 gm = *reinterpret_cast<const float2*>(&S.gamma[col]);
-        const float2 dc = *reinterpret_cast<const float2*>(&S.decay[col]);
-        const float z0 = vv.x - gm.x * ks[nt][e], z1 = vv.y - gm.y * ks[nt][e + 1];
-        const float y0 = dc.x * vv.x - gamma_c * ks[nt][e], y1 = dc.y * vv.y - gamma_c * ks[nt][e + 1];
-        os[nt][e] *= gm.x;
-        os[nt][e + 1] *= gm.y;
-        za[kb][r] = pack2<T>(z0, z1);
-        split_hi_lo<T>(y0, y1, yh[kb][r], yl[kb][r]);
-      }
-    }
+    for_vt_pairs<T>(S.v, s, tq, ld, [&](int kb, int r, int nt, int e, int col, float2 vv) {
+      const float2 gm = *reinterpret_cast<const float2*>(&S.gamma[col]);
+      const float2 dc = *reinterpret_cast<const float2*>(&S.decay[col]);
+      const float z0 = vv.x - gm.x * ks[nt][e], z1 = vv.y - gm.y * ks[nt][e + 1];
+      const float y0 = dc.x * vv.x - gamma_c * ks[nt][e], y1 = dc.y * vv.y - gamma_c * ks[nt][e + 1];
+      os[nt][e] *= gm.x;
+      os[nt][e + 1] *= gm.y;
+      za[kb][r] = pack2<T>(z0, z1);
+      split_hi_lo<T>(y0, y1, yh[kb][r], yl[kb][r]);
+    });
     // O^T += Z^T W^T  (W lower triangular: k block kb <= n block np)
     FLASHQLA_ROLE_PHASE(0, kStZY);
 #pragma unroll
@@ -695,12 +757,6 @@ struct PrepStorage {
   int64_t seq, chunk;  // what this CTA works on (-1: nothing)
 };
 
-// Upper bound on the number of chunks of all sequences, known on the host without reading cu_seqlens:
-// every sequence adds at most one partial chunk to ceil(total tokens / 64).
-inline int64_t prep_chunk_bound(const flashqla_gdn_fwd_params_t& p) {
-  return p.cu_seqlens == nullptr ? p.batch * ((p.seqlen + kChunk - 1) / kChunk)
-                                 : (p.seqlen + kChunk - 1) / kChunk + p.num_seqs;
-}
 
 // Chunk `k` (over all sequences, in order) -> (sequence, chunk within it); (-1, -1) past the last chunk.
 // Varlen: one warp scans the sequences' chunk counts 32 at a time.
@@ -744,11 +800,12 @@ CUTLASS_DEVICE void locate_chunk(const flashqla_gdn_fwd_params_t& p, int64_t k, 
   }
 }
 
-// A prep kernel CTA's tile: chunk blockIdx.x of all sequences' chunks, value head blockIdx.y, all V columns;
-// false when blockIdx.x is past the last chunk. seq_slot and chunk_slot are shared-memory scratch.
+// A prep kernel CTA's tile: chunk blockIdx.x of all sequences' chunks, value heads [hpc blockIdx.y,
+// hpc (blockIdx.y + 1)) (one GVA group's), all V columns; false when blockIdx.x is past the last chunk.
+// seq_slot and chunk_slot are shared-memory scratch.
 template <typename IndexT>
 CUTLASS_DEVICE bool prep_tile(const flashqla_gdn_fwd_params_t& p, int64_t& seq_slot, int64_t& chunk_slot, CtaTile& ct,
-                              int64_t& chunk) {
+                              int64_t& chunk, int hpc = 1) {
   if (threadIdx.x < 32) {
     int64_t seq, ch;
     locate_chunk<IndexT>(p, blockIdx.x, threadIdx.x, seq, ch);
@@ -760,7 +817,7 @@ CUTLASS_DEVICE bool prep_tile(const flashqla_gdn_fwd_params_t& p, int64_t& seq_s
   __syncthreads();
   if (seq_slot < 0) return false;
   ct.vb = 0;
-  ct.h = blockIdx.y;
+  ct.h = int64_t(blockIdx.y) * hpc;
   ct.n = seq_slot;
   ct.hq = ct.h / (p.heads_v / p.heads_qk);
   sequence_bounds<IndexT>(p, ct.n, ct.b, ct.bos, ct.eos);
@@ -769,38 +826,85 @@ CUTLASS_DEVICE bool prep_tile(const flashqla_gdn_fwd_params_t& p, int64_t& seq_s
   return true;
 }
 
-// One CTA per (chunk, value head): the aux products of that chunk, written to the prep buffers. No
-// recurrence, so the whole GPU works on them at once instead of two warpgroups per recurrent CTA.
-template <typename T, typename IndexT>
-__global__ void __launch_bounds__(kPrepThreads, kPrepCtasPerSm) gdn_prep_kernel(const __grid_constant__ flashqla_gdn_fwd_params_t p,
-                                                                const PrepBuffers<T> pb) {
-  extern __shared__ __align__(128) unsigned char smem_raw[];
-  auto& sm = *reinterpret_cast<PrepStorage<T>*>(smem_raw);
-  const int tid = threadIdx.x;
-  CtaTile ct;
-  int64_t c;
-  if (!prep_tile<IndexT>(p, sm.seq, sm.chunk, ct, c)) return;
-  const int64_t h = ct.h;
-  Work<T> wk = make_work<T>(p, ct);
-  long long t_mark = 0;
-  aux_chunk<T, AuxMode::kPrep>(p, sm.stage, sm.aux, wk, c, tid, kBarAux, pb, t_mark);
-  static_assert(3 * sizeof(PrepStorage<T>) <= 227 * 1024, "three prep CTAs per SM");
-  __syncthreads();
-  // rows past the sequence's end are not written: the recurrent kernel zero-fills them on load
-  const int rows = static_cast<int>(wk.len - c * kChunk < kChunk ? wk.len - c * kChunk : kChunk);
-  const int64_t row0 = wk.flat0 + c * kChunk;
+// The prep kernel's X and W of value head h for the chunk's rows (rows past the sequence's end are not
+// written: the recurrent kernel zero-fills them on load).
+template <typename T>
+CUTLASS_DEVICE void store_prep(const flashqla_gdn_fwd_params_t& p, const PrepBuffers<T>& pb, const PrepStage<T>& S,
+                               int64_t row0, int rows, int64_t h, int tid) {
   T* xd = pb.x + row0 * p.heads_v * kDimK + h * kDimK;
   T* wd = pb.w + row0 * p.heads_v * kChunk + h * kChunk;
   for (int i = tid; i < rows * (kDimK / 8); i += kPrepThreads) {
     const int r = i >> 4, c8 = (i & 15) * 8;
-    *reinterpret_cast<uint4*>(xd + int64_t(r) * p.heads_v * kDimK + c8) =
-        *reinterpret_cast<const uint4*>(&sm.stage.x[r * kLdK + c8]);
+    *reinterpret_cast<uint4*>(xd + int64_t(r) * p.heads_v * kDimK + c8) = *reinterpret_cast<const uint4*>(&S.x[r * kLdK + c8]);
   }
   for (int i = tid; i < rows * (kChunk / 8); i += kPrepThreads) {
     const int r = i >> 3, c8 = (i & 7) * 8;
-    *reinterpret_cast<uint4*>(wd + int64_t(r) * p.heads_v * kChunk + c8) =
-        *reinterpret_cast<const uint4*>(&sm.stage.w[r * kLdC + c8]);
+    *reinterpret_cast<uint4*>(wd + int64_t(r) * p.heads_v * kChunk + c8) = *reinterpret_cast<const uint4*>(&S.w[r * kLdC + c8]);
   }
+}
+
+// One CTA per (chunk, value head), or with kGroup per (chunk, hpc value heads of one GVA group): then K, Q,
+// their l2norm and the raw Gram products K K^T, Q K^T once (the group's heads share them), and per value head
+// its gates, the inverse and M, W, X. No recurrence, so the whole GPU works on them at once. The per-head
+// form is its own instantiation: the group loop keeps the raw products live across heads (156 bytes of spills)
+// and measured 5-11% slower per head, which the sharing only won back (NOTES, session 5).
+template <typename T, typename IndexT, bool kGroup>
+__global__ void __launch_bounds__(kPrepThreads, kPrepCtasPerSm) gdn_prep_kernel(const __grid_constant__ flashqla_gdn_fwd_params_t p,
+                                                                const PrepBuffers<T> pb, int hpc) {
+  extern __shared__ __align__(128) unsigned char smem_raw[];
+  auto& sm = *reinterpret_cast<PrepStorage<T>*>(smem_raw);
+  static_assert(3 * sizeof(PrepStorage<T>) <= 227 * 1024, "three prep CTAs per SM");
+  const int tid = threadIdx.x;
+  CtaTile ct;
+  int64_t c;
+  if (!prep_tile<IndexT>(p, sm.seq, sm.chunk, ct, c, kGroup ? hpc : 1)) return;
+  Work<T> wk = make_work<T>(p, ct);
+  long long t_mark = 0;
+  const int rows = static_cast<int>(wk.len - c * kChunk < kChunk ? wk.len - c * kChunk : kChunk);
+  const int64_t row0 = wk.flat0 + c * kChunk;
+  if constexpr (!kGroup) {
+    aux_chunk<T, AuxMode::kPrep>(p, sm.stage, sm.aux, wk, c, tid, kBarAux, pb, t_mark);
+    __syncthreads();
+    store_prep<T>(p, pb, sm.stage, row0, rows, ct.h, tid);
+  } else {
+    aux_chunk<T, AuxMode::kInputsOnly>(p, sm.stage, sm.aux, wk, c, tid, kBarAux, pb, t_mark);  // gates of head ct.h
+    float kk[8][4], qk[8][4];
+    aux_gram_raw<T>(sm.stage, tid, kk, qk);
+    for (int j = 0; j < hpc; ++j) {
+      if (j > 0) {  // the next head's gates (the previous head's readers finished at the sync below)
+        wk.h = ct.h + j;
+        if (tid < 32) load_gates<T>(p, sm.stage, sm.aux, wk, c, tid);
+        warp::bar_sync(kBarAux, kAuxThreads);
+      }
+      aux_gates_inverse<T>(sm.aux, tid, kBarAux, t_mark, kk);
+      aux_mwx<T, true>(sm.stage, sm.aux, tid, kBarAux, t_mark, qk);
+      __syncthreads();
+      store_prep<T>(p, pb, sm.stage, row0, rows, wk.h, tid);
+      __syncthreads();  // X, W, A and M are rewritten for the next head
+    }
+  }
+}
+
+// Value heads per prep CTA: 1 (the per-head kernel) unless FLASHQLA_PREP_HEADS=n (n > 1; 0 = automatic)
+// asks for the group kernel: then as many of a GVA group's heads (a divisor of the group size, at most n) as
+// n allows, or with 0 as keeps two full waves of prep CTAs on the GPU. Off by default: the group kernel
+// measured no faster than the per-head one on the H200 anchors (NOTES, session 5).
+inline int prep_heads_per_cta(const flashqla_gdn_fwd_params_t& p, int64_t chunks) {
+  const int group = static_cast<int>(p.heads_v / p.heads_qk);
+  const char* e = std::getenv("FLASHQLA_PREP_HEADS");
+  if (e == nullptr || *e == '\0' || std::atoi(e) == 1) return 1;
+  const int cap = std::atoi(e) > 0 ? std::atoi(e) : 0;
+  static int sms = 0;  // per process: the SM count of the first device asked (a hint, not a correctness input)
+  if (sms == 0) {
+    int dev = 0, n = 0;
+    sms = cudaGetDevice(&dev) == cudaSuccess && cudaDeviceGetAttribute(&n, cudaDevAttrMultiProcessorCount, dev) ==
+                                                    cudaSuccess && n > 0 ? n : 132;
+  }
+  for (int d = group; d > 1; --d) {
+    if (group % d != 0) continue;
+    if (cap > 0 ? d <= cap : chunks * (p.heads_v / d) >= 2LL * kPrepCtasPerSm * sms) return d;
+  }
+  return 1;
 }
 
 // The caller's workspace when it is large enough, else a stream-ordered allocation (a graph allocation node
@@ -850,12 +954,15 @@ cudaError_t launch(const flashqla_gdn_fwd_params_t& p, cudaStream_t stream) {
   const size_t rows = static_cast<size_t>(p.batch) * static_cast<size_t>(p.seqlen);
   PrepBuffers<T> pb{static_cast<T*>(ws.ptr), static_cast<T*>(ws.ptr) + rows * p.heads_v * kDimK};
   if (p.prep_ready && !ws.owned) return launch_recurrent<T, AuxMode::kLoadPrepared>(p, pb, stream);  // X, W in place
-  auto prep = p.cu_seqlens != nullptr && p.cu_seqlens_dtype == FLASHQLA_INT64 ? gdn_prep_kernel<T, int64_t>
-                                                                               : gdn_prep_kernel<T, int32_t>;
+  const bool ix64 = p.cu_seqlens != nullptr && p.cu_seqlens_dtype == FLASHQLA_INT64;
+  const int hpc = prep_heads_per_cta(p, chunks);
+  auto prep = hpc > 1 ? (ix64 ? gdn_prep_kernel<T, int64_t, true> : gdn_prep_kernel<T, int32_t, true>)
+                      : (ix64 ? gdn_prep_kernel<T, int64_t, false> : gdn_prep_kernel<T, int32_t, false>);
   const size_t smem = sizeof(PrepStorage<T>);
   err = cudaFuncSetAttribute(prep, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem));
   if (err == cudaSuccess) {
-    prep<<<dim3(static_cast<unsigned>(chunks), static_cast<unsigned>(p.heads_v)), kPrepThreads, smem, stream>>>(p, pb);
+    prep<<<dim3(static_cast<unsigned>(chunks), static_cast<unsigned>(p.heads_v / hpc)), kPrepThreads, smem, stream>>>(
+        p, pb, hpc);
     err = cudaGetLastError();
   }
   if (err == cudaSuccess) err = launch_recurrent<T, AuxMode::kLoadPrepared>(p, pb, stream);

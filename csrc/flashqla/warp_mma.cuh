@@ -127,6 +127,31 @@ CUTLASS_DEVICE void for_b_fragments(const T* B, int ld, const LdsmOffsets& o, F&
     }
 }
 
+// acc (16 rows from m0, NT 8-column tiles from n0) += A B over the k16 steps [ks0, ks1), operands in shared
+// memory: A stored [m][k] (kAT false) or [k][m] (true), B stored [n][k] (kBT false) or [k][n] (true),
+// leading dimensions in elements.
+template <typename T, int NT, bool kAT, bool kBT>
+CUTLASS_DEVICE void gemm_rows16(float (&acc)[NT][4], const T* A, int lda, int m0, const T* B, int ldb, int n0,
+                                int ks0, int ks1, const LdsmOffsets& ld) {
+  static_assert(NT % 2 == 0, "pairs of n-tiles");
+  for (int ks = ks0; ks < ks1; ++ks) {
+    uint32_t a[4];
+    if constexpr (kAT)
+      ldsm_x4_trans(a, A + (16 * ks + ld.at_row) * lda + m0 + ld.at_col);
+    else
+      ldsm_x4(a, A + (m0 + ld.a_row) * lda + 16 * ks + ld.a_col);
+#pragma unroll
+    for (int np = 0; np < NT / 2; ++np) {
+      uint32_t b[4];
+      if constexpr (kBT)
+        ldsm_x4_trans(b, B + (16 * ks + ld.bt_row) * ldb + n0 + 16 * np + ld.bt_col);
+      else
+        ldsm_x4(b, B + (n0 + 16 * np + ld.b_row) * ldb + 16 * ks + ld.b_col);
+      mma_pair<T>(acc, np, a, b);
+    }
+  }
+}
+
 CUTLASS_DEVICE uint32_t to_tf32(float x) {
   uint32_t r;
   asm("cvt.rna.tf32.f32 %0, %1;\n" : "=r"(r) : "f"(x));

@@ -6,6 +6,7 @@
 
 #include <ATen/core/Tensor.h>
 #include <ATen/ops/empty.h>
+#include <ATen/ops/zeros.h>
 #include <c10/cuda/CUDAGuard.h>
 #include <c10/cuda/CUDAStream.h>
 #include <torch/library.h>
@@ -61,6 +62,45 @@ at::Tensor chunk_local_cumsum_cuda(const at::Tensor& g, int64_t chunk_size, bool
   return out;
 }
 
+// The inputs part of the parameter struct every GDN entry point starts from: q, k, the v-shaped tensor
+// (v, or dout for the state-gradient chain), g, beta, shapes, cu_seqlens, scale, use_qk_l2norm.
+flashqla_gdn_fwd_params_t input_params(const char* op, const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                                       const at::Tensor& g, const at::Tensor& beta, double scale,
+                                       const std::optional<at::Tensor>& cu_seqlens, bool use_qk_l2norm) {
+  TORCH_CHECK(q.is_cuda() && q.dim() == 4 && k.dim() == 4 && v.dim() == 4 && g.dim() == 3 && beta.dim() == 3,
+              "flashqla.", op, ": expected CUDA q, k, v/dout [B, T, H, D] and g, beta [B, T, H]");
+  TORCH_CHECK(q.scalar_type() == v.scalar_type() && k.scalar_type() == v.scalar_type(),
+              "flashqla.", op, ": q, k, v/dout must share a dtype");
+  TORCH_CHECK(q.stride(3) == 1 && k.stride(3) == 1 && v.stride(3) == 1,
+              "flashqla.", op, ": the last dimension of q, k, v/dout must be contiguous");
+  flashqla_gdn_fwd_params_t p{};
+  p.q = q.data_ptr();
+  p.k = k.data_ptr();
+  p.v = v.data_ptr();
+  p.qkv_dtype = to_flashqla_dtype(v.scalar_type(), "v");
+  p.q_stride_batch = q.stride(0); p.q_stride_time = q.stride(1); p.q_stride_head = q.stride(2);
+  p.k_stride_batch = k.stride(0); p.k_stride_time = k.stride(1); p.k_stride_head = k.stride(2);
+  p.v_stride_batch = v.stride(0); p.v_stride_time = v.stride(1); p.v_stride_head = v.stride(2);
+  p.g = g.data_ptr();
+  p.g_dtype = to_flashqla_dtype(g.scalar_type(), "g");
+  p.g_stride_batch = g.stride(0); p.g_stride_time = g.stride(1); p.g_stride_head = g.stride(2);
+  p.beta = beta.data_ptr();
+  p.beta_dtype = to_flashqla_dtype(beta.scalar_type(), "beta");
+  p.beta_stride_batch = beta.stride(0); p.beta_stride_time = beta.stride(1); p.beta_stride_head = beta.stride(2);
+  p.batch = q.size(0); p.seqlen = q.size(1); p.heads_qk = q.size(2); p.heads_v = v.size(2);
+  p.head_dim_k = q.size(3); p.head_dim_v = v.size(3);
+  if (cu_seqlens.has_value()) {
+    TORCH_CHECK(cu_seqlens->device() == q.device() && cu_seqlens->dim() == 1 && cu_seqlens->is_contiguous(),
+                "flashqla.", op, ": cu_seqlens must be a contiguous 1-D tensor on q's device");
+    p.cu_seqlens = cu_seqlens->data_ptr();
+    p.cu_seqlens_dtype = to_flashqla_dtype(cu_seqlens->scalar_type(), "cu_seqlens");
+  }
+  p.num_seqs = cu_seqlens.has_value() ? cu_seqlens->numel() - 1 : q.size(0);
+  p.scale = static_cast<float>(scale);
+  p.use_qk_l2norm = use_qk_l2norm ? 1 : 0;
+  return p;
+}
+
 // The forward; with_states also writes the state at the start of every chunk (the backward's recompute).
 // workspace: the caller's (exact parallelism's passes share one: prep_ready skips recomputing X and W);
 // write_o = false: summaries only (o not computed, an empty o returned).
@@ -72,33 +112,15 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> gdn_fwd(const at::Tensor& q, cons
                                                        bool use_qk_l2norm, bool with_states,
                                                        const at::Tensor* workspace = nullptr, bool prep_ready = false,
                                                        bool write_o = true, bool zero_v = false) {
-  TORCH_CHECK(q.is_cuda() && q.dim() == 4 && k.dim() == 4 && v.dim() == 4 && g.dim() == 3 && beta.dim() == 3,
-              "flashqla.chunk_gdn_fwd: expected CUDA q, k, v [B, T, H, D] and g, beta [B, T, H]");
   c10::cuda::CUDAGuard guard(q.device());
-  const int64_t N = cu_seqlens.has_value() ? cu_seqlens->numel() - 1 : q.size(0);
+  flashqla_gdn_fwd_params_t p = input_params("chunk_gdn_fwd", q, k, v, g, beta, scale, cu_seqlens, use_qk_l2norm);
+  const int64_t N = p.num_seqs;
   auto o = write_o ? at::empty(v.sizes(), v.options()) : at::empty({0}, v.options());
   at::Tensor final_state = output_final_state
       ? at::empty({N, v.size(2), k.size(3), v.size(3)}, v.options().dtype(at::kFloat))
       : at::empty({0}, v.options().dtype(at::kFloat));
-  flashqla_gdn_fwd_params_t p{};
-  p.q = q.data_ptr();
-  p.k = k.data_ptr();
-  p.v = zero_v ? nullptr : v.data_ptr();  // zero_v: v's shape only, its values taken as 0 (nothing read)
+  if (zero_v) p.v = nullptr;  // zero_v: v's shape only, its values taken as 0 (nothing read)
   TORCH_CHECK(!(zero_v && write_o), "flashqla.chunk_gdn_fwd_pass: zero_v needs write_o = false");
-  p.qkv_dtype = to_flashqla_dtype(v.scalar_type(), "v");
-  TORCH_CHECK(q.scalar_type() == v.scalar_type() && k.scalar_type() == v.scalar_type(),
-              "flashqla.chunk_gdn_fwd: q, k, v must share a dtype");
-  p.q_stride_batch = q.stride(0); p.q_stride_time = q.stride(1); p.q_stride_head = q.stride(2);
-  p.k_stride_batch = k.stride(0); p.k_stride_time = k.stride(1); p.k_stride_head = k.stride(2);
-  p.v_stride_batch = v.stride(0); p.v_stride_time = v.stride(1); p.v_stride_head = v.stride(2);
-  TORCH_CHECK(q.stride(3) == 1 && k.stride(3) == 1 && v.stride(3) == 1,
-              "flashqla.chunk_gdn_fwd: the last dimension of q, k, v must be contiguous");
-  p.g = g.data_ptr();
-  p.g_dtype = to_flashqla_dtype(g.scalar_type(), "g");
-  p.g_stride_batch = g.stride(0); p.g_stride_time = g.stride(1); p.g_stride_head = g.stride(2);
-  p.beta = beta.data_ptr();
-  p.beta_dtype = to_flashqla_dtype(beta.scalar_type(), "beta");
-  p.beta_stride_batch = beta.stride(0); p.beta_stride_time = beta.stride(1); p.beta_stride_head = beta.stride(2);
   if (write_o) {
     p.o = o.data_ptr();
     p.o_stride_batch = o.stride(0); p.o_stride_time = o.stride(1); p.o_stride_head = o.stride(2);
@@ -109,17 +131,6 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> gdn_fwd(const at::Tensor& q, cons
     p.initial_state = initial_state->data_ptr<float>();
   }
   p.final_state = output_final_state ? final_state.data_ptr<float>() : nullptr;
-  p.batch = q.size(0); p.seqlen = q.size(1); p.heads_qk = q.size(2); p.heads_v = v.size(2);
-  p.head_dim_k = q.size(3); p.head_dim_v = v.size(3);
-  if (cu_seqlens.has_value()) {
-    TORCH_CHECK(cu_seqlens->device() == q.device() && cu_seqlens->dim() == 1 && cu_seqlens->is_contiguous(),
-                "flashqla.chunk_gdn_fwd: cu_seqlens must be a contiguous 1-D tensor on q's device");
-    p.cu_seqlens = cu_seqlens->data_ptr();
-    p.cu_seqlens_dtype = to_flashqla_dtype(cu_seqlens->scalar_type(), "cu_seqlens");
-  }
-  p.num_seqs = N;
-  p.scale = static_cast<float>(scale);
-  p.use_qk_l2norm = use_qk_l2norm ? 1 : 0;
   at::Tensor states = with_states
       ? at::empty({flashqla_gdn_chunk_bound(&p), v.size(2), k.size(3), v.size(3)}, v.options().dtype(at::kFloat))
       : at::empty({0}, v.options().dtype(at::kFloat));
@@ -160,14 +171,13 @@ std::tuple<at::Tensor, at::Tensor> chunk_gdn_fwd_pass_cuda(const at::Tensor& q, 
   return {std::get<0>(r), std::get<1>(r)};
 }
 
-std::tuple<at::Tensor, at::Tensor> chunk_gdn_fwd_states_cuda(const at::Tensor& q, const at::Tensor& k,
-                                                             const at::Tensor& v, const at::Tensor& g,
-                                                             const at::Tensor& beta, double scale,
-                                                             const std::optional<at::Tensor>& initial_state,
-                                                             const std::optional<at::Tensor>& cu_seqlens,
-                                                             bool use_qk_l2norm) {
-  auto r = gdn_fwd(q, k, v, g, beta, scale, initial_state, false, cu_seqlens, use_qk_l2norm, true);
-  return {std::get<0>(r), std::get<2>(r)};
+// The backward's recompute: the chunk-start states only (summaries mode: no o, no output products).
+at::Tensor chunk_gdn_fwd_states_cuda(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& g,
+                                     const at::Tensor& beta, double scale, const std::optional<at::Tensor>& initial_state,
+                                     const std::optional<at::Tensor>& cu_seqlens, bool use_qk_l2norm) {
+  auto r = gdn_fwd(q, k, v, g, beta, scale, initial_state, false, cu_seqlens, use_qk_l2norm, true, nullptr, false,
+                   /*write_o=*/false);
+  return std::get<2>(r);
 }
 
 std::tuple<at::Tensor, at::Tensor> chunk_gdn_bwd_dh_cuda(const at::Tensor& q, const at::Tensor& k, const at::Tensor& g,
@@ -175,38 +185,12 @@ std::tuple<at::Tensor, at::Tensor> chunk_gdn_bwd_dh_cuda(const at::Tensor& q, co
                                                          const std::optional<at::Tensor>& dht, double scale,
                                                          const std::optional<at::Tensor>& cu_seqlens,
                                                          bool use_qk_l2norm, bool output_dh0) {
-  TORCH_CHECK(q.is_cuda() && q.dim() == 4 && k.dim() == 4 && dout.dim() == 4 && g.dim() == 3 && beta.dim() == 3,
-              "flashqla.chunk_gdn_bwd_dh: expected CUDA q, k, dout [B, T, H, D] and g, beta [B, T, H]");
-  TORCH_CHECK(q.scalar_type() == dout.scalar_type() && k.scalar_type() == dout.scalar_type(),
-              "flashqla.chunk_gdn_bwd_dh: q, k, dout must share a dtype");
-  TORCH_CHECK(q.stride(3) == 1 && k.stride(3) == 1 && dout.stride(3) == 1,
-              "flashqla.chunk_gdn_bwd_dh: the last dimension of q, k, dout must be contiguous");
   c10::cuda::CUDAGuard guard(q.device());
-  const int64_t N = cu_seqlens.has_value() ? cu_seqlens->numel() - 1 : q.size(0);
   flashqla_gdn_bwd_dh_params_t p{};
-  flashqla_gdn_fwd_params_t& f = p.fwd;
-  f.q = q.data_ptr();
-  f.k = k.data_ptr();
-  f.qkv_dtype = to_flashqla_dtype(dout.scalar_type(), "dout");
-  f.q_stride_batch = q.stride(0); f.q_stride_time = q.stride(1); f.q_stride_head = q.stride(2);
-  f.k_stride_batch = k.stride(0); f.k_stride_time = k.stride(1); f.k_stride_head = k.stride(2);
-  f.g = g.data_ptr();
-  f.g_dtype = to_flashqla_dtype(g.scalar_type(), "g");
-  f.g_stride_batch = g.stride(0); f.g_stride_time = g.stride(1); f.g_stride_head = g.stride(2);
-  f.beta = beta.data_ptr();
-  f.beta_dtype = to_flashqla_dtype(beta.scalar_type(), "beta");
-  f.beta_stride_batch = beta.stride(0); f.beta_stride_time = beta.stride(1); f.beta_stride_head = beta.stride(2);
-  f.batch = q.size(0); f.seqlen = q.size(1); f.heads_qk = q.size(2); f.heads_v = dout.size(2);
-  f.head_dim_k = q.size(3); f.head_dim_v = dout.size(3);
-  if (cu_seqlens.has_value()) {
-    TORCH_CHECK(cu_seqlens->device() == q.device() && cu_seqlens->dim() == 1 && cu_seqlens->is_contiguous(),
-                "flashqla.chunk_gdn_bwd_dh: cu_seqlens must be a contiguous 1-D tensor on q's device");
-    f.cu_seqlens = cu_seqlens->data_ptr();
-    f.cu_seqlens_dtype = to_flashqla_dtype(cu_seqlens->scalar_type(), "cu_seqlens");
-  }
-  f.num_seqs = N;
-  f.scale = static_cast<float>(scale);
-  f.use_qk_l2norm = use_qk_l2norm ? 1 : 0;
+  p.fwd = input_params("chunk_gdn_bwd_dh", q, k, dout, g, beta, scale, cu_seqlens, use_qk_l2norm);
+  p.fwd.v = nullptr;  // the chain reads dout, not v
+  const flashqla_gdn_fwd_params_t& f = p.fwd;
+  const int64_t N = f.num_seqs;
   p.dout = dout.data_ptr();
   p.dout_stride_batch = dout.stride(0); p.dout_stride_time = dout.stride(1); p.dout_stride_head = dout.stride(2);
   if (dht.has_value()) {
@@ -227,6 +211,41 @@ std::tuple<at::Tensor, at::Tensor> chunk_gdn_bwd_dh_cuda(const at::Tensor& q, co
   return {dh, dh0};
 }
 
+// The chunk-parallel gradient step: (dq, dk per value head fp32 [B, T, H_v, K], dv like v, dg, dbeta fp32
+// [B, T, H_v]); rows past cu_seqlens[-1] are zeros. See flashqla_gdn_bwd_grad.
+std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> chunk_gdn_bwd_grad_cuda(
+    const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& g, const at::Tensor& beta,
+    const at::Tensor& dout, const at::Tensor& states, const at::Tensor& dh, double scale,
+    const std::optional<at::Tensor>& cu_seqlens, bool use_qk_l2norm) {
+  c10::cuda::CUDAGuard guard(q.device());
+  flashqla_gdn_bwd_grad_params_t p{};
+  p.fwd = input_params("chunk_gdn_bwd_grad", q, k, v, g, beta, scale, cu_seqlens, use_qk_l2norm);
+  TORCH_CHECK(dout.sizes() == v.sizes() && dout.scalar_type() == v.scalar_type() && dout.stride(3) == 1,
+              "flashqla.chunk_gdn_bwd_grad: dout must have v's shape and dtype, last dimension contiguous");
+  const int64_t bound = flashqla_gdn_chunk_bound(&p.fwd), H = v.size(2), K = k.size(3), V = v.size(3);
+  for (const at::Tensor* t : {&states, &dh})
+    TORCH_CHECK(t->is_contiguous() && t->scalar_type() == at::kFloat && t->dim() == 4 && t->size(0) >= bound &&
+                    t->size(1) == H && t->size(2) == K && t->size(3) == V,
+                "flashqla.chunk_gdn_bwd_grad: states and dh must be contiguous float32 [>= chunk bound, H_v, K, V]");
+  p.dout = dout.data_ptr();
+  p.dout_stride_batch = dout.stride(0); p.dout_stride_time = dout.stride(1); p.dout_stride_head = dout.stride(2);
+  p.states = states.data_ptr<float>();
+  p.dh = dh.data_ptr<float>();
+  auto f32 = v.options().dtype(at::kFloat);
+  const int64_t B = q.size(0), T = q.size(1);
+  at::Tensor dq = at::zeros({B, T, H, K}, f32), dk = at::zeros({B, T, H, K}, f32);
+  at::Tensor dv = at::zeros({B, T, H, V}, v.options());
+  at::Tensor dg = at::zeros({B, T, H}, f32), dbeta = at::zeros({B, T, H}, f32);
+  p.dq = dq.data_ptr<float>();
+  p.dk = dk.data_ptr<float>();
+  p.dv = dv.data_ptr();
+  p.dg = dg.data_ptr<float>();
+  p.dbeta = dbeta.data_ptr<float>();
+  check_status(flashqla_gdn_bwd_grad(&p, c10::cuda::getCurrentCUDAStream(q.device().index()).stream()),
+               "chunk_gdn_bwd_grad");
+  return {dq, dk, dv, dg, dbeta};
+}
+
 }  // namespace
 
 // Schemas are defined in Python (flashqla/_library.py) so that fake-tensor and
@@ -237,6 +256,7 @@ TORCH_LIBRARY_IMPL(flashqla, CUDA, m) {
   m.impl("chunk_gdn_fwd_states", &chunk_gdn_fwd_states_cuda);
   m.impl("chunk_gdn_fwd_pass", &chunk_gdn_fwd_pass_cuda);
   m.impl("chunk_gdn_bwd_dh", &chunk_gdn_bwd_dh_cuda);
+  m.impl("chunk_gdn_bwd_grad", &chunk_gdn_bwd_grad_cuda);
 }
 
 // `import flashqla._C` loads the library, which runs the registrations above.

@@ -166,6 +166,31 @@ FLASHQLA_API flashqla_status_t flashqla_gdn_bwd_dh(const flashqla_gdn_bwd_dh_par
 /* Device workspace flashqla_gdn_bwd_dh needs (in params->fwd.workspace). */
 FLASHQLA_API size_t flashqla_gdn_bwd_dh_workspace_bytes(const flashqla_gdn_bwd_dh_params_t* params);
 
+/*
+ * Backward, step 2 of 2: the chunk-parallel gradient step. `fwd` describes the forward's inputs as for
+ * flashqla_gdn_fwd (q, k, v, g, beta, shapes, cu_seqlens, scale, use_qk_l2norm; o, states and workspace are
+ * ignored). states: the chunk-start states (flashqla_gdn_fwd with chunk_states), dh: the chunk-end state
+ * gradients (flashqla_gdn_bwd_dh), both fp32 [flashqla_gdn_chunk_bound(fwd), heads_v, K, V]. Writes, for
+ * token rows r < batch * seqlen that belong to a sequence (others untouched: zero-fill them first):
+ * dq, dk fp32 [rows, heads_v, K], the gradients per value head with respect to the (normalised) q and k
+ * rows, to be summed over each GVA group (and passed through the l2norm backward when use_qk_l2norm);
+ * dv [rows, heads_v, V] in v's dtype; dg (of the raw per-token g) and dbeta, fp32 [rows, heads_v].
+ */
+typedef struct flashqla_gdn_bwd_grad_params {
+  flashqla_gdn_fwd_params_t fwd;
+  const void* dout;
+  int64_t dout_stride_batch, dout_stride_time, dout_stride_head;
+  const float* states;
+  const float* dh;
+  float* dq;
+  float* dk;
+  void* dv;
+  float* dg;
+  float* dbeta;
+} flashqla_gdn_bwd_grad_params_t;
+
+FLASHQLA_API flashqla_status_t flashqla_gdn_bwd_grad(const flashqla_gdn_bwd_grad_params_t* params, cudaStream_t stream);
+
 #ifdef __cplusplus
 } /* extern "C" */
 #endif

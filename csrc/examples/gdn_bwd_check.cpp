@@ -1,0 +1,182 @@
+// Links libflashqla through its C header only: the whole backward through the C API (the forward with
+// chunk_states, flashqla_gdn_bwd_dh, flashqla_gdn_bwd_grad; then the caller's GVA sum) on a packed batch of a
+// partial and a multi-chunk sequence, against the float64 token-level adjoint of the recurrence on the host:
+//   forward per token: S = e^g S;  u = v - S^T k;  S += beta k u^T;  o = scale S^T q;
+//   backward from the end with X = dS (dht at the start): X += scale q do^T, dq = scale S do, dbeta = k^T X u,
+//   du = beta X^T k, dk = beta X u - S_mid du, dv = du, X = X - k du^T (the gradient of S_mid),
+//   dg = <X, S_mid>, X = e^g X.
+// Exit codes: 0 pass, 1 fail, 77 skipped (no sm_90 GPU).
+#include <cmath>
+#include <cstdint>
+#include <cstdio>
+#include <random>
+#include <vector>
+
+#include <cuda_runtime_api.h>
+
+#include "flashqla/flashqla.h"
+#include "example_util.h"
+
+int main() {
+  if (!have_sm90_device()) return kExitSkip;
+  GdnProblem pr({0, 40, 240}, 1, 2, 21);  // 40 tokens (one partial chunk), 200 tokens (four chunks)
+  const int D = GdnProblem::D, Hq = pr.Hq, Hv = pr.Hv, T = pr.T, N = pr.N;
+  const double scale = pr.scale();
+  std::mt19937 rng(22);
+  std::normal_distribution<float> nd(0.f, 1.f);
+  std::vector<uint16_t> dout(pr.v.size());
+  std::vector<float> dht(pr.h0.size());
+  for (auto& e : dout) e = to_bf16(nd(rng));
+  for (auto& e : dht) e = nd(rng) / 8;
+
+  // ---- host reference
+  std::vector<double> rdq(size_t(T) * Hq * D, 0.0), rdk(size_t(T) * Hq * D, 0.0), rdv(pr.v.size()),
+      rdg(pr.g.size()), rdb(pr.beta.size());
+  std::vector<double> Sprev(size_t(T) * D * D);  // one head at a time: the state before each token
+  for (int h = 0; h < Hv; ++h) {
+    const int hq = h / (Hv / Hq);
+    for (int n = 0; n < N; ++n) {
+      std::vector<double> S(pr.h0.begin() + (size_t(n) * Hv + h) * D * D, pr.h0.begin() + (size_t(n) * Hv + h + 1) * D * D);
+      for (int t = pr.cu[n]; t < pr.cu[n + 1]; ++t) {
+        std::copy(S.begin(), S.end(), Sprev.begin() + size_t(t) * D * D);
+        const double decay = std::exp(double(pr.g[t * Hv + h])), beta = pr.beta[t * Hv + h];
+        for (auto& e : S) e *= decay;
+        for (int b = 0; b < D; ++b) {
+          double u = from_bf16(pr.v[(size_t(t) * Hv + h) * D + b]);
+          for (int a = 0; a < D; ++a) u -= pr.kf(t, h, a) * S[a * D + b];
+          for (int a = 0; a < D; ++a) S[a * D + b] += beta * pr.kf(t, h, a) * u;
+        }
+      }
+      std::vector<double> X(dht.begin() + (size_t(n) * Hv + h) * D * D, dht.begin() + (size_t(n) * Hv + h + 1) * D * D);
+      std::vector<double> Sm(D * D), Sa(D * D), u(D), du(D);
+      for (int t = pr.cu[n + 1] - 1; t >= pr.cu[n]; --t) {
+        const double decay = std::exp(double(pr.g[t * Hv + h])), beta = pr.beta[t * Hv + h];
+        for (int i = 0; i < D * D; ++i) Sm[i] = decay * Sprev[size_t(t) * D * D + i];
+        for (int b = 0; b < D; ++b) {
+          u[b] = from_bf16(pr.v[(size_t(t) * Hv + h) * D + b]);
+          for (int a = 0; a < D; ++a) u[b] -= pr.kf(t, h, a) * Sm[a * D + b];
+        }
+        for (int a = 0; a < D; ++a)
+          for (int b = 0; b < D; ++b) Sa[a * D + b] = Sm[a * D + b] + beta * pr.kf(t, h, a) * u[b];
+        const auto dob = [&](int b) { return double(from_bf16(dout[(size_t(t) * Hv + h) * D + b])); };
+        for (int a = 0; a < D; ++a) {
+          double s = 0;
+          for (int b = 0; b < D; ++b) s += Sa[a * D + b] * dob(b);
+          rdq[(size_t(t) * Hq + hq) * D + a] += scale * s;
+          for (int b = 0; b < D; ++b) X[a * D + b] += scale * pr.qf(t, h, a) * dob(b);
+        }
+        double db = 0;
+        for (int b = 0; b < D; ++b) {
+          double kx = 0;
+          for (int a = 0; a < D; ++a) kx += pr.kf(t, h, a) * X[a * D + b];
+          db += kx * u[b];
+          du[b] = beta * kx;
+          rdv[(size_t(t) * Hv + h) * D + b] = du[b];
+        }
+        rdb[t * Hv + h] = db;
+        for (int a = 0; a < D; ++a) {
+          double xu = 0, sd = 0;
+          for (int b = 0; b < D; ++b) { xu += X[a * D + b] * u[b]; sd += Sm[a * D + b] * du[b]; }
+          rdk[(size_t(t) * Hq + hq) * D + a] += beta * xu - sd;
+        }
+        double dg = 0;
+        for (int a = 0; a < D; ++a)
+          for (int b = 0; b < D; ++b) {
+            X[a * D + b] -= pr.kf(t, h, a) * du[b];
+            dg += X[a * D + b] * Sm[a * D + b];
+          }
+        rdg[t * Hv + h] = dg;
+        for (auto& e : X) e *= decay;
+      }
+    }
+  }
+
+  // ---- the C API: forward with chunk states, the reverse chain, the gradient step
+  if (!pr.upload()) return 1;
+  const size_t rowsK = size_t(T) * Hv * D;
+  void *d_out, *d_dout, *d_dv;
+  float *d_dht, *d_states, *d_dh, *d_dh0, *d_dq, *d_dk, *d_dg, *d_db;
+  flashqla_gdn_fwd_params_t f = pr.params(nullptr);
+  const int64_t bound = flashqla_gdn_chunk_bound(&f);
+  const size_t state_bytes = size_t(bound) * Hv * D * D * 4;
+  CUDA_OK(cudaMalloc(&d_out, pr.v.size() * 2));
+  CUDA_OK(cudaMalloc(&d_dout, dout.size() * 2));
+  CUDA_OK(cudaMalloc(&d_dv, pr.v.size() * 2));
+  CUDA_OK(cudaMalloc(reinterpret_cast<void**>(&d_dht), dht.size() * 4));
+  CUDA_OK(cudaMalloc(reinterpret_cast<void**>(&d_dh0), dht.size() * 4));
+  CUDA_OK(cudaMalloc(reinterpret_cast<void**>(&d_states), state_bytes));
+  CUDA_OK(cudaMalloc(reinterpret_cast<void**>(&d_dh), state_bytes));
+  CUDA_OK(cudaMalloc(reinterpret_cast<void**>(&d_dq), rowsK * 4));
+  CUDA_OK(cudaMalloc(reinterpret_cast<void**>(&d_dk), rowsK * 4));
+  CUDA_OK(cudaMalloc(reinterpret_cast<void**>(&d_dg), size_t(T) * Hv * 4));
+  CUDA_OK(cudaMalloc(reinterpret_cast<void**>(&d_db), size_t(T) * Hv * 4));
+  CUDA_OK(cudaMemcpy(d_dout, dout.data(), dout.size() * 2, cudaMemcpyHostToDevice));
+  CUDA_OK(cudaMemcpy(d_dht, dht.data(), dht.size() * 4, cudaMemcpyHostToDevice));
+  for (void* x : {static_cast<void*>(d_dq), static_cast<void*>(d_dk), static_cast<void*>(d_dg),
+                  static_cast<void*>(d_db), d_dv})
+    CUDA_OK(cudaMemset(x, 0xff, x == d_dv ? pr.v.size() * 2 : (x == d_dg || x == d_db ? size_t(T) * Hv * 4 : rowsK * 4)));
+
+  f.o = d_out;
+  f.initial_state = pr.dh0;
+  f.chunk_states = d_states;
+  flashqla_status_t st = flashqla_gdn_fwd(&f, nullptr);
+  flashqla_gdn_bwd_dh_params_t pd{};
+  pd.fwd = pr.params(nullptr);
+  pd.dout = d_dout;
+  pd.dout_stride_batch = int64_t(T) * Hv * D;
+  pd.dout_stride_time = Hv * D;
+  pd.dout_stride_head = D;
+  pd.dht = d_dht;
+  pd.dh = d_dh;
+  pd.dh0 = d_dh0;
+  if (st == FLASHQLA_SUCCESS) st = flashqla_gdn_bwd_dh(&pd, nullptr);
+  flashqla_gdn_bwd_grad_params_t pg{};
+  pg.fwd = pr.params(nullptr);
+  pg.dout = d_dout;
+  pg.dout_stride_batch = pd.dout_stride_batch;
+  pg.dout_stride_time = pd.dout_stride_time;
+  pg.dout_stride_head = pd.dout_stride_head;
+  pg.states = d_states;
+  pg.dh = d_dh;
+  pg.dq = d_dq;
+  pg.dk = d_dk;
+  pg.dv = d_dv;
+  pg.dg = d_dg;
+  pg.dbeta = d_db;
+  if (st == FLASHQLA_SUCCESS) st = flashqla_gdn_bwd_grad(&pg, nullptr);
+  if (st != FLASHQLA_SUCCESS) {
+    std::fprintf(stderr, "backward through the C API: %s: %s\n", flashqla_status_string(st), flashqla_last_error());
+    return 1;
+  }
+  CUDA_OK(cudaDeviceSynchronize());
+  std::vector<float> dqh(rowsK), dkh(rowsK), dg(size_t(T) * Hv), db(size_t(T) * Hv);
+  std::vector<uint16_t> dvb(pr.v.size());
+  CUDA_OK(cudaMemcpy(dqh.data(), d_dq, rowsK * 4, cudaMemcpyDeviceToHost));
+  CUDA_OK(cudaMemcpy(dkh.data(), d_dk, rowsK * 4, cudaMemcpyDeviceToHost));
+  CUDA_OK(cudaMemcpy(dg.data(), d_dg, dg.size() * 4, cudaMemcpyDeviceToHost));
+  CUDA_OK(cudaMemcpy(db.data(), d_db, db.size() * 4, cudaMemcpyDeviceToHost));
+  CUDA_OK(cudaMemcpy(dvb.data(), d_dv, dvb.size() * 2, cudaMemcpyDeviceToHost));
+  // the caller's GVA sum: a group's value heads into its q/k head (fp32, in head order)
+  std::vector<float> dq(size_t(T) * Hq * D, 0.f), dk(size_t(T) * Hq * D, 0.f), dv(dvb.size());
+  for (int t = 0; t < T; ++t)
+    for (int h = 0; h < Hv; ++h)
+      for (int a = 0; a < D; ++a) {
+        const size_t src = (size_t(t) * Hv + h) * D + a, dst = (size_t(t) * Hq + h / (Hv / Hq)) * D + a;
+        dq[dst] += dqh[src];
+        dk[dst] += dkh[src];
+      }
+  for (size_t i = 0; i < dv.size(); ++i) dv[i] = from_bf16(dvb[i]);
+  const double e[5] = {rel_l2(rdq, dq), rel_l2(rdk, dk), rel_l2(rdv, dv), rel_l2(rdg, dg), rel_l2(rdb, db)};
+  const char* names[5] = {"dq", "dk", "dv", "dg", "dbeta"};
+  bool ok = true;
+  for (int i = 0; i < 5; ++i) {
+    ok = ok && e[i] < 1e-2;  // NaN compares false: an unwritten output fails
+    std::printf("%s rel L2 %.2e  ", names[i], e[i]);
+  }
+  std::printf("\n%s (limit 1e-2)\n", ok ? "PASS" : "FAIL");
+  for (void* x : {d_out, d_dout, d_dv, static_cast<void*>(d_dht), static_cast<void*>(d_dh0), static_cast<void*>(d_states),
+                  static_cast<void*>(d_dh), static_cast<void*>(d_dq), static_cast<void*>(d_dk), static_cast<void*>(d_dg),
+                  static_cast<void*>(d_db)})
+    cudaFree(x);
+  return ok ? 0 : 1;
+}
