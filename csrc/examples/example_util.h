@@ -56,6 +56,19 @@ inline double rel_l2(const std::vector<double>& ref, const std::vector<F>& got) 
   return std::sqrt(e / n);
 }
 
+// The dS chain's own fields of flashqla_gdn_bwd_dh_params_t for a packed [1, T, Hv, D] dO (its fwd part is
+// the caller's): dO with its strides, dht in, dh and dh0 out.
+inline void set_bwd_dh_io(flashqla_gdn_bwd_dh_params_t& p, const void* dout, int64_t T, int64_t Hv, int64_t D,
+                          const float* dht, float* dh, float* dh0) {
+  p.dout = dout;
+  p.dout_stride_batch = T * Hv * D;
+  p.dout_stride_time = Hv * D;
+  p.dout_stride_head = D;
+  p.dht = dht;
+  p.dh = dh;
+  p.dh0 = dh0;
+}
+
 // A packed batch for the GDN examples: host inputs (bf16 q/k/v with l2-normalised q/k rows, fp32 g, beta and
 // a per-sequence state), their device copies, and the forward's parameter struct over them.
 struct GdnProblem {
@@ -128,3 +141,14 @@ struct GdnProblem {
     return p;
   }
 };
+
+// The backward examples' upstream gradients for `pr`: dO (bf16, v's layout) ~ N(0, 1), dht ~ N(0, 1) / 8.
+inline void random_upstream_grads(const GdnProblem& pr, unsigned seed, std::vector<uint16_t>& dout,
+                                  std::vector<float>& dht) {
+  std::mt19937 rng(seed);
+  std::normal_distribution<float> nd(0.f, 1.f);
+  dout.resize(pr.v.size());
+  dht.resize(pr.h0.size());
+  for (auto& e : dout) e = to_bf16(nd(rng));
+  for (auto& e : dht) e = nd(rng) / 8;
+}

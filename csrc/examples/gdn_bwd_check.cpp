@@ -22,12 +22,9 @@ int main() {
   GdnProblem pr({0, 40, 240}, 1, 2, 21);  // 40 tokens (one partial chunk), 200 tokens (four chunks)
   const int D = GdnProblem::D, Hq = pr.Hq, Hv = pr.Hv, T = pr.T, N = pr.N;
   const double scale = pr.scale();
-  std::mt19937 rng(22);
-  std::normal_distribution<float> nd(0.f, 1.f);
-  std::vector<uint16_t> dout(pr.v.size());
-  std::vector<float> dht(pr.h0.size());
-  for (auto& e : dout) e = to_bf16(nd(rng));
-  for (auto& e : dht) e = nd(rng) / 8;
+  std::vector<uint16_t> dout;
+  std::vector<float> dht;
+  random_upstream_grads(pr, 22, dout, dht);
 
   // ---- host reference
   std::vector<double> rdq(size_t(T) * Hq * D, 0.0), rdk(size_t(T) * Hq * D, 0.0), rdv(pr.v.size()),
@@ -122,13 +119,7 @@ int main() {
   flashqla_status_t st = flashqla_gdn_fwd(&f, nullptr);
   flashqla_gdn_bwd_dh_params_t pd{};
   pd.fwd = pr.params(nullptr);
-  pd.dout = d_dout;
-  pd.dout_stride_batch = int64_t(T) * Hv * D;
-  pd.dout_stride_time = Hv * D;
-  pd.dout_stride_head = D;
-  pd.dht = d_dht;
-  pd.dh = d_dh;
-  pd.dh0 = d_dh0;
+  set_bwd_dh_io(pd, d_dout, T, Hv, D, d_dht, d_dh, d_dh0);
   if (st == FLASHQLA_SUCCESS) st = flashqla_gdn_bwd_dh(&pd, nullptr);
   flashqla_gdn_bwd_grad_params_t pg{};
   pg.fwd = pr.params(nullptr);

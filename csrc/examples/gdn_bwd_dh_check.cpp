@@ -19,12 +19,9 @@ int main() {
   if (!have_sm90_device()) return kExitSkip;
   GdnProblem pr({0, 40, 240}, 1, 2, 11);  // 40 tokens (one partial chunk), 200 tokens (four chunks)
   const int D = GdnProblem::D, Hv = pr.Hv, T = pr.T, N = pr.N, C = 64;
-  std::mt19937 rng(12);
-  std::normal_distribution<float> nd(0.f, 1.f);
-  std::vector<uint16_t> dout(pr.v.size());
-  std::vector<float> dht(pr.h0.size());
-  for (auto& e : dout) e = to_bf16(nd(rng));
-  for (auto& e : dht) e = nd(rng) / 8;
+  std::vector<uint16_t> dout;
+  std::vector<float> dht;
+  random_upstream_grads(pr, 12, dout, dht);
 
   int chunks = 0;
   std::vector<int> chunk0(N);
@@ -67,13 +64,7 @@ int main() {
   CUDA_OK(cudaMemcpy(d_dht, dht.data(), dht.size() * 4, cudaMemcpyHostToDevice));
   CUDA_OK(cudaMemset(d_dh, 0xff, size_t(bound) * Hv * D * D * 4));  // poison: NaN bit patterns
   CUDA_OK(cudaMemset(d_dh0, 0xff, dht.size() * 4));
-  p.dout = d_dout;
-  p.dout_stride_batch = int64_t(T) * Hv * D;
-  p.dout_stride_time = Hv * D;
-  p.dout_stride_head = D;
-  p.dht = d_dht;
-  p.dh = d_dh;
-  p.dh0 = d_dh0;
+  set_bwd_dh_io(p, d_dout, T, Hv, D, d_dht, d_dh, d_dh0);
   p.fwd.workspace_bytes = flashqla_gdn_bwd_dh_workspace_bytes(&p);
   CUDA_OK(cudaMalloc(&ws, p.fwd.workspace_bytes));
   p.fwd.workspace = ws;
