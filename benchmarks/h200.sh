@@ -31,6 +31,8 @@
 #   ncuflow   Nsight Compute speed-of-light and memory sections of the split forward's prep and recurrent
 #             kernels on the torch path (TP1 1 x 8192): is the recurrent kernel L2-bound? (see NOTES)
 #   cp        the TP8/TP4 single-sequence forward cases with FLASHQLA_CP=1 against FLA (record cp-*.json)
+#   ab        flashqla alone under each of AB_ENVS's environment variants (';'-separated), one record each
+#             (ab-<n>.json, the variant in its env field), e.g. AB_ENVS="FLASHQLA_BWD_GRAD=0;FLASHQLA_BWD_GRAD=1"
 #   variants  for each prebuilt variants/<name>/ (benchmarks/build_variants.sh; carry `variants`): swap its
 #             _C into flashqla/, run the forward GPU tests, its phase profiler and the benchmark with
 #             $VARIANT_BENCH_ARGS (VARIANT_STEPS picks among test,phases,bench,racecheck); one record per variant, one log (variants.log) for all (not in the default stages)
@@ -170,6 +172,21 @@ torch.cuda.synchronize()" > /tmp/ncuflow-run.log 2>&1 || { tail -20 /tmp/ncuflow
   "$NCU" -i /tmp/fq_ncuflow.ncu-rep --print-summary none 2>&1 | grep -vE "^\s*$" > "$OUT/ncuflow.txt"
   grep -E "gdn_|Duration|Memory Throughput|DRAM Throughput|L2 Cache Throughput|L1/TEX Cache Throughput|Compute \(SM\) Throughput" \
     "$OUT/ncuflow.txt" | tee -a "$LOG"
+fi
+
+if has ab; then
+  # A/B of environment switches in one process each, flashqla only (no competitor compiles): AB_ENVS lists the
+  # variants separated by ';', each a space-separated list of KEY=VALUE (e.g. "FLASHQLA_BWD_GRAD=0;FLASHQLA_BWD_GRAD=1");
+  # AB_ARGS are the harness's options (default: the anchors' forward and backward, no accuracy)
+  IFS=';' read -ra variants <<< "${AB_ENVS:-FLASHQLA_CP=1}"
+  n=0
+  for venv in "${variants[@]}"; do
+    n=$((n + 1))
+    say "A/B variant $n: $venv"
+    env OUT= $venv timeout ${BENCH_TIMEOUT:-300} python3 -m flashqla.bench run --cases anchors --libs flashqla --prewarm 0 \
+      ${AB_ARGS:---no-accuracy} --out "$OUT/ab-$n.json" --table /tmp/ab-$n.md --plot /tmp/ab-$n.png > /tmp/ab-$n.log 2>&1 || status=1
+    grep -E "^(fwd|bwd) " /tmp/ab-$n.log | tee -a "$LOG"
+  done
 fi
 
 if has cp; then
