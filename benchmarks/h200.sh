@@ -28,6 +28,7 @@
 #   ktimes    GPU time per kernel of flashqla's forward and backward on a few anchor cases (benchmarks/kernel_times.py)
 #   ncu       Nsight Compute on the v2 forward kernel of the phase profiler: scheduler and warp-state
 #             sections, and the source lines with the most stall samples (benchmarks/ncu_source_top.py)
+#   ncugrad   the same for the backward's gradient kernel (a 1 x 8192, 16/32-head backward on the torch path)
 #   ncuflow   Nsight Compute speed-of-light and memory sections of the split forward's prep and recurrent
 #             kernels on the torch path (TP1 1 x 8192): is the recurrent kernel L2-bound? (see NOTES)
 #   cp        the TP8/TP4 single-sequence forward cases with FLASHQLA_CP=1 against FLA (record cp-*.json)
@@ -54,6 +55,24 @@ status=0
 cuda_tool() {
   nvcc -O3 -lineinfo -std=c++17 -gencode=arch=compute_90a,code=sm_90a --expt-relaxed-constexpr -Icsrc/include -Icsrc \
        -I"$(python3 third_party/cutlass.py)" "$1" -o "$2" 2>&1 | tail -5 | tee -a "$LOG"
+}
+
+# Nsight Compute on one launch of the kernels matching $1 under the command "${@:3}": scheduler, warp-state,
+# memory and source sections, the source lines with the most stall samples (benchmarks/ncu_source_top.py), to
+# $OUT/$2.txt; the headline figures to the log.
+ncu_stalls() {
+  local kre=$1 name=$2 ncu
+  shift 2
+  ncu=$(command -v ncu || echo /usr/local/cuda/bin/ncu)
+  timeout ${NCU_TIMEOUT:-240} "$ncu" --section SchedulerStats --section WarpStateStats --section ComputeWorkloadAnalysis \
+    --section MemoryWorkloadAnalysis --section SourceCounters --import-source yes -k regex:"$kre" --launch-count 1 \
+    -f -o "/tmp/$name" "$@" > "/tmp/$name-run.log" 2>&1 || { tail -20 "/tmp/$name-run.log" | tee -a "$LOG"; status=1; }
+  { "$ncu" -i "/tmp/$name.ncu-rep" --print-summary none 2>&1 | grep -vE "^\s*$"
+    "$ncu" -i "/tmp/$name.ncu-rep" --page source --csv --print-source cuda > "/tmp/$name-source.csv" 2> "/tmp/$name-source.err"
+    python3 benchmarks/ncu_source_top.py "/tmp/$name-source.csv" 2>&1 || cat "/tmp/$name-source.err"
+  } > "$OUT/$name.txt" 2>&1
+  grep -E "Duration|Issued Warp|Eligible Warps|Active Warps|Warp Cycles Per Issued|Issue Slots Busy|Memory Throughput" \
+    "$OUT/$name.txt" | tee -a "$LOG"
 }
 
 say "$(date -u +%FT%TZ) commit=${FLASHQLA_COMMIT:-unknown} stages=$STAGES"
@@ -144,15 +163,20 @@ fi
 if has ncu; then
   say "ncu: v2 forward kernel (1 x 8192 tokens, 16/64 heads)"
   [ -x /tmp/fq_phases ] || cuda_tool benchmarks/profile_fwd_phases.cu /tmp/fq_phases  # the phases stage's binary
-  NCU=$(command -v ncu || echo /usr/local/cuda/bin/ncu)
-  timeout ${NCU_TIMEOUT:-240} "$NCU" --section SchedulerStats --section WarpStateStats --section ComputeWorkloadAnalysis \
-    --section SourceCounters --import-source yes -k regex:gdn_fwd_mma_kernel --launch-count 1 -f -o /tmp/fq_ncu \
-    /tmp/fq_phases > /tmp/ncu-run.log 2>&1 || { tail -20 /tmp/ncu-run.log | tee -a "$LOG"; status=1; }
-  { "$NCU" -i /tmp/fq_ncu.ncu-rep --print-summary none 2>&1 | grep -vE "^\s*$"
-    "$NCU" -i /tmp/fq_ncu.ncu-rep --page source --csv --print-source cuda > /tmp/ncu-source.csv 2> /tmp/ncu-source.err
-    python3 benchmarks/ncu_source_top.py /tmp/ncu-source.csv 2>&1 || cat /tmp/ncu-source.err
-  } > "$OUT/ncu.txt" 2>&1
-  grep -E "Issued Warp|Eligible Warps|Active Warps|Warp Cycles Per Issued|Issue Slots Busy" "$OUT/ncu.txt" | tee -a "$LOG"
+  ncu_stalls gdn_fwd_mma_kernel ncu /tmp/fq_phases
+fi
+
+if has ncugrad; then
+  say "ncu: the backward's gradient kernel (1 x 8192 tokens, 16/32 heads)"
+  ncu_stalls gdn_bwd_grad_kernel ncugrad python3 -c "
+import torch, torch.nn.functional as F, flashqla
+T, hq, hv = 8192, 16, 32
+q, k = (F.normalize(torch.randn(1, T, hq, 128, device='cuda'), dim=-1).bfloat16() for _ in range(2))
+v, do = (torch.randn(1, T, hv, 128, device='cuda').bfloat16() for _ in range(2))
+g = F.logsigmoid(torch.randn(1, T, hv, device='cuda')) / 16
+beta = torch.rand(1, T, hv, device='cuda')
+flashqla.chunk_gdn_bwd(q, k, v, g, beta, do)
+torch.cuda.synchronize()"
 fi
 
 if has ncuflow; then
