@@ -53,6 +53,9 @@ LIBS = ("flashqla", "fla_triton", "flash_qla_tilelang")
 COMPETITORS = LIBS[1:]
 LABELS = {"flashqla": "flashqla", "fla_triton": "FLA", "flash_qla_tilelang": "FlashQLA"}
 MODES = ("eager", "graph")
+# case directions: the forward, the low-level backward (given the forward's saved tensors), and forward +
+# backward end to end through each library's autograd API
+DIRECTIONS = {"fwd": "Forward", "bwd": "Backward", "e2e": "Forward + backward through autograd"}
 README_START, README_END = "<!-- bench:start -->", "<!-- bench:end -->"
 REPO_ROOT = Path(__file__).resolve().parents[1]
 DIRTY_PATHS = ("csrc", "flashqla", "setup.py", "CMakeLists.txt", "benchmarks")
@@ -66,8 +69,8 @@ FLOP_MODEL = (
     "64x64 unit-triangular inverse (C^3/3); 10.57 MFLOP at K = V = 128. Backward = 8C^2K + 8C^2V + 16CKV + 4C^3 "
     "(gradients: two products per forward product, the inverse's backward -A^T dA A^T, and the dS chain's two "
     "extra CKV products; 26.2 MFLOP) + 4CKV + 2C^2V (recomputing the chunk-start states: K S, V_new, K^T V_new; "
-    "5.2 MFLOP) = 31.5 MFLOP at K = V = 128. TFLOP/s = model FLOPs / measured time; the same model is used for "
-    "every library, whatever it actually computes.")
+    "5.2 MFLOP) = 31.5 MFLOP at K = V = 128; forward + backward end to end = the sum, 42.0 MFLOP. TFLOP/s = "
+    "model FLOPs / measured time; the same model is used for every library, whatever it actually computes.")
 
 
 def flops_per_chunk(direction: str, K: int = HEAD_DIM, V: int = HEAD_DIM, C: int = CHUNK) -> float:
@@ -77,7 +80,9 @@ def flops_per_chunk(direction: str, K: int = HEAD_DIM, V: int = HEAD_DIM, C: int
         return float(fwd)
     if direction == "bwd":
         return float(bwd_main_flops(K, V, C) + bwd_recompute_flops(K, V, C))
-    raise ValueError(f"direction must be 'fwd' or 'bwd', got {direction!r}")
+    if direction == "e2e":
+        return float(fwd + bwd_main_flops(K, V, C) + bwd_recompute_flops(K, V, C))
+    raise ValueError(f"direction must be one of {', '.join(DIRECTIONS)}, got {direction!r}")
 
 
 def bwd_main_flops(K: int = HEAD_DIM, V: int = HEAD_DIM, C: int = CHUNK) -> float:
@@ -96,7 +101,7 @@ def case_flops(direction, seqlens, h_v, K=HEAD_DIM, V=HEAD_DIM, C=CHUNK) -> floa
 # --------------------------------------------------------------------------- cases
 @dataclass(frozen=True)
 class Case:
-    direction: str      # "fwd" | "bwd"
+    direction: str      # "fwd" | "bwd" | "e2e" (DIRECTIONS)
     model: str          # e.g. "TP1 (16/64)" or "hk16_hv32"
     h_qk: int
     h_v: int
@@ -144,7 +149,7 @@ _QLA_FWD_SEQS = ["1x32768", "1x16384", "1x8192", "1x4096", "1x2048", "28672+4096
 _QLA_BWD_MODELS = [("hk16_hv32", 16, 32), ("hk8_hv16", 8, 16), ("hk4_hv8", 4, 8), ("hk2_hv4", 2, 4)]
 _QLA_BWD_SEQS = [(f"{t // 1024}k_{n}seq", n, t) for t in (8192, 32768) for n in (1, 2, 4, 8)]
 
-CASE_SETS = ("anchors", "flashqla", "smoke")
+CASE_SETS = ("anchors", "flashqla", "smoke", "e2e")
 
 
 def cases_for(set_name: str, fwd: bool = True, bwd: bool = True) -> list:
@@ -174,7 +179,13 @@ def cases_for(set_name: str, fwd: bool = True, bwd: bool = True) -> list:
                     Case("fwd", "tiny (4/4)", 4, 4, "1x192", (192,))]
         if bwd:
             out += [Case("bwd", "hk2_hv4", 2, 4, "1x256", (256,)),
-                    Case("bwd", "hk2_hv4", 2, 4, "100+156", (100, 156))]
+                    Case("bwd", "hk2_hv4", 2, 4, "100+156", (100, 156)),
+                    Case("e2e", "hk2_hv4", 2, 4, "100+156", (100, 156))]
+    elif set_name == "e2e":   # the anchors' backward configurations, forward + backward through autograd
+        if bwd:
+            for m, hq, hv in _ANCHOR_BWD_MODELS:
+                for s, sl in _ANCHOR_BWD_SEQS:
+                    out.append(Case("e2e", m, hq, hv, s, tuple(sl)))
     else:
         raise ValueError(f"unknown case set {set_name!r}; choose from {', '.join(CASE_SETS)}")
     return out
@@ -323,10 +334,32 @@ def _flashqla_call(api, d, q, k, v, g, beta, h0):
                cu_seqlens_cpu=d["cu_cpu"])
 
 
+_LEAVES = ("q", "k", "v", "g", "beta", "h0")
+
+
+def _autograd_forward(lib: str, impl: dict, d: dict, leaves):
+    """(o, final state) from `lib`'s autograd API on `leaves` (q, k, v, g, beta, h0) and the rest of `d`."""
+    if lib == "flashqla":
+        return _flashqla_call(impl["api"], d, *leaves)
+    if impl.get("api") is None:
+        raise RuntimeError(f"{lib} has no autograd API in this install")
+    return impl["api"](*leaves[:5], scale=d["scale"], initial_state=leaves[5], output_final_state=True,
+                       cu_seqlens=d["cu"])
+
+
 def build_fn(lib: str, impl: dict, case: Case, d: dict):
-    """A no-argument callable running `lib`'s forward or backward for `case` on inputs `d`."""
+    """A no-argument callable running `lib`'s forward, backward or both (e2e) for `case` on inputs `d`."""
     q, k, v, g, beta, h0, do, dht, cu, scale = (d[n] for n in ("q", "k", "v", "g", "beta", "h0", "do", "dht",
                                                                "cu", "scale"))
+    if case.direction == "e2e":
+        import torch
+        leaves = [d[n].detach().clone().requires_grad_(True) for n in _LEAVES]
+
+        def e2e():
+            with torch.enable_grad():
+                o, ht = _autograd_forward(lib, impl, d, leaves)
+                return torch.autograd.grad((o, ht), leaves, (do, dht))
+        return e2e
     if lib == "flashqla":
         if case.direction == "fwd":
             return lambda: _flashqla_call(impl["api"], d, q, k, v, g, beta, h0)
@@ -440,8 +473,10 @@ def run_case(case: Case, libs: dict, device: str, graph: bool, cpu_reps: int = 5
     gc.collect()
     if device == "cuda":
         torch.cuda.empty_cache()
-    notes = {"flashqla": flashqla_bwd_label(libs.get("flashqla", {}).get("kernels", False))} \
-        if case.direction == "bwd" else None
+    kernels = libs.get("flashqla", {}).get("kernels", False) if isinstance(libs.get("flashqla"), dict) else False
+    notes = ({"flashqla": flashqla_bwd_label(kernels)} if case.direction == "bwd" else
+             {"flashqla": "torch.autograd.grad through flashqla.chunk_gdn: " + flashqla_bwd_label(kernels)}
+             if case.direction == "e2e" else None)
     return case_entry(case, ms, errors, notes)
 
 
@@ -525,8 +560,7 @@ def accuracy(libs: dict, device: str, seqlens=(300,), h_qk: int = 2, h_v: int = 
     from flashqla.reference import recurrent_gdn
     case = Case("fwd", "accuracy", h_qk, h_v, "+".join(map(str, seqlens)), tuple(seqlens), no_decay_heads=True)
     d = make_inputs(case, device, seed=1, strong_decay=strong_decay)
-    names = ("q", "k", "v", "g", "beta", "h0")
-    ref_leaves = [d[n].detach().cpu().double().requires_grad_(True) for n in names]
+    ref_leaves = [d[n].detach().cpu().double().requires_grad_(True) for n in _LEAVES]
     with torch.enable_grad():
         o_r, ht_r = recurrent_gdn(*ref_leaves[:5], scale=d["scale"], initial_state=ref_leaves[5],
                                   output_final_state=True, cu_seqlens=d["cu_cpu"])
@@ -536,13 +570,9 @@ def accuracy(libs: dict, device: str, seqlens=(300,), h_qk: int = 2, h_v: int = 
         if isinstance(impl, str) or impl.get("api") is None:
             continue
         try:
-            leaves = [d[n].detach().clone().requires_grad_(True) for n in names]
+            leaves = [d[n].detach().clone().requires_grad_(True) for n in _LEAVES]
             with torch.enable_grad():
-                if lib == "flashqla":
-                    o, ht = _flashqla_call(impl["api"], d, *leaves)
-                else:
-                    o, ht = impl["api"](*leaves[:5], scale=d["scale"], initial_state=leaves[5],
-                                        output_final_state=True, cu_seqlens=d["cu"])
+                o, ht = _autograd_forward(lib, impl, d, leaves)
                 grads = torch.autograd.grad((o, ht), leaves, (d["do"], d["dht"]), allow_unused=True)
             row = {"o": _rel(o, o_r), "final_state": _rel(ht, ht_r)}
             for n, gr, gref in zip(("dq", "dk", "dv", "dg", "dbeta", "dh0"), grads, grads_r):
@@ -573,7 +603,7 @@ def validate_record(rec: dict) -> dict:
         miss = [k for k in CASE_KEYS if k not in c]
         if miss:
             raise ValueError(f"case {i} misses keys {miss}")
-        if c["direction"] not in ("fwd", "bwd"):
+        if c["direction"] not in DIRECTIONS:
             raise ValueError(f"case {i}: bad direction {c['direction']!r}")
         for lib, modes in c["ms"].items():
             if not modes:
@@ -649,7 +679,7 @@ def render_markdown(rec: dict, heading_level: int = 3) -> str:
     if cpu:
         lines += ["**CPU fallback timings** (time.perf_counter medians of the PyTorch implementation): these are "
                   "not kernel timings, which need a Hopper (sm_90) GPU.", ""]
-    for direction, title in (("fwd", "Forward"), ("bwd", "Backward")):
+    for direction, title in DIRECTIONS.items():
         cs = [c for c in rec["cases"] if c["direction"] == direction]
         if not cs:
             continue
@@ -701,7 +731,10 @@ def render_markdown(rec: dict, heading_level: int = 3) -> str:
               f"Times in ms ({timing}). 'vs X' = X's time / flashqla's time (eager / graph; > 1: flashqla faster). "
               "FLA = FLA Triton path (FLA_FLASH_QLA=0); FlashQLA = flash_qla (TileLang). Backward: FLA and FlashQLA "
               "run their low-level backward given their own forward's intermediates; flashqla's backward is "
-              f"{_bwd_label(rec)}. '–' = not measured"
+              f"{_bwd_label(rec)}."
+              + (" Forward + backward: each library's autograd API, the forward then torch.autograd.grad of o and "
+                 "the final state." if any(c["direction"] == "e2e" for c in rec["cases"]) else "")
+              + " '–' = not measured"
               + (f" ({n_err} errors in the record)." if n_err else "."),
               "", f"FLOP model: {rec.get('flop_model', FLOP_MODEL)}", ""]
     return "\n".join(lines)
@@ -720,7 +753,7 @@ def render_console(rec: dict) -> str:
                      for cp in comps)
         out.append(f"{c['direction']:3} {c['model'][:24]:24} {c['name'][:12]:12} "
                    + " ".join(f"{b[lib]:9.3f}" if b[lib] else f"{'–':>9}" for lib in libs) + sp)
-    for direction in ("fwd", "bwd"):
+    for direction in DIRECTIONS:
         for cp in comps:
             r = [c["ms"][cp].get("graph", c["ms"][cp]["eager"]) / c["ms"]["flashqla"].get(
                  "graph", c["ms"]["flashqla"]["eager"]) for c in rec["cases"]
@@ -738,7 +771,7 @@ def make_plot(rec: dict, path) -> Path:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
     libs = _libs_in(rec)
-    dirs = [d for d in ("fwd", "bwd") if any(c["direction"] == d for c in rec["cases"])]
+    dirs = [d for d in DIRECTIONS if any(c["direction"] == d for c in rec["cases"])]
     n_max = max([sum(c["direction"] == d for c in rec["cases"]) for d in dirs] or [1])
     fig, axes = plt.subplots(len(dirs) or 1, 1, figsize=(min(60, max(8, 2 + 0.16 * n_max * len(libs))),
                                                          4.2 * max(1, len(dirs))), squeeze=False)
@@ -770,7 +803,7 @@ def make_plot(rec: dict, path) -> Path:
                         ha="center", va="bottom", fontsize=7)
                 start = i
         ax.set_xlim(-0.6, len(cs) - 0.4)
-        title = {"fwd": "Forward", "bwd": f"Backward (flashqla: {_bwd_short(rec)})"}[d]
+        title = f"Backward (flashqla: {_bwd_short(rec)})" if d == "bwd" else DIRECTIONS[d]
         sub = ("bars: CUDA-graph replay, hatched: eager" if rec.get("device") == "cuda" else
                "CPU fallback timings (perf_counter), not kernel timings")
         ax.set_title(f"{title} - {rec.get('gpu') or 'CPU'} - {sub}", fontsize=9, pad=14)
@@ -786,8 +819,8 @@ def make_plot(rec: dict, path) -> Path:
 # --------------------------------------------------------------------------- README
 def newest_record(directory=None) -> Path:
     """Newest complete GPU record (by its 'date', then file mtime) under benchmarks/results/; CPU records are
-    ignored; records cut short by a time limit ('partial') and subset runs (--match) count only when there is
-    no complete one."""
+    ignored; records cut short by a time limit ('partial'), subset runs (--match), runs of fewer libraries
+    (--libs: A/B runs) and runs of one direction count only when there is no complete one."""
     best = None
     for p in Path(directory or results_dir()).glob("*.json"):
         try:
@@ -796,7 +829,9 @@ def newest_record(directory=None) -> Path:
             continue
         if not isinstance(rec, dict) or rec.get("device", "cuda") != "cuda" or "cases" not in rec:
             continue
-        key = (not rec.get("partial", False), not rec.get("match"), str(rec.get("date", "")), p.stat().st_mtime)
+        dirs = {c.get("direction") for c in rec["cases"]}
+        key = (not rec.get("partial", False), not rec.get("match"), set(LIBS) <= set(rec.get("libs") or LIBS),
+               {"fwd", "bwd"} <= dirs, str(rec.get("date", "")), p.stat().st_mtime)
         if best is None or key > best[0]:
             best = (key, p)
     if best is None:
@@ -866,6 +901,8 @@ def compare_anchors(rec: dict, anchors: dict, tol: float = 0.15) -> str:
     (issue 3's check: within `tol`, else the protocol differs)."""
     rows, n_ok, n_all, outliers = [], 0, 0, []
     for c in rec["cases"]:
+        if c["direction"] not in ("fwd", "bwd"):   # the anchors have no end-to-end figures
+            continue
         key = "forward_ms" if c["direction"] == "fwd" else "backward_ms"
         model = c["model"].split(" ")[0]
         match = [a for a in anchors.get(key, []) if a["model"] == model and a["seqs"] == c["name"]]

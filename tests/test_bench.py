@@ -88,7 +88,9 @@ def test_flashqla_cases_match_published_text():
 def test_smoke_and_unknown_sets():
     smoke = bench.cases_for("smoke")
     assert smoke and all(c.tokens <= 512 for c in smoke)
-    assert {c.direction for c in smoke} == {"fwd", "bwd"}
+    assert {c.direction for c in smoke} == {"fwd", "bwd", "e2e"}
+    e2e = bench.cases_for("e2e")
+    assert e2e and {c.direction for c in e2e} == {"e2e"} and not bench.cases_for("e2e", bwd=False)
     with pytest.raises(ValueError):
         bench.cases_for("nope")
 
@@ -102,6 +104,7 @@ def test_flop_model():
     assert abs(bench.bwd_main_flops() - 26e6) / 26e6 < 0.02
     assert abs(bench.bwd_recompute_flops() - 5e6) / 5e6 < 0.06
     assert bench.flops_per_chunk("bwd") == bench.bwd_main_flops() + bench.bwd_recompute_flops()
+    assert bench.flops_per_chunk("e2e") == fwd + bench.flops_per_chunk("bwd")   # autograd: forward + backward
     # scales: doubling V roughly doubles the state products
     assert bench.flops_per_chunk("fwd", V=256) > fwd
     with pytest.raises(ValueError):
@@ -247,6 +250,15 @@ def test_readme_update(tmp_path):
     (results / "h200-a-sub.json").write_text(json.dumps(sub))
     assert bench.newest_record(results).name == "h200-a-new.json"   # ... and so does a full set over a --match run
     (results / "h200-a-sub.json").unlink()
+    ab = _fake_record(date="2026-12-07T00:00:00Z")
+    ab["libs"] = ["flashqla"]
+    (results / "h200-a-ab.json").write_text(json.dumps(ab))
+    one_dir = _fake_record(date="2026-12-08T00:00:00Z")
+    one_dir["cases"] = [c for c in one_dir["cases"] if c["direction"] == "fwd"]
+    (results / "h200-a-fwd.json").write_text(json.dumps(one_dir))
+    assert bench.newest_record(results).name == "h200-a-new.json"   # ... and over A/B and one-direction runs
+    (results / "h200-a-ab.json").unlink()
+    (results / "h200-a-fwd.json").unlink()
     readme = tmp_path / "README.md"
     readme.write_text(f"# title\n\nintro\n\n{bench.README_START}\nstale text\n{bench.README_END}\n\ntail\n")
     bench.update_readme(readme, results / "h200-a-new.json")
