@@ -215,9 +215,7 @@ flashqla_status_t flashqla_gdn_fwd(const flashqla_gdn_fwd_params_t* p, cudaStrea
 }
 
 int64_t flashqla_gdn_chunk_bound(const flashqla_gdn_fwd_params_t* p) {
-  if (p == nullptr || p->batch < 0 || p->seqlen < 0) return 0;
-  const int64_t per = (p->seqlen + 63) / 64;
-  return p->cu_seqlens == nullptr ? p->batch * per : per + (p->num_seqs > 0 ? p->num_seqs : 0);
+  return p == nullptr ? 0 : flashqla::chunk_bound(*p);
 }
 
 flashqla_status_t flashqla_gdn_bwd_grad(const flashqla_gdn_bwd_grad_params_t* p, cudaStream_t stream) {
@@ -250,14 +248,13 @@ flashqla_status_t flashqla_gdn_bwd_dh(const flashqla_gdn_bwd_dh_params_t* p, cud
   if (p == nullptr) return fail(FLASHQLA_ERROR_INVALID_ARGUMENT, "params is NULL");
   // the kernels read the forward's struct with v = dO, initial_state = dht, final_state = dh0 (o unused)
   flashqla_gdn_fwd_params_t f = p->fwd;
-  f.v = p->dout;
+  if (p->dout == nullptr && f.batch * f.seqlen > 0)  // (a NULL v would pass as zeros)
+    return fail(FLASHQLA_ERROR_INVALID_ARGUMENT, "dout must not be NULL");
+  f.v = p->dout;  // validated as v: alignment, strides
   f.v_stride_batch = p->dout_stride_batch;
   f.v_stride_time = p->dout_stride_time;
   f.v_stride_head = p->dout_stride_head;
-  f.o = const_cast<void*>(p->dout);  // validated like o, never written
-  f.o_stride_batch = p->dout_stride_batch;
-  f.o_stride_time = p->dout_stride_time;
-  f.o_stride_head = p->dout_stride_head;
+  f.o = nullptr;
   f.initial_state = p->dht;
   f.final_state = p->dh0;
   f.chunk_states = nullptr;

@@ -140,7 +140,7 @@ CUTLASS_DEVICE void dh_state_role(const flashqla_gdn_fwd_params_t& p, SharedStor
     bar_sync(kBarFull + st, kHandoffThreads);
 
     // dS' of chunk c: the gradient of its end state, [K][V] rows like the states
-    if (wk.chunk0 + c < prep_chunk_bound(p))  // (malformed cu_seqlens can name more chunks than dh has slots)
+    if (wk.chunk0 + c < chunk_bound(p))  // (malformed cu_seqlens can name more chunks than dh has slots)
       store_state_tile(dh + ((wk.chunk0 + c) * p.heads_v + wk.h) * int64_t(kDimK) * kDimV + wk.col0, sacc, tq, v0);
 
     uint32_t sa[8][4];
@@ -211,12 +211,12 @@ __global__ void __launch_bounds__(kThreads, 1) gdn_bwd_dh_kernel(const __grid_co
 }
 
 // p: the forward's struct with v = dO (and its strides), initial_state = dht or NULL, final_state = dh0 or
-// NULL; o unused. dh: [prep_chunk_bound(p), heads_v, 128, 128] fp32 (entries past the last chunk untouched).
+// NULL; o unused. dh: [chunk_bound(p), heads_v, 128, 128] fp32 (entries past the last chunk untouched).
 template <typename T>
 cudaError_t launch(const flashqla_gdn_fwd_params_t& p, float* dh, cudaStream_t stream) {
   const int64_t ctas = p.num_seqs * p.heads_v * kVBlocks;
   if (ctas == 0) return cudaSuccess;
-  const int64_t chunks = prep_chunk_bound(p);
+  const int64_t chunks = chunk_bound(p);
   const bool ix64 = p.cu_seqlens != nullptr && p.cu_seqlens_dtype == FLASHQLA_INT64;
   cudaError_t err = cudaSuccess;
   Workspace ws;

@@ -454,7 +454,7 @@ __global__ void __launch_bounds__(kGradThreads, 1) gdn_bwd_grad_kernel(const __g
 template <typename T>
 cudaError_t launch(const flashqla_gdn_bwd_grad_params_t& gp, cudaStream_t stream) {
   const flashqla_gdn_fwd_params_t& p = gp.fwd;
-  const int64_t chunks = prep_chunk_bound(p);
+  const int64_t chunks = chunk_bound(p);
   if (chunks == 0 || p.num_seqs == 0) return cudaSuccess;
   const bool ix64 = p.cu_seqlens != nullptr && p.cu_seqlens_dtype == FLASHQLA_INT64;
   auto kernel = ix64 ? gdn_bwd_grad_kernel<T, int64_t> : gdn_bwd_grad_kernel<T, int32_t>;

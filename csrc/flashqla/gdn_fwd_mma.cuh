@@ -118,14 +118,7 @@ struct SharedStorage {
 };
 
 // Where one CTA's work lives.
-// Upper bound on the number of chunks of all sequences, known on the host without reading cu_seqlens:
-// every sequence adds at most one partial chunk to ceil(total tokens / 64). Chunk-indexed buffers (chunk
-// states, dh) have this many slots; malformed cu_seqlens (overlapping sequences) can name more chunks, whose
-// slots are skipped.
-CUTLASS_HOST_DEVICE int64_t prep_chunk_bound(const flashqla_gdn_fwd_params_t& p) {
-  return p.cu_seqlens == nullptr ? p.batch * ((p.seqlen + kChunk - 1) / kChunk)
-                                 : (p.seqlen + kChunk - 1) / kChunk + p.num_seqs;
-}
+static_assert(kChunk == 64, "chunk_bound (kernels.h) counts 64-token chunks");
 
 template <typename T>
 struct Work {
@@ -599,7 +592,7 @@ CUTLASS_DEVICE void state_role(const flashqla_gdn_fwd_params_t& p, SharedStorage
     const int st = static_cast<int>(c % kStages);
     const Stage<T>& S = sm.stage[st];
     const int rows = static_cast<int>(wk.len - c * kChunk < kChunk ? wk.len - c * kChunk : kChunk);
-    if (p.chunk_states != nullptr && wk.chunk0 + c < prep_chunk_bound(p)) {  // the state at the chunk's start
+    if (p.chunk_states != nullptr && wk.chunk0 + c < chunk_bound(p)) {  // the state at the chunk's start
       store_state_tile(p.chunk_states + ((wk.chunk0 + c) * p.heads_v + wk.h) * int64_t(kDimK) * kDimV + wk.col0, sacc, tq, v0);
     }
     bar_sync(kBarFull + st, kHandoffThreads);
@@ -944,7 +937,7 @@ cudaError_t launch_recurrent(const flashqla_gdn_fwd_params_t& p, const PrepBuffe
 
 template <typename T>
 cudaError_t launch(const flashqla_gdn_fwd_params_t& p, cudaStream_t stream) {
-  const int64_t chunks = prep_chunk_bound(p);
+  const int64_t chunks = chunk_bound(p);
   if (!fwd_split_mode() || chunks == 0 || p.num_seqs == 0)
     return launch_recurrent<T, AuxMode::kFused>(p, PrepBuffers<T>{nullptr, nullptr}, stream);
   static_assert(kFwdPrepCols == kDimK + kChunk && sizeof(T) == 2, "workspace layout");

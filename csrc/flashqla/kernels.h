@@ -17,6 +17,18 @@ inline bool fwd_split_mode() {
   const char* e = std::getenv("FLASHQLA_FWD_SPLIT");
   return !(e != nullptr && e[0] == '0');
 }
+// Chunks of all sequences, bounded from the shapes alone (cu_seqlens is not read): every sequence adds at most
+// one partial 64-token chunk to ceil(total tokens / 64). Chunk-indexed buffers (chunk states, dh) are sized
+// with it on the host (flashqla_gdn_chunk_bound) and the kernels guard their writes and size their grids with
+// it: one definition for both, so they cannot disagree.
+#if defined(__CUDACC__)
+__host__ __device__
+#endif
+inline int64_t chunk_bound(const flashqla_gdn_fwd_params_t& p) {
+  if (p.batch < 0 || p.seqlen < 0) return 0;
+  const int64_t per = (p.seqlen + 63) / 64;
+  return p.cu_seqlens == nullptr ? p.batch * per : per + (p.num_seqs > 0 ? p.num_seqs : 0);
+}
 // Workspace of the prep kernels: `cols` 16-bit values per token row per value head (forward split: X 128 +
 // W 64; backward: W' 128 + U 128).
 constexpr int kFwdPrepCols = 128 + 64;
