@@ -364,13 +364,18 @@ def _initial_state_grad(P, dS_first, dht_):
     return torch.where((P.seq_len > 0)[:, None, None, None], dS_first[first_slot.clamp(max=P.NC - 1)], dht_)
 
 
+def _valid_slots(P, x):
+    """x [slots, ...] with the slots past the last chunk zeroed."""
+    return torch.where(P.slot_valid[:, None, None, None], x, torch.zeros((), dtype=P.dt, device=P.dev))
+
+
 def chunk_states_torch(q, k, v, g, beta, scale=None, initial_state=None, cu_seqlens=None,
                        use_qk_l2norm_in_kernel=False, chunk_size=CHUNK):
     """The state at the start of every chunk, as the forward kernel writes it for the backward: [chunk slots,
     H_v, K, V] over the chunks of all sequences in order (slots past the last chunk are zero)."""
     P = _prepare(q, k, v, g, beta, scale, initial_state, cu_seqlens, use_qk_l2norm_in_kernel, chunk_size)
     S0, _ = _state_chain(P)
-    return torch.where(P.slot_valid[:, None, None, None], S0, torch.zeros((), dtype=P.dt, device=P.dev))
+    return _valid_slots(P, S0)
 
 
 def chunk_state_grads_torch(q, k, g, beta, do, dht=None, scale=None, cu_seqlens=None, use_qk_l2norm_in_kernel=False,
@@ -380,8 +385,7 @@ def chunk_state_grads_torch(q, k, g, beta, do, dht=None, scale=None, cu_seqlens=
     slots past the last chunk are zero), and dh0 the gradient of each sequence's initial state."""
     P = _prepare(q, k, do, g, beta, scale, None, cu_seqlens, use_qk_l2norm_in_kernel, chunk_size)
     *_, dht_, _, _, dSp, dS_first = _reverse_chain(P, do, dht)
-    dh = torch.where(P.slot_valid[:, None, None, None], dSp, torch.zeros((), dtype=P.dt, device=P.dev))
-    return dh, _initial_state_grad(P, dS_first, dht_)
+    return _valid_slots(P, dSp), _initial_state_grad(P, dS_first, dht_)
 
 
 def _chunk_local_grads(P, S0, dSp, dh0, dOc, QKt, U1, q, k, v, g, beta, initial_state, use_qk_l2norm_in_kernel):
@@ -446,13 +450,12 @@ def chunk_gdn_bwd_from_states(q, k, v, g, beta, do, states, dh, dh0=None, dht=No
     chunk-parallel step runs here."""
     P = _prepare(q, k, v, g, beta, scale, initial_state, cu_seqlens, use_qk_l2norm_in_kernel, chunk_size)
     dOc, _, QKt, U1 = _bwd_setup(P, do, dht)
-    zero = torch.zeros((), dtype=P.dt, device=P.dev)
 
     def slots(x):  # the kernels' chunk rows -> the reference's slots (same order; extra slots zero)
         x = x.to(P.dt)[: P.NC]
         if x.shape[0] < P.NC:
             x = torch.cat([x, x.new_zeros((P.NC - x.shape[0],) + tuple(x.shape[1:]))])
-        return torch.where(P.slot_valid[:, None, None, None], x, zero)
+        return _valid_slots(P, x)
 
     return _chunk_local_grads(P, slots(states), slots(dh), dh0, dOc, QKt, U1, q, k, v, g, beta, initial_state,
                               use_qk_l2norm_in_kernel)
@@ -475,7 +478,6 @@ def chunk_gdn_bwd_torch(q, k, v, g, beta, do, dht=None, scale=None, initial_stat
     None without initial_state).
     """
     P = _prepare(q, k, v, g, beta, scale, initial_state, cu_seqlens, use_qk_l2norm_in_kernel, chunk_size)
-    dt, C = P.dt, P.C
     S0, _ = _state_chain(P, segment_chunks)
     dOc, dht_, QKt, U1, dSp, dS_first = _reverse_chain(P, do, dht, segment_chunks)
 
