@@ -391,7 +391,7 @@ def chunk_state_grads_torch(q, k, g, beta, do, dht=None, scale=None, cu_seqlens=
 def _chunk_local_grads(P, S0, dSp, dh0, dOc, QKt, U1, q, k, v, g, beta, initial_state, use_qk_l2norm_in_kernel):
     """The backward's chunk-parallel step: from the chunk-start states S0 and the chunk-end state gradients dSp
     ([slots, H_v, K, V]), the gradients (dq, dk, dv, dg, dbeta, dh0) in the inputs' dtypes."""
-    dt, C = P.dt, P.C
+    dt = P.dt
     # chunk-local gradients (independent per chunk)
     KS = P.Kc @ S0
     R = P.Vc - P.gamma[..., None] * KS
