@@ -241,7 +241,9 @@ CUTLASS_DEVICE void gate_p_tile(const AuxScratch<T>& ax, const AuxLane& al, int 
 }
 
 // From the raw K K^T and this head's gates (ax.G, ax.beta): L = StrictLower(diag(beta) K K^T) to ax.la, then
-// the inverse A = (I + L)^-1 in ax.la (fp32).
+// the inverse A = (I + L)^-1 in ax.la (fp32). Only A's 16 x 16 blocks on and below the diagonal are written
+// (the diagonal blocks with zeros above the diagonal); the blocks above keep whatever was there: A is lower
+// triangular, and readers that touch that region mask it (the gradient kernel's A^T did not, see NOTES).
 template <typename T>
 CUTLASS_DEVICE void aux_gates_inverse(AuxScratch<T>& ax, int tid, uint32_t bar_aux, long long& t_mark,
                                       const float (&kk)[8][4]) {
