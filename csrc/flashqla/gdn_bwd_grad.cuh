@@ -16,8 +16,9 @@
 //   dQK = dP * Gamma, dA = dM * Gamma, dL = -(A^T dA A^T) strictly lower (tf32), dKK^T = beta dL;
 //   H = Gamma * (dP * Q K^T + dM * A) (lower), dG = gamma d_gamma - dte d_dte + rowsum(H) - colsum(H),
 //   dG_C += sum(dte d_dte) + gamma_C <S0, dS'>, dg = the reverse cumsum of dG over the chunk.
-// dq and dk are per value head (the caller sums a GVA group's heads in fp32 and applies the l2norm
-// backward); rows past a sequence's end are not written (the caller zero-fills).
+// One CTA per (chunk, GVA group) runs the group's value heads in order: dq and dk come out per q/k head,
+// summed over the group in fp32 in a fixed order (the caller applies the l2norm backward); rows past a
+// sequence's end are not written (the caller zero-fills).
 #pragma once
 
 #include "gdn_fwd_mma.cuh"
@@ -103,351 +104,367 @@ __global__ void __launch_bounds__(kGradThreads, 1) gdn_bwd_grad_kernel(const __g
   const LdsmOffsets ld(lane);
   CtaTile ct;
   int64_t c;
-  if (!prep_tile<IndexT>(p, sm.seq, sm.chunk, ct, c)) return;
-  Work<T> wk = make_work<T>(p, ct);
-  const int64_t h = ct.h;
-  const int rows = static_cast<int>(wk.len - c * kChunk < kChunk ? wk.len - c * kChunk : kChunk);
-  const int64_t row0 = wk.flat0 + c * kChunk;  // the chunk's first token row
-  const int64_t slot = (static_cast<int64_t>(blockIdx.x) * p.heads_v + h) * int64_t(kDimK) * kDimV;
+  const int group = static_cast<int>(p.heads_v / p.heads_qk);
+  if (!prep_tile<IndexT>(p, sm.seq, sm.chunk, ct, c, group)) return;
+  const int64_t hq = ct.hq;
   long long t_mark = 0;
   const PrepBuffers<T> no_pb{nullptr, nullptr};
 
-  // ---- phase 1: inputs. Warps 0-3: K, Q, the gates, l2norm (the aux code); warps 4-7: dO, and S0, dS' as
-  // T with <S0, dS'> in fp32
-  if (tid < kAuxThreads) {
-    aux_chunk<T, AuxMode::kInputsOnly>(p, sm.in, sm.ax, wk, c, tid, kBarAux, no_pb, t_mark);
-  } else {
-    const int u = tid - kAuxThreads;
-    const T* dop = static_cast<const T*>(gp.dout) + wk.b * gp.dout_stride_batch + wk.t0 * gp.dout_stride_time +
-                   h * gp.dout_stride_head;
-    for (int i = u; i < kChunk * kDimV / 8; i += kAuxThreads) {
-      const int r = i >> 4, c8 = (i & 15) * 8;
-      const bool ok = r < rows;
-      cp_async_16(&sm.dout[r * kLdK + c8], ok ? dop + (c * kChunk + r) * gp.dout_stride_time + c8 : dop, ok);
-    }
-    float dot = 0.f;
-    const float* s0g = gp.states + slot;
-    const float* dsg = gp.dh + slot;
-    for (int i = u; i < kDimK * kDimV / 4; i += kAuxThreads) {
-      const int r = i >> 5, c4 = (i & 31) * 4;
-      const float4 a = *reinterpret_cast<const float4*>(s0g + r * kDimV + c4);
-      const float4 b = *reinterpret_cast<const float4*>(dsg + r * kDimV + c4);
-      dot += a.x * b.x + a.y * b.y + a.z * b.z + a.w * b.w;
-      store_pair<T>(&sm.s0[r * kLdK + c4], a.x, a.y);
-      store_pair<T>(&sm.s0[r * kLdK + c4 + 2], a.z, a.w);
-      store_pair<T>(&sm.ds[r * kLdK + c4], b.x, b.y);
-      store_pair<T>(&sm.ds[r * kLdK + c4 + 2], b.z, b.w);
-    }
-#pragma unroll
-    for (int off = 16; off > 0; off >>= 1) dot += __shfl_xor_sync(0xffffffffu, dot, off);
-    if (lane == 0) sm.red[w] = dot;
-    cp_async_wait_all();
-  }
-  __syncthreads();
+  // The value heads of the GVA group one after another; dq and dk are summed over them in head order in
+  // fp32, in the output rows (each thread rereads only what it wrote)
+  for (int j = 0; j < group; ++j) {
+    ct.h = hq * group + j;
+    Work<T> wk = make_work<T>(p, ct);
+    const int64_t h = ct.h;
+    const int rows = static_cast<int>(wk.len - c * kChunk < kChunk ? wk.len - c * kChunk : kChunk);
+    const int64_t row0 = wk.flat0 + c * kChunk;  // the chunk's first token row
+    const int64_t slot = (static_cast<int64_t>(blockIdx.x) * p.heads_v + h) * int64_t(kDimK) * kDimV;
 
-  // ---- phase 2 (warps 0-3): the raw Gram products, L and the inverse A (ax.la); P = Q K^T * Gamma to pq;
-  // M = Gamma * A to ax.m
-  if (tid < kAuxThreads) {
-    float kk[8][4], qk[8][4];
-    aux_gram_raw<T>(sm.in, tid, kk, qk);
-    aux_gates_inverse<T>(sm.ax, tid, kBarAux, t_mark, kk);
-    const AuxLane al(tid);
-#pragma unroll
-    for (int nt = 0; nt < 8; ++nt) {
-      float pv[4] = {0.f, 0.f, 0.f, 0.f};
-      if (nt <= 2 * al.w + 1) gate_p_tile<T>(sm.ax, al, nt, qk[nt], pv);
-      const int j = 8 * nt + 2 * al.tq;
-      store_pair<T>(&sm.pq[al.i0 * kLdC + j], pv[0], pv[1]);
-      store_pair<T>(&sm.pq[al.i1 * kLdC + j], pv[2], pv[3]);
-    }
-    for (int e = tid; e < kChunk * kChunk; e += kAuxThreads) {
-      const int i = e >> 6, j = e & 63;
-      const float val = j <= i ? __expf(sm.ax.G[i] - sm.ax.G[j]) * sm.ax.la[i * kLdF + j] : 0.f;
-      sm.ax.m[i * kLdC + j] = from_f<T>(val);
-    }
-  }
-  __syncthreads();
-
-  const T* vg = wk.v + c * kChunk * p.v_stride_time;  // this chunk's V rows (all 128 columns)
-  auto v_pair = [&](int r, int col) -> float2 {
-    return r < rows ? load_pair<T>(vg + r * p.v_stride_time + col) : make_float2(0.f, 0.f);
-  };
-
-  // ---- phase 3: KS = K S0; R = V - gamma KS; Y = beta R -> y
-  {
-    float ks[8][4];
-    zero_acc(ks);
-    gemm_rows16<T, 8, false, true>(ks, sm.in.k, kLdK, m0, sm.s0, kLdK, n0, 0, kDimK / 16, ld);
-    for_pairs(ks, m0, n0, lane, [&](int r, int col, int, float a, float b) {
-      const float2 v = v_pair(r, col);
-      const float gm = sm.in.gamma[r], bt = sm.ax.beta[r];
-      store_pair<T>(&sm.y[r * kLdK + col], bt * (v.x - gm * a), bt * (v.y - gm * b));
-    });
-  }
-  __syncthreads();
-
-  // ---- phase 4: Vn = M Y, dW = K dS', U1 = scale P^T dO; dVn = U1 + dte dW; d_dte = rowsum(dW * Vn).
-  // dVn stays in registers (fp32) until phase 7 writes what its bf16 copy lost (dY's hi + lo operand)
-  float u1[8][4];
-  {
-    float vn[8][4], dw[8][4];
-    zero_acc(vn);
-    zero_acc(dw);
-    zero_acc(u1);
-    gemm_rows16<T, 8, false, true>(vn, sm.ax.m, kLdC, m0, sm.y, kLdK, n0, 0, kChunk / 16, ld);
-    gemm_rows16<T, 8, false, true>(dw, sm.in.k, kLdK, m0, sm.ds, kLdK, n0, 0, kDimK / 16, ld);
-    gemm_rows16<T, 8, true, true>(u1, sm.pq, kLdC, m0, sm.dout, kLdK, n0, 0, kChunk / 16, ld);
-    float s[2] = {0.f, 0.f};
-#pragma unroll
-    for (int nt = 0; nt < 8; ++nt)
-#pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        const int r = m0 + (lane >> 2) + 8 * (e >> 1);
-        s[e >> 1] += dw[nt][e] * vn[nt][e];
-        u1[nt][e] = p.scale * u1[nt][e] + sm.in.decay[r] * dw[nt][e];  // dVn
+    // ---- phase 1: inputs. Warps 0-3: K, Q, the gates, l2norm (the aux code); warps 4-7: dO, and S0, dS' as
+    // T with <S0, dS'> in fp32
+    if (tid < kAuxThreads) {
+      aux_chunk<T, AuxMode::kInputsOnly>(p, sm.in, sm.ax, wk, c, tid, kBarAux, no_pb, t_mark);
+    } else {
+      const int u = tid - kAuxThreads;
+      const T* dop = static_cast<const T*>(gp.dout) + wk.b * gp.dout_stride_batch + wk.t0 * gp.dout_stride_time +
+                     h * gp.dout_stride_head;
+      for (int i = u; i < kChunk * kDimV / 8; i += kAuxThreads) {
+        const int r = i >> 4, c8 = (i & 15) * 8;
+        const bool ok = r < rows;
+        cp_async_16(&sm.dout[r * kLdK + c8], ok ? dop + (c * kChunk + r) * gp.dout_stride_time + c8 : dop, ok);
       }
-    quad_row_sum(sm.rows[kSumDte], w, m0 + (lane >> 2), s[0], lane, false);
-    quad_row_sum(sm.rows[kSumDte], w, m0 + (lane >> 2) + 8, s[1], lane, false);
-    for_pairs(vn, m0, n0, lane, [&](int r, int col, int, float a, float b) { store_pair<T>(&sm.vn[r * kLdK + col], a, b); });
-    for_pairs(u1, m0, n0, lane, [&](int r, int col, int, float a, float b) { store_pair<T>(&sm.dvn[r * kLdK + col], a, b); });
-  }
-  __syncthreads();
+      float dot = 0.f;
+      const float* s0g = gp.states + slot;
+      const float* dsg = gp.dh + slot;
+      for (int i = u; i < kDimK * kDimV / 4; i += kAuxThreads) {
+        const int r = i >> 5, c4 = (i & 31) * 4;
+        const float4 a = *reinterpret_cast<const float4*>(s0g + r * kDimV + c4);
+        const float4 b = *reinterpret_cast<const float4*>(dsg + r * kDimV + c4);
+        dot += a.x * b.x + a.y * b.y + a.z * b.z + a.w * b.w;
+        store_pair<T>(&sm.s0[r * kLdK + c4], a.x, a.y);
+        store_pair<T>(&sm.s0[r * kLdK + c4 + 2], a.z, a.w);
+        store_pair<T>(&sm.ds[r * kLdK + c4], b.x, b.y);
+        store_pair<T>(&sm.ds[r * kLdK + c4 + 2], b.z, b.w);
+      }
+  #pragma unroll
+      for (int off = 16; off > 0; off >>= 1) dot += __shfl_xor_sync(0xffffffffu, dot, off);
+      if (lane == 0) sm.red[w] = dot;
+      cp_async_wait_all();
+    }
+    __syncthreads();
 
-  // ---- phase 5: dK = dte (Vn dS'^T)  (dK and dQ accumulate in registers from here on)
-  float dk[8][4], dq[8][4];
-  zero_acc(dk);
-  zero_acc(dq);
-  {
-    float t[8][4];
-    zero_acc(t);
-    gemm_rows16<T, 8, false, false>(t, sm.vn, kLdK, m0, sm.ds, kLdK, n0, 0, kDimV / 16, ld);
-#pragma unroll
-    for (int nt = 0; nt < 8; ++nt)
-#pragma unroll
-      for (int e = 0; e < 4; ++e) dk[nt][e] = sm.in.decay[m0 + (lane >> 2) + 8 * (e >> 1)] * t[nt][e];
-  }
-  __syncthreads();  // dS' is dead: dpm takes its place
+    // ---- phase 2 (warps 0-3): the raw Gram products, L and the inverse A (ax.la); P = Q K^T * Gamma to pq;
+    // M = Gamma * A to ax.m
+    if (tid < kAuxThreads) {
+      float kk[8][4], qk[8][4];
+      aux_gram_raw<T>(sm.in, tid, kk, qk);
+      aux_gates_inverse<T>(sm.ax, tid, kBarAux, t_mark, kk);
+      const AuxLane al(tid);
+  #pragma unroll
+      for (int nt = 0; nt < 8; ++nt) {
+        float pv[4] = {0.f, 0.f, 0.f, 0.f};
+        if (nt <= 2 * al.w + 1) gate_p_tile<T>(sm.ax, al, nt, qk[nt], pv);
+        const int j = 8 * nt + 2 * al.tq;
+        store_pair<T>(&sm.pq[al.i0 * kLdC + j], pv[0], pv[1]);
+        store_pair<T>(&sm.pq[al.i1 * kLdC + j], pv[2], pv[3]);
+      }
+      for (int e = tid; e < kChunk * kChunk; e += kAuxThreads) {
+        const int i = e >> 6, j = e & 63;
+        const float val = j <= i ? __expf(sm.ax.G[i] - sm.ax.G[j]) * sm.ax.la[i * kLdF + j] : 0.f;
+        sm.ax.m[i * kLdC + j] = from_f<T>(val);
+      }
+    }
+    __syncthreads();
 
-  // ---- phase 6: dP = scale dO Vn^T, dM = dVn Y^T (fp32, C x C)
-  {
-    float a[4][4], b[4][4];
-    zero_acc(a);
-    zero_acc(b);
-    gemm_rows16<T, 4, false, false>(a, sm.dout, kLdK, m0, sm.vn, kLdK, n0c, 0, kDimV / 16, ld);
-    gemm_rows16<T, 4, false, false>(b, sm.dvn, kLdK, m0, sm.y, kLdK, n0c, 0, kDimV / 16, ld);
-    for_pairs(a, m0, n0c, lane, [&](int r, int col, int, float x, float y) {
-      *reinterpret_cast<float2*>(&sm.dpm[0][r * kLdF + col]) = make_float2(p.scale * x, p.scale * y);
-    });
-    for_pairs(b, m0, n0c, lane, [&](int r, int col, int, float x, float y) {
-      *reinterpret_cast<float2*>(&sm.dpm[1][r * kLdF + col]) = make_float2(x, y);
-    });
-  }
-  __syncthreads();
+    const T* vg = wk.v + c * kChunk * p.v_stride_time;  // this chunk's V rows (all 128 columns)
+    auto v_pair = [&](int r, int col) -> float2 {
+      return r < rows ? load_pair<T>(vg + r * p.v_stride_time + col) : make_float2(0.f, 0.f);
+    };
 
-  // ---- phase 7: dY = M^T dVn with dVn as hi + lo (its bf16 rounding alone doubled dbeta's error in the
-  // float64 emulation, benchmarks/precision_study_bwd.py); KS again for R; dV = dR = beta dY (to HBM);
-  // dKS = -gamma dR -> y; dbeta = rowsum(dY R); d_gamma = -rowsum(dR KS)
-  for_pairs(u1, m0, n0, lane, [&](int r, int col, int, float a, float b) {  // Vn is dead: its tile takes lo
-    const float2 hi = load_pair<T>(&sm.dvn[r * kLdK + col]);
-    store_pair<T>(&sm.vn[r * kLdK + col], a - hi.x, b - hi.y);
-  });
-  __syncthreads();
-  {
-    float dy[8][4], ks[8][4];
-    zero_acc(dy);
-    zero_acc(ks);
-    gemm_rows16<T, 8, true, true>(dy, sm.ax.m, kLdC, m0, sm.dvn, kLdK, n0, 0, kChunk / 16, ld);
-    gemm_rows16<T, 8, true, true>(dy, sm.ax.m, kLdC, m0, sm.vn, kLdK, n0, 0, kChunk / 16, ld);
-    gemm_rows16<T, 8, false, true>(ks, sm.in.k, kLdK, m0, sm.s0, kLdK, n0, 0, kDimK / 16, ld);
-    float sb[2] = {0.f, 0.f}, sg[2] = {0.f, 0.f};
-    T* dvg = static_cast<T*>(gp.dv) + (row0 * p.heads_v + h) * int64_t(kDimV);
-#pragma unroll
-    for (int nt = 0; nt < 8; ++nt)
-#pragma unroll
-      for (int hh = 0; hh < 2; ++hh) {
-        const int r = m0 + (lane >> 2) + 8 * hh, col = n0 + 8 * nt + 2 * (lane & 3);
+    // ---- phase 3: KS = K S0; R = V - gamma KS; Y = beta R -> y
+    {
+      float ks[8][4];
+      zero_acc(ks);
+      gemm_rows16<T, 8, false, true>(ks, sm.in.k, kLdK, m0, sm.s0, kLdK, n0, 0, kDimK / 16, ld);
+      for_pairs(ks, m0, n0, lane, [&](int r, int col, int, float a, float b) {
         const float2 v = v_pair(r, col);
         const float gm = sm.in.gamma[r], bt = sm.ax.beta[r];
-        const float k0 = ks[nt][2 * hh], k1 = ks[nt][2 * hh + 1];
-        const float r0 = v.x - gm * k0, r1 = v.y - gm * k1;
-        const float y0 = dy[nt][2 * hh], y1 = dy[nt][2 * hh + 1];
-        const float dr0 = bt * y0, dr1 = bt * y1;
-        sb[hh] += y0 * r0 + y1 * r1;
-        sg[hh] -= dr0 * k0 + dr1 * k1;
-        if (r < rows) store_pair<T>(dvg + int64_t(r) * p.heads_v * kDimV + col, dr0, dr1);
-        store_pair<T>(&sm.y[r * kLdK + col], -gm * dr0, -gm * dr1);  // y is dead after phase 6
-      }
-#pragma unroll
-    for (int hh = 0; hh < 2; ++hh) {
-      quad_row_sum(sm.rows[kSumDbeta], w, m0 + (lane >> 2) + 8 * hh, sb[hh], lane, false);
-      quad_row_sum(sm.rows[kSumDgamma], w, m0 + (lane >> 2) + 8 * hh, sg[hh], lane, false);
+        store_pair<T>(&sm.y[r * kLdK + col], bt * (v.x - gm * a), bt * (v.y - gm * b));
+      });
     }
-  }
-  __syncthreads();
+    __syncthreads();
 
-  // ---- phase 8: dK += dKS S0^T; dQ = scale gamma (dO S0^T); d_gamma += scale rowsum(Q * dO S0^T)
-  {
-    gemm_rows16<T, 8, false, false>(dk, sm.y, kLdK, m0, sm.s0, kLdK, n0, 0, kDimV / 16, ld);
-    float t[8][4];
-    zero_acc(t);
-    gemm_rows16<T, 8, false, false>(t, sm.dout, kLdK, m0, sm.s0, kLdK, n0, 0, kDimV / 16, ld);
-    float sg[2] = {0.f, 0.f};
-#pragma unroll
-    for (int nt = 0; nt < 8; ++nt)
-#pragma unroll
+    // ---- phase 4: Vn = M Y, dW = K dS', U1 = scale P^T dO; dVn = U1 + dte dW; d_dte = rowsum(dW * Vn).
+    // dVn stays in registers (fp32) until phase 7 writes what its bf16 copy lost (dY's hi + lo operand)
+    float u1[8][4];
+    {
+      float vn[8][4], dw[8][4];
+      zero_acc(vn);
+      zero_acc(dw);
+      zero_acc(u1);
+      gemm_rows16<T, 8, false, true>(vn, sm.ax.m, kLdC, m0, sm.y, kLdK, n0, 0, kChunk / 16, ld);
+      gemm_rows16<T, 8, false, true>(dw, sm.in.k, kLdK, m0, sm.ds, kLdK, n0, 0, kDimK / 16, ld);
+      gemm_rows16<T, 8, true, true>(u1, sm.pq, kLdC, m0, sm.dout, kLdK, n0, 0, kChunk / 16, ld);
+      float s[2] = {0.f, 0.f};
+  #pragma unroll
+      for (int nt = 0; nt < 8; ++nt)
+  #pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          const int r = m0 + (lane >> 2) + 8 * (e >> 1);
+          s[e >> 1] += dw[nt][e] * vn[nt][e];
+          u1[nt][e] = p.scale * u1[nt][e] + sm.in.decay[r] * dw[nt][e];  // dVn
+        }
+      quad_row_sum(sm.rows[kSumDte], w, m0 + (lane >> 2), s[0], lane, false);
+      quad_row_sum(sm.rows[kSumDte], w, m0 + (lane >> 2) + 8, s[1], lane, false);
+      for_pairs(vn, m0, n0, lane, [&](int r, int col, int, float a, float b) { store_pair<T>(&sm.vn[r * kLdK + col], a, b); });
+      for_pairs(u1, m0, n0, lane, [&](int r, int col, int, float a, float b) { store_pair<T>(&sm.dvn[r * kLdK + col], a, b); });
+    }
+    __syncthreads();
+
+    // ---- phase 5: dK = dte (Vn dS'^T)  (dK and dQ accumulate in registers from here on)
+    float dk[8][4], dq[8][4];
+    zero_acc(dk);
+    zero_acc(dq);
+    {
+      float t[8][4];
+      zero_acc(t);
+      gemm_rows16<T, 8, false, false>(t, sm.vn, kLdK, m0, sm.ds, kLdK, n0, 0, kDimV / 16, ld);
+  #pragma unroll
+      for (int nt = 0; nt < 8; ++nt)
+  #pragma unroll
+        for (int e = 0; e < 4; ++e) dk[nt][e] = sm.in.decay[m0 + (lane >> 2) + 8 * (e >> 1)] * t[nt][e];
+    }
+    __syncthreads();  // dS' is dead: dpm takes its place
+
+    // ---- phase 6: dP = scale dO Vn^T, dM = dVn Y^T (fp32, C x C)
+    {
+      float a[4][4], b[4][4];
+      zero_acc(a);
+      zero_acc(b);
+      gemm_rows16<T, 4, false, false>(a, sm.dout, kLdK, m0, sm.vn, kLdK, n0c, 0, kDimV / 16, ld);
+      gemm_rows16<T, 4, false, false>(b, sm.dvn, kLdK, m0, sm.y, kLdK, n0c, 0, kDimV / 16, ld);
+      for_pairs(a, m0, n0c, lane, [&](int r, int col, int, float x, float y) {
+        *reinterpret_cast<float2*>(&sm.dpm[0][r * kLdF + col]) = make_float2(p.scale * x, p.scale * y);
+      });
+      for_pairs(b, m0, n0c, lane, [&](int r, int col, int, float x, float y) {
+        *reinterpret_cast<float2*>(&sm.dpm[1][r * kLdF + col]) = make_float2(x, y);
+      });
+    }
+    __syncthreads();
+
+    // ---- phase 7: dY = M^T dVn with dVn as hi + lo (its bf16 rounding alone doubled dbeta's error in the
+    // float64 emulation, benchmarks/precision_study_bwd.py); KS again for R; dV = dR = beta dY (to HBM);
+    // dKS = -gamma dR -> y; dbeta = rowsum(dY R); d_gamma = -rowsum(dR KS)
+    for_pairs(u1, m0, n0, lane, [&](int r, int col, int, float a, float b) {  // Vn is dead: its tile takes lo
+      const float2 hi = load_pair<T>(&sm.dvn[r * kLdK + col]);
+      store_pair<T>(&sm.vn[r * kLdK + col], a - hi.x, b - hi.y);
+    });
+    __syncthreads();
+    {
+      float dy[8][4], ks[8][4];
+      zero_acc(dy);
+      zero_acc(ks);
+      gemm_rows16<T, 8, true, true>(dy, sm.ax.m, kLdC, m0, sm.dvn, kLdK, n0, 0, kChunk / 16, ld);
+      gemm_rows16<T, 8, true, true>(dy, sm.ax.m, kLdC, m0, sm.vn, kLdK, n0, 0, kChunk / 16, ld);
+      gemm_rows16<T, 8, false, true>(ks, sm.in.k, kLdK, m0, sm.s0, kLdK, n0, 0, kDimK / 16, ld);
+      float sb[2] = {0.f, 0.f}, sg[2] = {0.f, 0.f};
+      T* dvg = static_cast<T*>(gp.dv) + (row0 * p.heads_v + h) * int64_t(kDimV);
+  #pragma unroll
+      for (int nt = 0; nt < 8; ++nt)
+  #pragma unroll
+        for (int hh = 0; hh < 2; ++hh) {
+          const int r = m0 + (lane >> 2) + 8 * hh, col = n0 + 8 * nt + 2 * (lane & 3);
+          const float2 v = v_pair(r, col);
+          const float gm = sm.in.gamma[r], bt = sm.ax.beta[r];
+          const float k0 = ks[nt][2 * hh], k1 = ks[nt][2 * hh + 1];
+          const float r0 = v.x - gm * k0, r1 = v.y - gm * k1;
+          const float y0 = dy[nt][2 * hh], y1 = dy[nt][2 * hh + 1];
+          const float dr0 = bt * y0, dr1 = bt * y1;
+          sb[hh] += y0 * r0 + y1 * r1;
+          sg[hh] -= dr0 * k0 + dr1 * k1;
+          if (r < rows) store_pair<T>(dvg + int64_t(r) * p.heads_v * kDimV + col, dr0, dr1);
+          store_pair<T>(&sm.y[r * kLdK + col], -gm * dr0, -gm * dr1);  // y is dead after phase 6
+        }
+  #pragma unroll
       for (int hh = 0; hh < 2; ++hh) {
-        const int r = m0 + (lane >> 2) + 8 * hh, col = n0 + 8 * nt + 2 * (lane & 3);
-        const float2 qv = load_pair<T>(&sm.in.q[r * kLdK + col]);
-        sg[hh] += qv.x * t[nt][2 * hh] + qv.y * t[nt][2 * hh + 1];
-        const float s = p.scale * sm.in.gamma[r];
-        dq[nt][2 * hh] = s * t[nt][2 * hh];
-        dq[nt][2 * hh + 1] = s * t[nt][2 * hh + 1];
+        quad_row_sum(sm.rows[kSumDbeta], w, m0 + (lane >> 2) + 8 * hh, sb[hh], lane, false);
+        quad_row_sum(sm.rows[kSumDgamma], w, m0 + (lane >> 2) + 8 * hh, sg[hh], lane, false);
       }
-#pragma unroll
-    for (int hh = 0; hh < 2; ++hh)
-      quad_row_sum(sm.rows[kSumDgamma], w, m0 + (lane >> 2) + 8 * hh, p.scale * sg[hh], lane, true);
-  }
-  __syncthreads();  // S0 is dead: f2 takes its place
+    }
+    __syncthreads();
 
-  // ---- phase 9: Q K^T again; dQK = dP * Gamma -> pq; dA = dM * Gamma (over dM); H = Gamma * (dP * QK^T +
-  // dM * A) (lower): row sums and per-row-block column sums. A^T -> f2[0].
-  {
-    float qk[4][4];
-    zero_acc(qk);
-    gemm_rows16<T, 4, false, false>(qk, sm.in.q, kLdK, m0, sm.in.k, kLdK, n0c, 0, kDimK / 16, ld);
-    float hr[2] = {0.f, 0.f};
-    float hc[4][2] = {};
-#pragma unroll
-    for (int nt = 0; nt < 4; ++nt)
-#pragma unroll
-      for (int hh = 0; hh < 2; ++hh) {
-        const int r = m0 + (lane >> 2) + 8 * hh, col = n0c + 8 * nt + 2 * (lane & 3);
-        float dqk[2];
-#pragma unroll
+    // ---- phase 8: dK += dKS S0^T; dQ = scale gamma (dO S0^T); d_gamma += scale rowsum(Q * dO S0^T)
+    {
+      gemm_rows16<T, 8, false, false>(dk, sm.y, kLdK, m0, sm.s0, kLdK, n0, 0, kDimV / 16, ld);
+      float t[8][4];
+      zero_acc(t);
+      gemm_rows16<T, 8, false, false>(t, sm.dout, kLdK, m0, sm.s0, kLdK, n0, 0, kDimV / 16, ld);
+      float sg[2] = {0.f, 0.f};
+  #pragma unroll
+      for (int nt = 0; nt < 8; ++nt)
+  #pragma unroll
+        for (int hh = 0; hh < 2; ++hh) {
+          const int r = m0 + (lane >> 2) + 8 * hh, col = n0 + 8 * nt + 2 * (lane & 3);
+          const float2 qv = load_pair<T>(&sm.in.q[r * kLdK + col]);
+          sg[hh] += qv.x * t[nt][2 * hh] + qv.y * t[nt][2 * hh + 1];
+          const float s = p.scale * sm.in.gamma[r];
+          dq[nt][2 * hh] = s * t[nt][2 * hh];
+          dq[nt][2 * hh + 1] = s * t[nt][2 * hh + 1];
+        }
+  #pragma unroll
+      for (int hh = 0; hh < 2; ++hh)
+        quad_row_sum(sm.rows[kSumDgamma], w, m0 + (lane >> 2) + 8 * hh, p.scale * sg[hh], lane, true);
+    }
+    __syncthreads();  // S0 is dead: f2 takes its place
+
+    // ---- phase 9: Q K^T again; dQK = dP * Gamma -> pq; dA = dM * Gamma (over dM); H = Gamma * (dP * QK^T +
+    // dM * A) (lower): row sums and per-row-block column sums. A^T -> f2[0].
+    {
+      float qk[4][4];
+      zero_acc(qk);
+      gemm_rows16<T, 4, false, false>(qk, sm.in.q, kLdK, m0, sm.in.k, kLdK, n0c, 0, kDimK / 16, ld);
+      float hr[2] = {0.f, 0.f};
+      float hc[4][2] = {};
+  #pragma unroll
+      for (int nt = 0; nt < 4; ++nt)
+  #pragma unroll
+        for (int hh = 0; hh < 2; ++hh) {
+          const int r = m0 + (lane >> 2) + 8 * hh, col = n0c + 8 * nt + 2 * (lane & 3);
+          float dqk[2];
+  #pragma unroll
+          for (int e = 0; e < 2; ++e) {
+            const int j = col + e;
+            const bool low = j <= r;
+            const float gam = low ? __expf(sm.ax.G[r] - sm.ax.G[j]) : 0.f;
+            const float dp = sm.dpm[0][r * kLdF + j], dm = sm.dpm[1][r * kLdF + j], a = sm.ax.la[r * kLdF + j];
+            const float hv = low ? gam * (dp * qk[nt][2 * hh + e] + dm * a) : 0.f;
+            hr[hh] += hv;
+            hc[nt][e] += hv;
+            dqk[e] = dp * gam;
+            sm.dpm[1][r * kLdF + j] = dm * gam;  // dA (this thread's element only)
+          }
+          store_pair<T>(&sm.pq[r * kLdC + col], dqk[0], dqk[1]);
+        }
+  #pragma unroll
+      for (int hh = 0; hh < 2; ++hh) quad_row_sum(sm.rows[kSumH], w, m0 + (lane >> 2) + 8 * hh, hr[hh], lane, false);
+      // column sums over the warp's 16 rows: lanes with the same lane % 4 hold the same columns
+  #pragma unroll
+      for (int nt = 0; nt < 4; ++nt)
+  #pragma unroll
+        for (int e = 0; e < 2; ++e) {
+          float x = hc[nt][e];
+          x += __shfl_xor_sync(0xffffffffu, x, 4);
+          x += __shfl_xor_sync(0xffffffffu, x, 8);
+          x += __shfl_xor_sync(0xffffffffu, x, 16);
+          if (lane < 4) sm.cols[rb][n0c + 8 * nt + 2 * lane + e] = x;
+        }
+      for (int e = tid; e < kChunk * kChunk; e += kGradThreads) {
+        const int i = e >> 6, j = e & 63;
+        sm.f2[0][i * kLdF + j] = j >= i ? sm.ax.la[j * kLdF + i] : 0.f;  // la above A's lower blocks is stale
+      }
+    }
+    __syncthreads();
+
+    // ---- phase 10: dQ += dQK K, dK += dQK^T Q; tf32: X = dA A^T -> f2[1]
+    gemm_rows16<T, 8, false, true>(dq, sm.pq, kLdC, m0, sm.in.k, kLdK, n0, 0, kChunk / 16, ld);
+    gemm_rows16<T, 8, true, true>(dk, sm.pq, kLdC, m0, sm.in.q, kLdK, n0, 0, kChunk / 16, ld);
+  #pragma unroll
+    for (int b = 0; b < 2; ++b) {  // 16 blocks of 16 x 16, two per warp
+      const int blk = 2 * w + b, bi = blk >> 2, bj = blk & 3;
+      float x[2][4] = {};
+      mma16x16_tf32(x, &sm.dpm[1][16 * bi * kLdF], kLdF, &sm.f2[0][16 * bj], kLdF, kChunk / 8, lane);
+      store16x16(&sm.f2[1][16 * bi * kLdF + 16 * bj], kLdF, x, 1.f, lane);
+    }
+    __syncthreads();
+
+    // ---- phase 11 (tf32): dL = -A^T X -> dpm[0] (dP is dead)
+  #pragma unroll
+    for (int b = 0; b < 2; ++b) {
+      const int blk = 2 * w + b, bi = blk >> 2, bj = blk & 3;
+      float x[2][4] = {};
+      mma16x16_tf32(x, &sm.f2[0][16 * bi * kLdF], kLdF, &sm.f2[1][16 * bj], kLdF, kChunk / 8, lane);
+      store16x16(&sm.dpm[0][16 * bi * kLdF + 16 * bj], kLdF, x, -1.f, lane);
+    }
+    __syncthreads();
+
+    // ---- phase 12: K K^T again: dbeta += rowsum(dL * K K^T) (strictly lower); dKK^T + its transpose -> pq
+    {
+      float kk[4][4];
+      zero_acc(kk);
+      gemm_rows16<T, 4, false, false>(kk, sm.in.k, kLdK, m0, sm.in.k, kLdK, n0c, 0, kDimK / 16, ld);
+      float sb[2] = {0.f, 0.f};
+      for_pairs(kk, m0, n0c, lane, [&](int r, int col, int hh, float a, float b) {
+        float sym[2];
+  #pragma unroll
         for (int e = 0; e < 2; ++e) {
           const int j = col + e;
-          const bool low = j <= r;
-          const float gam = low ? __expf(sm.ax.G[r] - sm.ax.G[j]) : 0.f;
-          const float dp = sm.dpm[0][r * kLdF + j], dm = sm.dpm[1][r * kLdF + j], a = sm.ax.la[r * kLdF + j];
-          const float hv = low ? gam * (dp * qk[nt][2 * hh + e] + dm * a) : 0.f;
-          hr[hh] += hv;
-          hc[nt][e] += hv;
-          dqk[e] = dp * gam;
-          sm.dpm[1][r * kLdF + j] = dm * gam;  // dA (this thread's element only)
+          const float dl_rj = j < r ? sm.dpm[0][r * kLdF + j] : 0.f;
+          const float dl_jr = r < j ? sm.dpm[0][j * kLdF + r] : 0.f;
+          sb[hh] += dl_rj * (e == 0 ? a : b);
+          sym[e] = sm.ax.beta[r] * dl_rj + sm.ax.beta[j] * dl_jr;
         }
-        store_pair<T>(&sm.pq[r * kLdC + col], dqk[0], dqk[1]);
-      }
-#pragma unroll
-    for (int hh = 0; hh < 2; ++hh) quad_row_sum(sm.rows[kSumH], w, m0 + (lane >> 2) + 8 * hh, hr[hh], lane, false);
-    // column sums over the warp's 16 rows: lanes with the same lane % 4 hold the same columns
-#pragma unroll
-    for (int nt = 0; nt < 4; ++nt)
-#pragma unroll
+        store_pair<T>(&sm.pq[r * kLdC + col], sym[0], sym[1]);
+      });
+  #pragma unroll
+      for (int hh = 0; hh < 2; ++hh)
+        quad_row_sum(sm.rows[kSumDbeta], w, m0 + (lane >> 2) + 8 * hh, sb[hh], lane, true);
+    }
+    __syncthreads();
+
+    // ---- phase 13: dK += (dKK^T + dKK^T^T) K; write dq, dk
+    gemm_rows16<T, 8, false, true>(dk, sm.pq, kLdC, m0, sm.in.k, kLdK, n0, 0, kChunk / 16, ld);
+  #pragma unroll
+    for (int which = 0; which < 2; ++which) {
+      float* base = (which == 0 ? gp.dq : gp.dk) + (row0 * p.heads_qk + hq) * int64_t(kDimK);
+      for_pairs(which == 0 ? dq : dk, m0, n0, lane, [&](int r, int col, int, float a, float b) {
+        if (r >= rows) return;
+        float2* o = reinterpret_cast<float2*>(base + int64_t(r) * p.heads_qk * kDimK + col);
+        if (j > 0) {
+          const float2 prev = *o;
+          a += prev.x;
+          b += prev.y;
+        }
+        *o = make_float2(a, b);
+      });
+    }
+
+    // ---- gates (warp 0): dG, then dg = the reverse cumsum over the chunk; dbeta
+    if (w == 0) {
+      float dG[2], dbeta[2], dte_sum = 0.f;
+  #pragma unroll
       for (int e = 0; e < 2; ++e) {
-        float x = hc[nt][e];
-        x += __shfl_xor_sync(0xffffffffu, x, 4);
-        x += __shfl_xor_sync(0xffffffffu, x, 8);
-        x += __shfl_xor_sync(0xffffffffu, x, 16);
-        if (lane < 4) sm.cols[rb][n0c + 8 * nt + 2 * lane + e] = x;
+        const int i = 2 * lane + e, b = i >> 4;  // row i's warps: b (columns 0-63) and b + 4
+        const auto sum = [&](int k) { return sm.rows[k][b][i] + sm.rows[k][b + 4][i]; };
+        const float d_dte = sum(kSumDte);
+        const float hcol = sm.cols[0][i] + sm.cols[1][i] + sm.cols[2][i] + sm.cols[3][i];
+        dG[e] = sm.in.gamma[i] * sum(kSumDgamma) - sm.in.decay[i] * d_dte + sum(kSumH) - hcol;
+        dbeta[e] = sum(kSumDbeta);
+        dte_sum += sm.in.decay[i] * d_dte;
       }
-    for (int e = tid; e < kChunk * kChunk; e += kGradThreads) {
-      const int i = e >> 6, j = e & 63;
-      sm.f2[0][i * kLdF + j] = j >= i ? sm.ax.la[j * kLdF + i] : 0.f;  // la above A's lower blocks is stale
-    }
-  }
-  __syncthreads();
-
-  // ---- phase 10: dQ += dQK K, dK += dQK^T Q; tf32: X = dA A^T -> f2[1]
-  gemm_rows16<T, 8, false, true>(dq, sm.pq, kLdC, m0, sm.in.k, kLdK, n0, 0, kChunk / 16, ld);
-  gemm_rows16<T, 8, true, true>(dk, sm.pq, kLdC, m0, sm.in.q, kLdK, n0, 0, kChunk / 16, ld);
-#pragma unroll
-  for (int b = 0; b < 2; ++b) {  // 16 blocks of 16 x 16, two per warp
-    const int blk = 2 * w + b, bi = blk >> 2, bj = blk & 3;
-    float x[2][4] = {};
-    mma16x16_tf32(x, &sm.dpm[1][16 * bi * kLdF], kLdF, &sm.f2[0][16 * bj], kLdF, kChunk / 8, lane);
-    store16x16(&sm.f2[1][16 * bi * kLdF + 16 * bj], kLdF, x, 1.f, lane);
-  }
-  __syncthreads();
-
-  // ---- phase 11 (tf32): dL = -A^T X -> dpm[0] (dP is dead)
-#pragma unroll
-  for (int b = 0; b < 2; ++b) {
-    const int blk = 2 * w + b, bi = blk >> 2, bj = blk & 3;
-    float x[2][4] = {};
-    mma16x16_tf32(x, &sm.f2[0][16 * bi * kLdF], kLdF, &sm.f2[1][16 * bj], kLdF, kChunk / 8, lane);
-    store16x16(&sm.dpm[0][16 * bi * kLdF + 16 * bj], kLdF, x, -1.f, lane);
-  }
-  __syncthreads();
-
-  // ---- phase 12: K K^T again: dbeta += rowsum(dL * K K^T) (strictly lower); dKK^T + its transpose -> pq
-  {
-    float kk[4][4];
-    zero_acc(kk);
-    gemm_rows16<T, 4, false, false>(kk, sm.in.k, kLdK, m0, sm.in.k, kLdK, n0c, 0, kDimK / 16, ld);
-    float sb[2] = {0.f, 0.f};
-    for_pairs(kk, m0, n0c, lane, [&](int r, int col, int hh, float a, float b) {
-      float sym[2];
-#pragma unroll
+  #pragma unroll
+      for (int off = 16; off > 0; off >>= 1) dte_sum += __shfl_xor_sync(0xffffffffu, dte_sum, off);
+      float dot = 0.f;
+      for (int k = 4; k < kGradWarps; ++k) dot += sm.red[k];  // the warps that loaded S0 and dS'
+      if (lane == 31) dG[1] += dte_sum + sm.in.gamma[kChunk - 1] * dot;  // dG_C: the chunk's last position
+      // reverse inclusive cumsum: lane holds rows 2 lane, 2 lane + 1
+      float tail = dG[0] + dG[1];
+  #pragma unroll
+      for (int off = 1; off < 32; off <<= 1) {
+        const float dn = __shfl_down_sync(0xffffffffu, tail, off);
+        if (lane + off < 32) tail += dn;
+      }
+      const float dg1 = tail - dG[0], dg0 = tail;  // sums over rows >= 2 lane + 1 and >= 2 lane
+      const float dgs[2] = {dg0, dg1};
+  #pragma unroll
       for (int e = 0; e < 2; ++e) {
-        const int j = col + e;
-        const float dl_rj = j < r ? sm.dpm[0][r * kLdF + j] : 0.f;
-        const float dl_jr = r < j ? sm.dpm[0][j * kLdF + r] : 0.f;
-        sb[hh] += dl_rj * (e == 0 ? a : b);
-        sym[e] = sm.ax.beta[r] * dl_rj + sm.ax.beta[j] * dl_jr;
-      }
-      store_pair<T>(&sm.pq[r * kLdC + col], sym[0], sym[1]);
-    });
-#pragma unroll
-    for (int hh = 0; hh < 2; ++hh)
-      quad_row_sum(sm.rows[kSumDbeta], w, m0 + (lane >> 2) + 8 * hh, sb[hh], lane, true);
-  }
-  __syncthreads();
-
-  // ---- phase 13: dK += (dKK^T + dKK^T^T) K; write dq, dk
-  gemm_rows16<T, 8, false, true>(dk, sm.pq, kLdC, m0, sm.in.k, kLdK, n0, 0, kChunk / 16, ld);
-#pragma unroll
-  for (int which = 0; which < 2; ++which) {
-    float* base = (which == 0 ? gp.dq : gp.dk) + (row0 * p.heads_v + h) * int64_t(kDimK);
-    for_pairs(which == 0 ? dq : dk, m0, n0, lane, [&](int r, int col, int, float a, float b) {
-      if (r < rows) *reinterpret_cast<float2*>(base + int64_t(r) * p.heads_v * kDimK + col) = make_float2(a, b);
-    });
-  }
-
-  // ---- gates (warp 0): dG, then dg = the reverse cumsum over the chunk; dbeta
-  if (w == 0) {
-    float dG[2], dbeta[2], dte_sum = 0.f;
-#pragma unroll
-    for (int e = 0; e < 2; ++e) {
-      const int i = 2 * lane + e, b = i >> 4;  // row i's warps: b (columns 0-63) and b + 4
-      const auto sum = [&](int k) { return sm.rows[k][b][i] + sm.rows[k][b + 4][i]; };
-      const float d_dte = sum(kSumDte);
-      const float hcol = sm.cols[0][i] + sm.cols[1][i] + sm.cols[2][i] + sm.cols[3][i];
-      dG[e] = sm.in.gamma[i] * sum(kSumDgamma) - sm.in.decay[i] * d_dte + sum(kSumH) - hcol;
-      dbeta[e] = sum(kSumDbeta);
-      dte_sum += sm.in.decay[i] * d_dte;
-    }
-#pragma unroll
-    for (int off = 16; off > 0; off >>= 1) dte_sum += __shfl_xor_sync(0xffffffffu, dte_sum, off);
-    float dot = 0.f;
-    for (int k = 4; k < kGradWarps; ++k) dot += sm.red[k];  // the warps that loaded S0 and dS'
-    if (lane == 31) dG[1] += dte_sum + sm.in.gamma[kChunk - 1] * dot;  // dG_C: the chunk's last position
-    // reverse inclusive cumsum: lane holds rows 2 lane, 2 lane + 1
-    float tail = dG[0] + dG[1];
-#pragma unroll
-    for (int off = 1; off < 32; off <<= 1) {
-      const float dn = __shfl_down_sync(0xffffffffu, tail, off);
-      if (lane + off < 32) tail += dn;
-    }
-    const float dg1 = tail - dG[0], dg0 = tail;  // sums over rows >= 2 lane + 1 and >= 2 lane
-    const float dgs[2] = {dg0, dg1};
-#pragma unroll
-    for (int e = 0; e < 2; ++e) {
-      const int i = 2 * lane + e;
-      if (i < rows) {
-        gp.dg[(row0 + i) * p.heads_v + h] = dgs[e];
-        gp.dbeta[(row0 + i) * p.heads_v + h] = dbeta[e];
+        const int i = 2 * lane + e;
+        if (i < rows) {
+          gp.dg[(row0 + i) * p.heads_v + h] = dgs[e];
+          gp.dbeta[(row0 + i) * p.heads_v + h] = dbeta[e];
+        }
       }
     }
+    __syncthreads();  // the next head's phase 1 rewrites what phase 13 and the gate warp read
   }
 }
 
@@ -462,7 +479,7 @@ cudaError_t launch(const flashqla_gdn_bwd_grad_params_t& gp, cudaStream_t stream
   static_assert(sizeof(GradStorage<T>) <= 227 * 1024, "one gradient CTA per SM");
   cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem));
   if (err != cudaSuccess) return err;
-  kernel<<<dim3(static_cast<unsigned>(chunks), static_cast<unsigned>(p.heads_v)), kGradThreads, smem, stream>>>(gp);
+  kernel<<<dim3(static_cast<unsigned>(chunks), static_cast<unsigned>(p.heads_qk)), kGradThreads, smem, stream>>>(gp);
   return cudaGetLastError();
 }
 

@@ -233,7 +233,8 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> chunk_gdn
   p.dh = dh.data_ptr<float>();
   auto f32 = v.options().dtype(at::kFloat);
   const int64_t B = q.size(0), T = q.size(1);
-  at::Tensor dq = at::zeros({B, T, H, K}, f32), dk = at::zeros({B, T, H, K}, f32);
+  const int64_t Hq = q.size(2);  // dq, dk per q/k head: the kernel sums each GVA group
+  at::Tensor dq = at::zeros({B, T, Hq, K}, f32), dk = at::zeros({B, T, Hq, K}, f32);
   at::Tensor dv = at::zeros({B, T, H, V}, v.options());
   at::Tensor dg = at::zeros({B, T, H}, f32), dbeta = at::zeros({B, T, H}, f32);
   p.dq = dq.data_ptr<float>();
