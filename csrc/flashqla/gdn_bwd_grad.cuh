@@ -1,10 +1,11 @@
-// Backward, part 2: the chunk-parallel gradient step (reference._chunk_local_grads), v0.
+// Backward, part 2: the chunk-parallel gradient step (reference._chunk_local_grads), v1.
 //
 // With S0 (the state at each chunk's start, the forward kernel's chunk_states) and dS' (the gradient of the
-// state at its end, gdn_bwd_dh) every chunk's gradients are independent. One CTA (8 warps) per (chunk, value
-// head) runs the step as a sequence of phases, each a set of tensor-core products over shared memory with
-// an epilogue, separated by __syncthreads: simple first (every operand staged in shared memory, products
-// recomputed where that saves a buffer), fast later. Warp w owns rows [16 (w % 4), +16) and column half
+// state at its end, gdn_bwd_dh) every chunk's gradients are independent. One CTA (8 warps) per (chunk, q/k
+// head) runs the step for each value head of the GVA group as a sequence of phases, each a set of
+// tensor-core products over shared memory with an epilogue, separated by __syncthreads (the first two
+// overlap: the aux warps' products while the other four load S0 and dS'): every operand staged in shared
+// memory, products recomputed where that saves a buffer. Warp w owns rows [16 (w % 4), +16) and column half
 // w / 4 of every C x 128 (64 columns) and C x C (32 columns) product; its row-wise intermediates stay in
 // registers, what other warps read goes to shared memory as T. Row sums are reduced in a fixed order
 // (deterministic). Products, C = 64:
@@ -120,47 +121,18 @@ __global__ void __launch_bounds__(kGradThreads, 1) gdn_bwd_grad_kernel(const __g
     const int64_t row0 = wk.flat0 + c * kChunk;  // the chunk's first token row
     const int64_t slot = (static_cast<int64_t>(blockIdx.x) * p.heads_v + h) * int64_t(kDimK) * kDimV;
 
-    // ---- phase 1: inputs. Warps 0-3: K, Q, the gates, l2norm (the aux code); warps 4-7: dO, and S0, dS' as
-    // T with <S0, dS'> in fp32
+    // ---- phases 1-2. Warps 0-3: K, Q, the gates, l2norm (the aux code), then the raw Gram products, L and the
+    // inverse A (ax.la), P = Q K^T * Gamma to pq, M = Gamma * A to ax.m. Warps 4-7 meanwhile: dO, and S0, dS'
+    // as T with <S0, dS'> in fp32 (128 KB of fp32 reads per head, whose latency the aux work now hides; they
+    // used to be a phase of their own before the aux products)
     if (tid < kAuxThreads) {
       aux_chunk<T, AuxMode::kInputsOnly>(p, sm.in, sm.ax, wk, c, tid, kBarAux, no_pb, t_mark);
-    } else {
-      const int u = tid - kAuxThreads;
-      const T* dop = static_cast<const T*>(gp.dout) + wk.b * gp.dout_stride_batch + wk.t0 * gp.dout_stride_time +
-                     h * gp.dout_stride_head;
-      for (int i = u; i < kChunk * kDimV / 8; i += kAuxThreads) {
-        const int r = i >> 4, c8 = (i & 15) * 8;
-        const bool ok = r < rows;
-        cp_async_16(&sm.dout[r * kLdK + c8], ok ? dop + (c * kChunk + r) * gp.dout_stride_time + c8 : dop, ok);
-      }
-      float dot = 0.f;
-      const float* s0g = gp.states + slot;
-      const float* dsg = gp.dh + slot;
-      for (int i = u; i < kDimK * kDimV / 4; i += kAuxThreads) {
-        const int r = i >> 5, c4 = (i & 31) * 4;
-        const float4 a = *reinterpret_cast<const float4*>(s0g + r * kDimV + c4);
-        const float4 b = *reinterpret_cast<const float4*>(dsg + r * kDimV + c4);
-        dot += a.x * b.x + a.y * b.y + a.z * b.z + a.w * b.w;
-        store_pair<T>(&sm.s0[r * kLdK + c4], a.x, a.y);
-        store_pair<T>(&sm.s0[r * kLdK + c4 + 2], a.z, a.w);
-        store_pair<T>(&sm.ds[r * kLdK + c4], b.x, b.y);
-        store_pair<T>(&sm.ds[r * kLdK + c4 + 2], b.z, b.w);
-      }
-  #pragma unroll
-      for (int off = 16; off > 0; off >>= 1) dot += __shfl_xor_sync(0xffffffffu, dot, off);
-      if (lane == 0) sm.red[w] = dot;
-      cp_async_wait_all();
-    }
-    __syncthreads();
-
-    // ---- phase 2 (warps 0-3): the raw Gram products, L and the inverse A (ax.la); P = Q K^T * Gamma to pq;
-    // M = Gamma * A to ax.m
-    if (tid < kAuxThreads) {
+      bar_sync(kBarAux, kAuxThreads);  // the aux group's closing sync: K, Q, the gates in shared memory
       float kk[8][4], qk[8][4];
       aux_gram_raw<T>(sm.in, tid, kk, qk);
       aux_gates_inverse<T>(sm.ax, tid, kBarAux, t_mark, kk);
       const AuxLane al(tid);
-  #pragma unroll
+#pragma unroll
       for (int nt = 0; nt < 8; ++nt) {
         float pv[4] = {0.f, 0.f, 0.f, 0.f};
         if (nt <= 2 * al.w + 1) gate_p_tile<T>(sm.ax, al, nt, qk[nt], pv);
@@ -173,6 +145,43 @@ __global__ void __launch_bounds__(kGradThreads, 1) gdn_bwd_grad_kernel(const __g
         const float val = j <= i ? __expf(sm.ax.G[i] - sm.ax.G[j]) * sm.ax.la[i * kLdF + j] : 0.f;
         sm.ax.m[i * kLdC + j] = from_f<T>(val);
       }
+    } else {
+      const int u = tid - kAuxThreads;
+      const T* dop = static_cast<const T*>(gp.dout) + wk.b * gp.dout_stride_batch + wk.t0 * gp.dout_stride_time +
+                     h * gp.dout_stride_head;
+      for (int i = u; i < kChunk * kDimV / 8; i += kAuxThreads) {
+        const int r = i >> 4, c8 = (i & 15) * 8;
+        const bool ok = r < rows;
+        cp_async_16(&sm.dout[r * kLdK + c8], ok ? dop + (c * kChunk + r) * gp.dout_stride_time + c8 : dop, ok);
+      }
+      float dot = 0.f;
+      const float* s0g = gp.states + slot;
+      const float* dsg = gp.dh + slot;
+      // 32 float4 of each per thread, kBatch of each in flight before any is used (read-only loads)
+      constexpr int kPer = kDimK * kDimV / 4 / kAuxThreads, kBatch = 8;
+      static_assert(kPer % kBatch == 0, "whole batches");
+      for (int i0 = 0; i0 < kPer; i0 += kBatch) {
+        float4 a[kBatch], b[kBatch];
+#pragma unroll
+        for (int e = 0; e < kBatch; ++e) {
+          const int i = u + (i0 + e) * kAuxThreads, r = i >> 5, c4 = (i & 31) * 4;
+          a[e] = __ldg(reinterpret_cast<const float4*>(s0g + r * kDimV + c4));
+          b[e] = __ldg(reinterpret_cast<const float4*>(dsg + r * kDimV + c4));
+        }
+#pragma unroll
+        for (int e = 0; e < kBatch; ++e) {
+          const int i = u + (i0 + e) * kAuxThreads, r = i >> 5, c4 = (i & 31) * 4;
+          dot += a[e].x * b[e].x + a[e].y * b[e].y + a[e].z * b[e].z + a[e].w * b[e].w;
+          store_pair<T>(&sm.s0[r * kLdK + c4], a[e].x, a[e].y);
+          store_pair<T>(&sm.s0[r * kLdK + c4 + 2], a[e].z, a[e].w);
+          store_pair<T>(&sm.ds[r * kLdK + c4], b[e].x, b[e].y);
+          store_pair<T>(&sm.ds[r * kLdK + c4 + 2], b[e].z, b[e].w);
+        }
+      }
+#pragma unroll
+      for (int off = 16; off > 0; off >>= 1) dot += __shfl_xor_sync(0xffffffffu, dot, off);
+      if (lane == 0) sm.red[w] = dot;
+      cp_async_wait_all();
     }
     __syncthreads();
 
@@ -206,9 +215,9 @@ __global__ void __launch_bounds__(kGradThreads, 1) gdn_bwd_grad_kernel(const __g
       gemm_rows16<T, 8, false, true>(dw, sm.in.k, kLdK, m0, sm.ds, kLdK, n0, 0, kDimK / 16, ld);
       gemm_rows16<T, 8, true, true>(u1, sm.pq, kLdC, m0, sm.dout, kLdK, n0, 0, kChunk / 16, ld);
       float s[2] = {0.f, 0.f};
-  #pragma unroll
+#pragma unroll
       for (int nt = 0; nt < 8; ++nt)
-  #pragma unroll
+#pragma unroll
         for (int e = 0; e < 4; ++e) {
           const int r = m0 + (lane >> 2) + 8 * (e >> 1);
           s[e >> 1] += dw[nt][e] * vn[nt][e];
@@ -229,9 +238,9 @@ __global__ void __launch_bounds__(kGradThreads, 1) gdn_bwd_grad_kernel(const __g
       float t[8][4];
       zero_acc(t);
       gemm_rows16<T, 8, false, false>(t, sm.vn, kLdK, m0, sm.ds, kLdK, n0, 0, kDimV / 16, ld);
-  #pragma unroll
+#pragma unroll
       for (int nt = 0; nt < 8; ++nt)
-  #pragma unroll
+#pragma unroll
         for (int e = 0; e < 4; ++e) dk[nt][e] = sm.in.decay[m0 + (lane >> 2) + 8 * (e >> 1)] * t[nt][e];
     }
     __syncthreads();  // dS' is dead: dpm takes its place
@@ -269,9 +278,9 @@ __global__ void __launch_bounds__(kGradThreads, 1) gdn_bwd_grad_kernel(const __g
       gemm_rows16<T, 8, false, true>(ks, sm.in.k, kLdK, m0, sm.s0, kLdK, n0, 0, kDimK / 16, ld);
       float sb[2] = {0.f, 0.f}, sg[2] = {0.f, 0.f};
       T* dvg = static_cast<T*>(gp.dv) + (row0 * p.heads_v + h) * int64_t(kDimV);
-  #pragma unroll
+#pragma unroll
       for (int nt = 0; nt < 8; ++nt)
-  #pragma unroll
+#pragma unroll
         for (int hh = 0; hh < 2; ++hh) {
           const int r = m0 + (lane >> 2) + 8 * hh, col = n0 + 8 * nt + 2 * (lane & 3);
           const float2 v = v_pair(r, col);
@@ -285,7 +294,7 @@ __global__ void __launch_bounds__(kGradThreads, 1) gdn_bwd_grad_kernel(const __g
           if (r < rows) store_pair<T>(dvg + int64_t(r) * p.heads_v * kDimV + col, dr0, dr1);
           store_pair<T>(&sm.y[r * kLdK + col], -gm * dr0, -gm * dr1);  // y is dead after phase 6
         }
-  #pragma unroll
+#pragma unroll
       for (int hh = 0; hh < 2; ++hh) {
         quad_row_sum(sm.rows[kSumDbeta], w, m0 + (lane >> 2) + 8 * hh, sb[hh], lane, false);
         quad_row_sum(sm.rows[kSumDgamma], w, m0 + (lane >> 2) + 8 * hh, sg[hh], lane, false);
@@ -300,9 +309,9 @@ __global__ void __launch_bounds__(kGradThreads, 1) gdn_bwd_grad_kernel(const __g
       zero_acc(t);
       gemm_rows16<T, 8, false, false>(t, sm.dout, kLdK, m0, sm.s0, kLdK, n0, 0, kDimV / 16, ld);
       float sg[2] = {0.f, 0.f};
-  #pragma unroll
+#pragma unroll
       for (int nt = 0; nt < 8; ++nt)
-  #pragma unroll
+#pragma unroll
         for (int hh = 0; hh < 2; ++hh) {
           const int r = m0 + (lane >> 2) + 8 * hh, col = n0 + 8 * nt + 2 * (lane & 3);
           const float2 qv = load_pair<T>(&sm.in.q[r * kLdK + col]);
@@ -311,7 +320,7 @@ __global__ void __launch_bounds__(kGradThreads, 1) gdn_bwd_grad_kernel(const __g
           dq[nt][2 * hh] = s * t[nt][2 * hh];
           dq[nt][2 * hh + 1] = s * t[nt][2 * hh + 1];
         }
-  #pragma unroll
+#pragma unroll
       for (int hh = 0; hh < 2; ++hh)
         quad_row_sum(sm.rows[kSumDgamma], w, m0 + (lane >> 2) + 8 * hh, p.scale * sg[hh], lane, true);
     }
@@ -325,13 +334,13 @@ __global__ void __launch_bounds__(kGradThreads, 1) gdn_bwd_grad_kernel(const __g
       gemm_rows16<T, 4, false, false>(qk, sm.in.q, kLdK, m0, sm.in.k, kLdK, n0c, 0, kDimK / 16, ld);
       float hr[2] = {0.f, 0.f};
       float hc[4][2] = {};
-  #pragma unroll
+#pragma unroll
       for (int nt = 0; nt < 4; ++nt)
-  #pragma unroll
+#pragma unroll
         for (int hh = 0; hh < 2; ++hh) {
           const int r = m0 + (lane >> 2) + 8 * hh, col = n0c + 8 * nt + 2 * (lane & 3);
           float dqk[2];
-  #pragma unroll
+#pragma unroll
           for (int e = 0; e < 2; ++e) {
             const int j = col + e;
             const bool low = j <= r;
@@ -345,12 +354,12 @@ __global__ void __launch_bounds__(kGradThreads, 1) gdn_bwd_grad_kernel(const __g
           }
           store_pair<T>(&sm.pq[r * kLdC + col], dqk[0], dqk[1]);
         }
-  #pragma unroll
+#pragma unroll
       for (int hh = 0; hh < 2; ++hh) quad_row_sum(sm.rows[kSumH], w, m0 + (lane >> 2) + 8 * hh, hr[hh], lane, false);
       // column sums over the warp's 16 rows: lanes with the same lane % 4 hold the same columns
-  #pragma unroll
+#pragma unroll
       for (int nt = 0; nt < 4; ++nt)
-  #pragma unroll
+#pragma unroll
         for (int e = 0; e < 2; ++e) {
           float x = hc[nt][e];
           x += __shfl_xor_sync(0xffffffffu, x, 4);
@@ -368,7 +377,7 @@ __global__ void __launch_bounds__(kGradThreads, 1) gdn_bwd_grad_kernel(const __g
     // ---- phase 10: dQ += dQK K, dK += dQK^T Q; tf32: X = dA A^T -> f2[1]
     gemm_rows16<T, 8, false, true>(dq, sm.pq, kLdC, m0, sm.in.k, kLdK, n0, 0, kChunk / 16, ld);
     gemm_rows16<T, 8, true, true>(dk, sm.pq, kLdC, m0, sm.in.q, kLdK, n0, 0, kChunk / 16, ld);
-  #pragma unroll
+#pragma unroll
     for (int b = 0; b < 2; ++b) {  // 16 blocks of 16 x 16, two per warp
       const int blk = 2 * w + b, bi = blk >> 2, bj = blk & 3;
       float x[2][4] = {};
@@ -378,7 +387,7 @@ __global__ void __launch_bounds__(kGradThreads, 1) gdn_bwd_grad_kernel(const __g
     __syncthreads();
 
     // ---- phase 11 (tf32): dL = -A^T X -> dpm[0] (dP is dead)
-  #pragma unroll
+#pragma unroll
     for (int b = 0; b < 2; ++b) {
       const int blk = 2 * w + b, bi = blk >> 2, bj = blk & 3;
       float x[2][4] = {};
@@ -395,7 +404,7 @@ __global__ void __launch_bounds__(kGradThreads, 1) gdn_bwd_grad_kernel(const __g
       float sb[2] = {0.f, 0.f};
       for_pairs(kk, m0, n0c, lane, [&](int r, int col, int hh, float a, float b) {
         float sym[2];
-  #pragma unroll
+#pragma unroll
         for (int e = 0; e < 2; ++e) {
           const int j = col + e;
           const float dl_rj = j < r ? sm.dpm[0][r * kLdF + j] : 0.f;
@@ -405,7 +414,7 @@ __global__ void __launch_bounds__(kGradThreads, 1) gdn_bwd_grad_kernel(const __g
         }
         store_pair<T>(&sm.pq[r * kLdC + col], sym[0], sym[1]);
       });
-  #pragma unroll
+#pragma unroll
       for (int hh = 0; hh < 2; ++hh)
         quad_row_sum(sm.rows[kSumDbeta], w, m0 + (lane >> 2) + 8 * hh, sb[hh], lane, true);
     }
@@ -413,7 +422,7 @@ __global__ void __launch_bounds__(kGradThreads, 1) gdn_bwd_grad_kernel(const __g
 
     // ---- phase 13: dK += (dKK^T + dKK^T^T) K; write dq, dk
     gemm_rows16<T, 8, false, true>(dk, sm.pq, kLdC, m0, sm.in.k, kLdK, n0, 0, kChunk / 16, ld);
-  #pragma unroll
+#pragma unroll
     for (int which = 0; which < 2; ++which) {
       float* base = (which == 0 ? gp.dq : gp.dk) + (row0 * p.heads_qk + hq) * int64_t(kDimK);
       for_pairs(which == 0 ? dq : dk, m0, n0, lane, [&](int r, int col, int, float a, float b) {
@@ -431,7 +440,7 @@ __global__ void __launch_bounds__(kGradThreads, 1) gdn_bwd_grad_kernel(const __g
     // ---- gates (warp 0): dG, then dg = the reverse cumsum over the chunk; dbeta
     if (w == 0) {
       float dG[2], dbeta[2], dte_sum = 0.f;
-  #pragma unroll
+#pragma unroll
       for (int e = 0; e < 2; ++e) {
         const int i = 2 * lane + e, b = i >> 4;  // row i's warps: b (columns 0-63) and b + 4
         const auto sum = [&](int k) { return sm.rows[k][b][i] + sm.rows[k][b + 4][i]; };
@@ -441,21 +450,21 @@ __global__ void __launch_bounds__(kGradThreads, 1) gdn_bwd_grad_kernel(const __g
         dbeta[e] = sum(kSumDbeta);
         dte_sum += sm.in.decay[i] * d_dte;
       }
-  #pragma unroll
+#pragma unroll
       for (int off = 16; off > 0; off >>= 1) dte_sum += __shfl_xor_sync(0xffffffffu, dte_sum, off);
       float dot = 0.f;
       for (int k = 4; k < kGradWarps; ++k) dot += sm.red[k];  // the warps that loaded S0 and dS'
       if (lane == 31) dG[1] += dte_sum + sm.in.gamma[kChunk - 1] * dot;  // dG_C: the chunk's last position
       // reverse inclusive cumsum: lane holds rows 2 lane, 2 lane + 1
       float tail = dG[0] + dG[1];
-  #pragma unroll
+#pragma unroll
       for (int off = 1; off < 32; off <<= 1) {
         const float dn = __shfl_down_sync(0xffffffffu, tail, off);
         if (lane + off < 32) tail += dn;
       }
       const float dg1 = tail - dG[0], dg0 = tail;  // sums over rows >= 2 lane + 1 and >= 2 lane
       const float dgs[2] = {dg0, dg1};
-  #pragma unroll
+#pragma unroll
       for (int e = 0; e < 2; ++e) {
         const int i = 2 * lane + e;
         if (i < rows) {
