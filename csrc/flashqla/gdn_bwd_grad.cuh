@@ -185,21 +185,36 @@ __global__ void __launch_bounds__(kGradThreads, 1) gdn_bwd_grad_kernel(const __g
     }
     __syncthreads();
 
+    // This thread's V pairs (rows m0 + lane / 4 + 8 hh, columns n0 + 8 nt + 2 (lane % 4)), read from global
+    // memory into registers before a phase's products so that their latency hides behind them (read pair by
+    // pair inside the epilogues, each load waited for its own round trip)
     const T* vg = wk.v + c * kChunk * p.v_stride_time;  // this chunk's V rows (all 128 columns)
-    auto v_pair = [&](int r, int col) -> float2 {
-      return r < rows ? load_pair<T>(vg + r * p.v_stride_time + col) : make_float2(0.f, 0.f);
+    uint32_t vraw[8][2];
+    auto load_v = [&]() {
+#pragma unroll
+      for (int nt = 0; nt < 8; ++nt)
+#pragma unroll
+        for (int hh = 0; hh < 2; ++hh) {
+          const int r = m0 + (lane >> 2) + 8 * hh, col = n0 + 8 * nt + 2 * (lane & 3);
+          vraw[nt][hh] = r < rows ? __ldg(reinterpret_cast<const unsigned int*>(vg + r * p.v_stride_time + col)) : 0u;
+        }
     };
 
     // ---- phase 3: KS = K S0; R = V - gamma KS; Y = beta R -> y
     {
+      load_v();
       float ks[8][4];
       zero_acc(ks);
       gemm_rows16<T, 8, false, true>(ks, sm.in.k, kLdK, m0, sm.s0, kLdK, n0, 0, kDimK / 16, ld);
-      for_pairs(ks, m0, n0, lane, [&](int r, int col, int, float a, float b) {
-        const float2 v = v_pair(r, col);
-        const float gm = sm.in.gamma[r], bt = sm.ax.beta[r];
-        store_pair<T>(&sm.y[r * kLdK + col], bt * (v.x - gm * a), bt * (v.y - gm * b));
-      });
+#pragma unroll
+      for (int nt = 0; nt < 8; ++nt)
+#pragma unroll
+        for (int hh = 0; hh < 2; ++hh) {
+          const int r = m0 + (lane >> 2) + 8 * hh, col = n0 + 8 * nt + 2 * (lane & 3);
+          const float2 v = unpack2<T>(vraw[nt][hh]);
+          const float gm = sm.in.gamma[r], bt = sm.ax.beta[r];
+          store_pair<T>(&sm.y[r * kLdK + col], bt * (v.x - gm * ks[nt][2 * hh]), bt * (v.y - gm * ks[nt][2 * hh + 1]));
+        }
     }
     __syncthreads();
 
@@ -270,6 +285,7 @@ __global__ void __launch_bounds__(kGradThreads, 1) gdn_bwd_grad_kernel(const __g
     });
     __syncthreads();
     {
+      load_v();
       float dy[8][4], ks[8][4];
       zero_acc(dy);
       zero_acc(ks);
@@ -283,7 +299,7 @@ __global__ void __launch_bounds__(kGradThreads, 1) gdn_bwd_grad_kernel(const __g
 #pragma unroll
         for (int hh = 0; hh < 2; ++hh) {
           const int r = m0 + (lane >> 2) + 8 * hh, col = n0 + 8 * nt + 2 * (lane & 3);
-          const float2 v = v_pair(r, col);
+          const float2 v = unpack2<T>(vraw[nt][hh]);
           const float gm = sm.in.gamma[r], bt = sm.ax.beta[r];
           const float k0 = ks[nt][2 * hh], k1 = ks[nt][2 * hh + 1];
           const float r0 = v.x - gm * k0, r1 = v.y - gm * k1;
