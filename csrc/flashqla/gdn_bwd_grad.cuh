@@ -113,8 +113,8 @@ __global__ void __launch_bounds__(kGradThreads, 1) gdn_bwd_grad_kernel(const __g
 
   // The value heads of the GVA group one after another; dq and dk are summed over them in head order in
   // fp32, in the output rows (each thread rereads only what it wrote)
-  for (int j = 0; j < group; ++j) {
-    ct.h = hq * group + j;
+  for (int vh = 0; vh < group; ++vh) {
+    ct.h = hq * group + vh;
     Work<T> wk = make_work<T>(p, ct);
     const int64_t h = ct.h;
     const int rows = static_cast<int>(wk.len - c * kChunk < kChunk ? wk.len - c * kChunk : kChunk);
@@ -444,7 +444,7 @@ __global__ void __launch_bounds__(kGradThreads, 1) gdn_bwd_grad_kernel(const __g
       for_pairs(which == 0 ? dq : dk, m0, n0, lane, [&](int r, int col, int, float a, float b) {
         if (r >= rows) return;
         float2* o = reinterpret_cast<float2*>(base + int64_t(r) * p.heads_qk * kDimK + col);
-        if (j > 0) {
+        if (vh > 0) {  // the group's earlier heads
           const float2 prev = *o;
           a += prev.x;
           b += prev.y;
