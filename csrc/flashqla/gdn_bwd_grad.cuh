@@ -75,6 +75,17 @@ CUTLASS_DEVICE void for_pairs(float (&acc)[NT][4], int m0, int n0, int lane, F&&
     for (int h = 0; h < 2; ++h) f(m0 + g + 8 * h, n0 + 8 * nt + 2 * t, h, acc[nt][2 * h], acc[nt][2 * h + 1]);
 }
 
+// Calls f(nt, hh, row, col) for the accumulator pair (row, col), (row, col + 1) of a warp tile (16 rows from
+// m0, NT 8-column tiles from n0) held in registers [nt][2 hh], [nt][2 hh + 1]: for epilogues that need the
+// tile index (register arrays of their own beside the accumulators).
+template <int NT, typename F>
+CUTLASS_DEVICE void for_frag_pairs(int m0, int n0, int lane, F&& f) {
+#pragma unroll
+  for (int nt = 0; nt < NT; ++nt)
+#pragma unroll
+    for (int hh = 0; hh < 2; ++hh) f(nt, hh, m0 + (lane >> 2) + 8 * hh, n0 + 8 * nt + 2 * (lane & 3));
+}
+
 // The four lanes of a quad hold one row's columns: their sum, to the quad's first lane, into
 // sums[w][row] (+= when accumulate).
 CUTLASS_DEVICE void quad_row_sum(float (*sums)[kChunk], int w, int row, float x, int lane, bool accumulate) {
@@ -191,13 +202,9 @@ __global__ void __launch_bounds__(kGradThreads, 1) gdn_bwd_grad_kernel(const __g
     const T* vg = wk.v + c * kChunk * p.v_stride_time;  // this chunk's V rows (all 128 columns)
     uint32_t vraw[8][2];
     auto load_v = [&]() {
-#pragma unroll
-      for (int nt = 0; nt < 8; ++nt)
-#pragma unroll
-        for (int hh = 0; hh < 2; ++hh) {
-          const int r = m0 + (lane >> 2) + 8 * hh, col = n0 + 8 * nt + 2 * (lane & 3);
-          vraw[nt][hh] = r < rows ? __ldg(reinterpret_cast<const unsigned int*>(vg + r * p.v_stride_time + col)) : 0u;
-        }
+      for_frag_pairs<8>(m0, n0, lane, [&](int nt, int hh, int r, int col) {
+        vraw[nt][hh] = r < rows ? __ldg(reinterpret_cast<const unsigned int*>(vg + r * p.v_stride_time + col)) : 0u;
+      });
     };
 
     // ---- phase 3: KS = K S0; R = V - gamma KS; Y = beta R -> y
@@ -206,15 +213,11 @@ __global__ void __launch_bounds__(kGradThreads, 1) gdn_bwd_grad_kernel(const __g
       float ks[8][4];
       zero_acc(ks);
       gemm_rows16<T, 8, false, true>(ks, sm.in.k, kLdK, m0, sm.s0, kLdK, n0, 0, kDimK / 16, ld);
-#pragma unroll
-      for (int nt = 0; nt < 8; ++nt)
-#pragma unroll
-        for (int hh = 0; hh < 2; ++hh) {
-          const int r = m0 + (lane >> 2) + 8 * hh, col = n0 + 8 * nt + 2 * (lane & 3);
-          const float2 v = unpack2<T>(vraw[nt][hh]);
-          const float gm = sm.in.gamma[r], bt = sm.ax.beta[r];
-          store_pair<T>(&sm.y[r * kLdK + col], bt * (v.x - gm * ks[nt][2 * hh]), bt * (v.y - gm * ks[nt][2 * hh + 1]));
-        }
+      for_frag_pairs<8>(m0, n0, lane, [&](int nt, int hh, int r, int col) {
+        const float2 v = unpack2<T>(vraw[nt][hh]);
+        const float gm = sm.in.gamma[r], bt = sm.ax.beta[r];
+        store_pair<T>(&sm.y[r * kLdK + col], bt * (v.x - gm * ks[nt][2 * hh]), bt * (v.y - gm * ks[nt][2 * hh + 1]));
+      });
     }
     __syncthreads();
 
@@ -294,22 +297,18 @@ __global__ void __launch_bounds__(kGradThreads, 1) gdn_bwd_grad_kernel(const __g
       gemm_rows16<T, 8, false, true>(ks, sm.in.k, kLdK, m0, sm.s0, kLdK, n0, 0, kDimK / 16, ld);
       float sb[2] = {0.f, 0.f}, sg[2] = {0.f, 0.f};
       T* dvg = static_cast<T*>(gp.dv) + (row0 * p.heads_v + h) * int64_t(kDimV);
-#pragma unroll
-      for (int nt = 0; nt < 8; ++nt)
-#pragma unroll
-        for (int hh = 0; hh < 2; ++hh) {
-          const int r = m0 + (lane >> 2) + 8 * hh, col = n0 + 8 * nt + 2 * (lane & 3);
-          const float2 v = unpack2<T>(vraw[nt][hh]);
-          const float gm = sm.in.gamma[r], bt = sm.ax.beta[r];
-          const float k0 = ks[nt][2 * hh], k1 = ks[nt][2 * hh + 1];
-          const float r0 = v.x - gm * k0, r1 = v.y - gm * k1;
-          const float y0 = dy[nt][2 * hh], y1 = dy[nt][2 * hh + 1];
-          const float dr0 = bt * y0, dr1 = bt * y1;
-          sb[hh] += y0 * r0 + y1 * r1;
-          sg[hh] -= dr0 * k0 + dr1 * k1;
-          if (r < rows) store_pair<T>(dvg + int64_t(r) * p.heads_v * kDimV + col, dr0, dr1);
-          store_pair<T>(&sm.y[r * kLdK + col], -gm * dr0, -gm * dr1);  // y is dead after phase 6
-        }
+      for_frag_pairs<8>(m0, n0, lane, [&](int nt, int hh, int r, int col) {
+        const float2 v = unpack2<T>(vraw[nt][hh]);
+        const float gm = sm.in.gamma[r], bt = sm.ax.beta[r];
+        const float k0 = ks[nt][2 * hh], k1 = ks[nt][2 * hh + 1];
+        const float r0 = v.x - gm * k0, r1 = v.y - gm * k1;
+        const float y0 = dy[nt][2 * hh], y1 = dy[nt][2 * hh + 1];
+        const float dr0 = bt * y0, dr1 = bt * y1;
+        sb[hh] += y0 * r0 + y1 * r1;
+        sg[hh] -= dr0 * k0 + dr1 * k1;
+        if (r < rows) store_pair<T>(dvg + int64_t(r) * p.heads_v * kDimV + col, dr0, dr1);
+        store_pair<T>(&sm.y[r * kLdK + col], -gm * dr0, -gm * dr1);  // y is dead after phase 6
+      });
 #pragma unroll
       for (int hh = 0; hh < 2; ++hh) {
         quad_row_sum(sm.rows[kSumDbeta], w, m0 + (lane >> 2) + 8 * hh, sb[hh], lane, false);
@@ -325,17 +324,13 @@ __global__ void __launch_bounds__(kGradThreads, 1) gdn_bwd_grad_kernel(const __g
       zero_acc(t);
       gemm_rows16<T, 8, false, false>(t, sm.dout, kLdK, m0, sm.s0, kLdK, n0, 0, kDimV / 16, ld);
       float sg[2] = {0.f, 0.f};
-#pragma unroll
-      for (int nt = 0; nt < 8; ++nt)
-#pragma unroll
-        for (int hh = 0; hh < 2; ++hh) {
-          const int r = m0 + (lane >> 2) + 8 * hh, col = n0 + 8 * nt + 2 * (lane & 3);
-          const float2 qv = load_pair<T>(&sm.in.q[r * kLdK + col]);
-          sg[hh] += qv.x * t[nt][2 * hh] + qv.y * t[nt][2 * hh + 1];
-          const float s = p.scale * sm.in.gamma[r];
-          dq[nt][2 * hh] = s * t[nt][2 * hh];
-          dq[nt][2 * hh + 1] = s * t[nt][2 * hh + 1];
-        }
+      for_frag_pairs<8>(m0, n0, lane, [&](int nt, int hh, int r, int col) {
+        const float2 qv = load_pair<T>(&sm.in.q[r * kLdK + col]);
+        sg[hh] += qv.x * t[nt][2 * hh] + qv.y * t[nt][2 * hh + 1];
+        const float s = p.scale * sm.in.gamma[r];
+        dq[nt][2 * hh] = s * t[nt][2 * hh];
+        dq[nt][2 * hh + 1] = s * t[nt][2 * hh + 1];
+      });
 #pragma unroll
       for (int hh = 0; hh < 2; ++hh)
         quad_row_sum(sm.rows[kSumDgamma], w, m0 + (lane >> 2) + 8 * hh, p.scale * sg[hh], lane, true);
