@@ -18,8 +18,8 @@
 //   H = Gamma * (dP * Q K^T + dM * A) (lower), dG = gamma d_gamma - dte d_dte + rowsum(H) - colsum(H),
 //   dG_C += sum(dte d_dte) + gamma_C <S0, dS'>, dg = the reverse cumsum of dG over the chunk.
 // One CTA per (chunk, GVA group) runs the group's value heads in order: dq and dk come out per q/k head,
-// summed over the group in fp32 in a fixed order (the caller applies the l2norm backward); rows past a
-// sequence's end are not written (the caller zero-fills).
+// summed over the group in fp32 in a fixed order (the caller applies the l2norm backward); rows past the
+// last sequence are zeroed by zero_tail_rows_kernel.
 #pragma once
 
 #include "gdn_fwd_mma.cuh"
@@ -488,12 +488,39 @@ __global__ void __launch_bounds__(kGradThreads, 1) gdn_bwd_grad_kernel(const __g
   }
 }
 
+// Token rows past the last sequence (packed inputs with cu_seqlens[-1] < T) get zero gradients, as the
+// forward writes zeros to o there: a grid-stride pass over those rows of the five outputs (contiguous, row
+// by row), so that the caller need not fill them first. Usually there are none and the CTAs only read
+// cu_seqlens.
+template <typename T, typename IndexT>
+__global__ void zero_tail_rows_kernel(const __grid_constant__ flashqla_gdn_bwd_grad_params_t gp) {
+  const flashqla_gdn_fwd_params_t& p = gp.fwd;
+  int64_t b = 0, bos = 0, eos = 0;
+  if (p.num_seqs > 0) sequence_bounds<IndexT>(p, p.num_seqs - 1, b, bos, eos);
+  const int64_t end = b * p.seqlen + eos, tail = p.batch * p.seqlen - end;
+  if (tail <= 0) return;
+  const int64_t first = int64_t(blockIdx.x) * blockDim.x + threadIdx.x, stride = int64_t(gridDim.x) * blockDim.x;
+  void* const base[5] = {gp.dq, gp.dk, gp.dv, gp.dg, gp.dbeta};
+  const int64_t row_words[5] = {p.heads_qk * p.head_dim_k, p.heads_qk * p.head_dim_k,
+                                p.heads_v * p.head_dim_v * int64_t(sizeof(T)) / 4, p.heads_v, p.heads_v};
+#pragma unroll
+  for (int o = 0; o < 5; ++o) {
+    uint32_t* w = static_cast<uint32_t*>(base[o]) + end * row_words[o];
+    for (int64_t i = first; i < tail * row_words[o]; i += stride) w[i] = 0u;
+  }
+}
+
 template <typename T>
 cudaError_t launch(const flashqla_gdn_bwd_grad_params_t& gp, cudaStream_t stream) {
   const flashqla_gdn_fwd_params_t& p = gp.fwd;
   const int64_t chunks = chunk_bound(p);
-  if (chunks == 0 || p.num_seqs == 0) return cudaSuccess;
   const bool ix64 = p.cu_seqlens != nullptr && p.cu_seqlens_dtype == FLASHQLA_INT64;
+  if (p.cu_seqlens != nullptr && p.batch * p.seqlen > 0) {  // dense batches have no rows past their sequences
+    (ix64 ? zero_tail_rows_kernel<T, int64_t> : zero_tail_rows_kernel<T, int32_t>)<<<kTailBlocks, 256, 0, stream>>>(gp);
+    const cudaError_t err = cudaGetLastError();
+    if (err != cudaSuccess) return err;
+  }
+  if (chunks == 0 || p.num_seqs == 0) return cudaSuccess;
   auto kernel = ix64 ? gdn_bwd_grad_kernel<T, int64_t> : gdn_bwd_grad_kernel<T, int32_t>;
   const size_t smem = sizeof(GradStorage<T>);
   static_assert(sizeof(GradStorage<T>) <= 227 * 1024, "one gradient CTA per SM");
