@@ -234,10 +234,14 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> chunk_gdn
   auto f32 = v.options().dtype(at::kFloat);
   const int64_t B = q.size(0), T = q.size(1);
   const int64_t Hq = q.size(2);  // dq, dk per q/k head: the kernel sums each GVA group
-  // no fill: the kernel writes every row (zeros past the last sequence)
-  at::Tensor dq = at::empty({B, T, Hq, K}, f32), dk = at::empty({B, T, Hq, K}, f32);
-  at::Tensor dv = at::empty({B, T, H, V}, v.options());
-  at::Tensor dg = at::empty({B, T, H}, f32), dbeta = at::empty({B, T, H}, f32);
+  // no fill: the kernels write every row (zeros past the last sequence); with no sequence at all nothing
+  // is launched, and every row is past the end
+  auto out = [&](at::IntArrayRef sizes, const at::TensorOptions& o) {
+    return p.fwd.num_seqs == 0 ? at::zeros(sizes, o) : at::empty(sizes, o);
+  };
+  at::Tensor dq = out({B, T, Hq, K}, f32), dk = out({B, T, Hq, K}, f32);
+  at::Tensor dv = out({B, T, H, V}, v.options());
+  at::Tensor dg = out({B, T, H}, f32), dbeta = out({B, T, H}, f32);
   p.dq = dq.data_ptr<float>();
   p.dk = dk.data_ptr<float>();
   p.dv = dv.data_ptr();

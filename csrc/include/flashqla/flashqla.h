@@ -171,7 +171,8 @@ FLASHQLA_API size_t flashqla_gdn_bwd_dh_workspace_bytes(const flashqla_gdn_bwd_d
  * flashqla_gdn_fwd (q, k, v, g, beta, shapes, cu_seqlens, scale, use_qk_l2norm; o, states and workspace are
  * ignored). states: the chunk-start states (flashqla_gdn_fwd with chunk_states), dh: the chunk-end state
  * gradients (flashqla_gdn_bwd_dh), both fp32 [flashqla_gdn_chunk_bound(fwd), heads_v, K, V]. Writes, for
- * every token row r < batch * seqlen (zeros in the rows past the last sequence), contiguous:
+ * every token row r < batch * seqlen (zeros in the rows past the last sequence; nothing at all when
+ * num_seqs is 0), contiguous:
  * dq, dk fp32 [rows, heads_qk, K], the gradients with respect to the (normalised) q and k rows, summed
  * over each GVA group's value heads in head order (pass them through the l2norm backward when
  * use_qk_l2norm);
