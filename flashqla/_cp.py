@@ -33,9 +33,12 @@ MIN_SEGMENT_CHUNKS = 8
 V_BLOCKS = 2          # CTAs per (sequence, value head) in the forward kernel
 GAIN = 0.75           # run CP when its predicted time is below this fraction of the plain call's
 # Measured on the H200 (benchmarks/kernel_times.py --launches, TP8/TP4 1 x 32768): a full chunk step ~2.5 us,
-# a summaries-only one (no Q S^T, no O) 0.7 of it, the scan ~25 us per rank (eight small kernels).
+# a summaries-only one (no Q S^T, no O) 0.7 of it. The scan: ~25 us per rank as eight small kernels (session
+# 4); as one batched GEMM per rank 5.3 us of kernel time (session 5, TP8 1 x 32768: 0.037 ms for 7 ranks),
+# ~6-7 us with the launch gap in a graph: ~3 chunk steps (unmeasured as a plan input: with it the TP8/TP4
+# 1 x 8192 rows and TP4 28672+4096 get plans, which the next H200 run must confirm against FLASHQLA_CP=0).
 SUMMARY_STEP = 0.7
-RANK_STEP = 10.0      # in chunk steps
+RANK_STEP = 3.0       # in chunk steps
 
 
 def mode() -> str:
