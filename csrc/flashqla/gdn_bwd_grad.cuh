@@ -431,21 +431,30 @@ __global__ void __launch_bounds__(kGradThreads, 1) gdn_bwd_grad_kernel(const __g
     }
     __syncthreads();
 
-    // ---- phase 13: dK += (dKK^T + dKK^T^T) K; write dq, dk
-    gemm_rows16<T, 8, false, true>(dk, sm.pq, kLdC, m0, sm.in.k, kLdK, n0, 0, kChunk / 16, ld);
+    // ---- phase 13: dK += (dKK^T + dKK^T^T) K; write dq, dk. From the group's second head on, the sums of
+    // the earlier heads are read back before the product, so that their round trip hides behind it (read
+    // after it, one dependent load per pair, they cost ~8 us per CTA)
+    {
+      float* const dst[2] = {gp.dq + (row0 * p.heads_qk + hq) * int64_t(kDimK),
+                             gp.dk + (row0 * p.heads_qk + hq) * int64_t(kDimK)};
+      const int64_t ld_row = p.heads_qk * int64_t(kDimK);
+      float2 prev[2][8][2];
 #pragma unroll
-    for (int which = 0; which < 2; ++which) {
-      float* base = (which == 0 ? gp.dq : gp.dk) + (row0 * p.heads_qk + hq) * int64_t(kDimK);
-      for_pairs(which == 0 ? dq : dk, m0, n0, lane, [&](int r, int col, int, float a, float b) {
-        if (r >= rows) return;
-        float2* o = reinterpret_cast<float2*>(base + int64_t(r) * p.heads_qk * kDimK + col);
-        if (vh > 0) {  // the group's earlier heads
-          const float2 prev = *o;
-          a += prev.x;
-          b += prev.y;
-        }
-        *o = make_float2(a, b);
-      });
+      for (int which = 0; which < 2; ++which)
+        for_frag_pairs<8>(m0, n0, lane, [&](int nt, int hh, int r, int col) {
+          prev[which][nt][hh] = vh > 0 && r < rows ? *reinterpret_cast<const float2*>(dst[which] + r * ld_row + col)
+                                                   : make_float2(0.f, 0.f);
+        });
+      gemm_rows16<T, 8, false, true>(dk, sm.pq, kLdC, m0, sm.in.k, kLdK, n0, 0, kChunk / 16, ld);
+#pragma unroll
+      for (int which = 0; which < 2; ++which) {
+        float (&acc)[8][4] = which == 0 ? dq : dk;
+        for_frag_pairs<8>(m0, n0, lane, [&](int nt, int hh, int r, int col) {
+          if (r < rows)
+            *reinterpret_cast<float2*>(dst[which] + r * ld_row + col) =
+                make_float2(acc[nt][2 * hh] + prev[which][nt][hh].x, acc[nt][2 * hh + 1] + prev[which][nt][hh].y);
+        });
+      }
     }
 
     // ---- gates (warp 0): dG, then dg = the reverse cumsum over the chunk; dbeta
