@@ -12,8 +12,7 @@
 //   KS = K S0, R = V - gamma KS, Y = beta R, Vn = M Y (M = Gamma * A), dW = K dS', U1 = scale P^T dO
 //   (P = Q K^T * Gamma), dVn = U1 + dte dW, d_dte = rowsum(dW * Vn);
 //   dK = dte (Vn dS'^T) + dKS S0^T + dQK^T Q + (dKK^T + dKK^T^T) K,  dQ = scale gamma (dO S0^T) + dQK K;
-//   dP = scale dO Vn^T, dM = dVn Y^T, dY = M^T dVn (dVn hi + lo), dV = dR = beta dY, dKS = -gamma dR (applied to
-//   dR S0^T), dbeta = rowsum(dY R)
+//   dP = scale dO Vn^T, dM = dVn Y^T, dY = M^T dVn (dVn hi + lo), dV = dR = beta dY, dKS = -gamma dR, dbeta = rowsum(dY R)
 //   + rowsum(dL * K K^T), d_gamma = scale rowsum(Q * dO S0^T) - rowsum(dR * KS);
 //   dQK = dP * Gamma, dA = dM * Gamma, dL = -(A^T dA A^T) strictly lower (tf32), dKK^T = beta dL;
 //   H = Gamma * (dP * Q K^T + dM * A) (lower), dG = gamma d_gamma - dte d_dte + rowsum(H) - colsum(H),
@@ -33,10 +32,6 @@ using namespace gdn_fwd_mma;
 constexpr int kGradWarps = 8;
 constexpr int kGradThreads = kGradWarps * 32;
 enum RowSum { kSumDte, kSumDbeta, kSumDgamma, kSumH, kRowSums };
-// fp32 C x 128 staging tiles for dq and dk: 136-float rows put a fragment's float2 stores at two wavefronts
-// per warp and fit exactly in the S0 and dS' tiles they reuse
-constexpr int kLdO = kDimK + 8;
-static_assert(sizeof(float) * kChunk * kLdO <= 2 * kDimK * kLdK, "the staging tiles fit in S0's and dS' 16-bit tiles");
 
 template <typename T>
 struct GradStage {  // the aux code's view (aux_chunk, aux_gram_raw): K, Q and the gates
@@ -50,20 +45,16 @@ template <typename T>
 struct GradStorage {
   GradStage<T> in;
   T dout[kChunk * kLdK];
-  union {  // S0 as T [K][V]; once its products are done, two fp32 64 x 64 tiles (A^T, then A^T dA's partner),
-            // at the end dq's staging tile (fp32 C x 128)
+  union {  // S0 as T [K][V]; once its products are done, two fp32 64 x 64 tiles (A^T, then A^T dA's partner)
     T s0[kDimK * kLdK];
     float f2[2][kChunk * kLdF];
-    float dq_st[kChunk * kLdO];
   };
-  union {  // dS' as T [K][V]; once its products are done, dP and dM (fp32), later dL and dA; at the end dk's
-            // staging tile
+  union {  // dS' as T [K][V]; once its products are done, dP and dM (fp32), later dL and dA
     T ds[kDimK * kLdK];
     float dpm[2][kChunk * kLdF];
-    float dk_st[kChunk * kLdO];
   };
   AuxScratch<T> ax;    // A = (I + L)^-1 (la, fp32), M = Gamma * A (m), G, beta
-  T y[kChunk * kLdK];  // Y, later dR (= dV)
+  T y[kChunk * kLdK];  // Y, later dKS
   T vn[kChunk * kLdK];
   T dvn[kChunk * kLdK];
   T pq[kChunk * kLdC];  // P, later dQK, later dKK^T + dKK^T^T
@@ -289,8 +280,8 @@ __global__ void __launch_bounds__(kGradThreads, 1) gdn_bwd_grad_kernel(const __g
     __syncthreads();
 
     // ---- phase 7: dY = M^T dVn with dVn as hi + lo (its bf16 rounding alone doubled dbeta's error in the
-    // float64 emulation, benchmarks/precision_study_bwd.py); KS again for R; dV = dR = beta dY -> y (phase 8
-    // writes it out in whole rows and uses it for dKS = -gamma dR); dbeta = rowsum(dY R); d_gamma = -rowsum(dR KS)
+    // float64 emulation, benchmarks/precision_study_bwd.py); KS again for R; dV = dR = beta dY (to HBM);
+    // dKS = -gamma dR -> y; dbeta = rowsum(dY R); d_gamma = -rowsum(dR KS)
     for_pairs(u1, m0, n0, lane, [&](int r, int col, int, float a, float b) {  // Vn is dead: its tile takes lo
       const float2 hi = load_pair<T>(&sm.dvn[r * kLdK + col]);
       store_pair<T>(&sm.vn[r * kLdK + col], a - hi.x, b - hi.y);
@@ -305,6 +296,7 @@ __global__ void __launch_bounds__(kGradThreads, 1) gdn_bwd_grad_kernel(const __g
       gemm_rows16<T, 8, true, true>(dy, sm.ax.m, kLdC, m0, sm.vn, kLdK, n0, 0, kChunk / 16, ld);
       gemm_rows16<T, 8, false, true>(ks, sm.in.k, kLdK, m0, sm.s0, kLdK, n0, 0, kDimK / 16, ld);
       float sb[2] = {0.f, 0.f}, sg[2] = {0.f, 0.f};
+      T* dvg = static_cast<T*>(gp.dv) + (row0 * p.heads_v + h) * int64_t(kDimV);
       for_frag_pairs<8>(m0, n0, lane, [&](int nt, int hh, int r, int col) {
         const float2 v = unpack2<T>(vraw[nt][hh]);
         const float gm = sm.in.gamma[r], bt = sm.ax.beta[r];
@@ -314,7 +306,8 @@ __global__ void __launch_bounds__(kGradThreads, 1) gdn_bwd_grad_kernel(const __g
         const float dr0 = bt * y0, dr1 = bt * y1;
         sb[hh] += y0 * r0 + y1 * r1;
         sg[hh] -= dr0 * k0 + dr1 * k1;
-        store_pair<T>(&sm.y[r * kLdK + col], dr0, dr1);  // y is dead after phase 6
+        if (r < rows) store_pair<T>(dvg + int64_t(r) * p.heads_v * kDimV + col, dr0, dr1);
+        store_pair<T>(&sm.y[r * kLdK + col], -gm * dr0, -gm * dr1);  // y is dead after phase 6
       });
 #pragma unroll
       for (int hh = 0; hh < 2; ++hh) {
@@ -324,26 +317,10 @@ __global__ void __launch_bounds__(kGradThreads, 1) gdn_bwd_grad_kernel(const __g
     }
     __syncthreads();
 
-    // ---- phase 8: dV out (16-byte row segments: the fragments' 4-byte stores were a third of the kernel's
-    // global store instructions); dK += -gamma (dR S0^T); dQ = scale gamma (dO S0^T); d_gamma += scale
-    // rowsum(Q * dO S0^T)
+    // ---- phase 8: dK += dKS S0^T; dQ = scale gamma (dO S0^T); d_gamma += scale rowsum(Q * dO S0^T)
     {
-      T* dvg = static_cast<T*>(gp.dv) + (row0 * p.heads_v + h) * int64_t(kDimV);
-      constexpr int kSegs = kDimV * int(sizeof(T)) / 16;  // 16-byte segments per row
-#pragma unroll
-      for (int j = 0; j < kChunk * kSegs / kGradThreads; ++j) {
-        const int e = tid + j * kGradThreads, r = e / kSegs, c8 = (e % kSegs) * (16 / int(sizeof(T)));
-        if (r < rows)
-          *reinterpret_cast<uint4*>(dvg + int64_t(r) * p.heads_v * kDimV + c8) =
-              *reinterpret_cast<const uint4*>(&sm.y[r * kLdK + c8]);
-      }
+      gemm_rows16<T, 8, false, false>(dk, sm.y, kLdK, m0, sm.s0, kLdK, n0, 0, kDimV / 16, ld);
       float t[8][4];
-      zero_acc(t);
-      gemm_rows16<T, 8, false, false>(t, sm.y, kLdK, m0, sm.s0, kLdK, n0, 0, kDimV / 16, ld);
-#pragma unroll
-      for (int nt = 0; nt < 8; ++nt)
-#pragma unroll
-        for (int e = 0; e < 4; ++e) dk[nt][e] -= sm.in.gamma[m0 + (lane >> 2) + 8 * (e >> 1)] * t[nt][e];
       zero_acc(t);
       gemm_rows16<T, 8, false, false>(t, sm.dout, kLdK, m0, sm.s0, kLdK, n0, 0, kDimV / 16, ld);
       float sg[2] = {0.f, 0.f};
@@ -454,40 +431,30 @@ __global__ void __launch_bounds__(kGradThreads, 1) gdn_bwd_grad_kernel(const __g
     }
     __syncthreads();
 
-    // ---- phase 13: dK += (dKK^T + dKK^T^T) K; dq, dk through the dead S0 and dS' tiles to whole-row 16-byte
-    // stores. From the group's second head on, the earlier heads' sums are read back (whole rows too) before
-    // the product, so that their round trip hides behind it.
+    // ---- phase 13: dK += (dKK^T + dKK^T^T) K; write dq, dk. From the group's second head on, the sums of
+    // the earlier heads are read back before the product, so that their round trip hides behind it (read
+    // after it, one dependent load per pair, they cost ~8 us per CTA)
     {
       float* const dst[2] = {gp.dq + (row0 * p.heads_qk + hq) * int64_t(kDimK),
                              gp.dk + (row0 * p.heads_qk + hq) * int64_t(kDimK)};
-      float* const st[2] = {sm.dq_st, sm.dk_st};
       const int64_t ld_row = p.heads_qk * int64_t(kDimK);
-      constexpr int kSegs = kDimK / 4, kPer = kChunk * kSegs / kGradThreads;  // float4 per row, per thread
-      float4 prev[2][kPer];
+      float2 prev[2][8][2];
 #pragma unroll
       for (int which = 0; which < 2; ++which)
-#pragma unroll
-        for (int j = 0; j < kPer; ++j) {
-          const int e = tid + j * kGradThreads, r = e / kSegs, c4 = (e % kSegs) * 4;
-          prev[which][j] = vh > 0 && r < rows ? *reinterpret_cast<const float4*>(dst[which] + r * ld_row + c4)
-                                              : make_float4(0.f, 0.f, 0.f, 0.f);
-        }
+        for_frag_pairs<8>(m0, n0, lane, [&](int nt, int hh, int r, int col) {
+          prev[which][nt][hh] = vh > 0 && r < rows ? *reinterpret_cast<const float2*>(dst[which] + r * ld_row + col)
+                                                   : make_float2(0.f, 0.f);
+        });
       gemm_rows16<T, 8, false, true>(dk, sm.pq, kLdC, m0, sm.in.k, kLdK, n0, 0, kChunk / 16, ld);
 #pragma unroll
-      for (int which = 0; which < 2; ++which)
-        for_pairs(which == 0 ? dq : dk, m0, n0, lane, [&](int r, int col, int, float a, float b) {
-          *reinterpret_cast<float2*>(&st[which][r * kLdO + col]) = make_float2(a, b);
+      for (int which = 0; which < 2; ++which) {
+        float (&acc)[8][4] = which == 0 ? dq : dk;
+        for_frag_pairs<8>(m0, n0, lane, [&](int nt, int hh, int r, int col) {
+          if (r < rows)
+            *reinterpret_cast<float2*>(dst[which] + r * ld_row + col) =
+                make_float2(acc[nt][2 * hh] + prev[which][nt][hh].x, acc[nt][2 * hh + 1] + prev[which][nt][hh].y);
         });
-      __syncthreads();
-#pragma unroll
-      for (int which = 0; which < 2; ++which)
-#pragma unroll
-        for (int j = 0; j < kPer; ++j) {
-          const int e = tid + j * kGradThreads, r = e / kSegs, c4 = (e % kSegs) * 4;
-          if (r >= rows) continue;
-          const float4 a = *reinterpret_cast<const float4*>(&st[which][r * kLdO + c4]), b = prev[which][j];
-          *reinterpret_cast<float4*>(dst[which] + r * ld_row + c4) = make_float4(a.x + b.x, a.y + b.y, a.z + b.z, a.w + b.w);
-        }
+      }
     }
 
     // ---- gates (warp 0): dG, then dg = the reverse cumsum over the chunk; dbeta
