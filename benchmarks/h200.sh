@@ -21,6 +21,7 @@
 #   cmake     libflashqla + the C++ examples through CMake, run by ctest on the GPU
 #   sanitize  compute-sanitizer memcheck + racecheck on small kernel calls
 #   phases    per-phase cycle counts of the forward kernels (benchmarks/profile_fwd_phases.cu)
+#   gradphases  per-phase cycle counts of the backward's gradient kernel (benchmarks/profile_bwd_grad_phases.cu)
 #   probe     the state chain with wgmma vs mma.sync, checked against a reference (benchmarks/wgmma_chain_probe.cu)
 #   cumsum    the cumsum kernel record (benchmarks/bench_cumsum.py)
 #   bench     python -m flashqla.bench run --cases $CASES --prewarm $PREWARM $BENCH_ARGS (default anchors; the
@@ -141,6 +142,13 @@ if has phases; then
   say "forward v1 phase timers"
   cuda_tool benchmarks/profile_fwd_phases.cu /tmp/fq_phases
   /tmp/fq_phases 2>&1 | tee -a "$LOG"
+  [ "${PIPESTATUS[0]}" -eq 0 ] || status=1
+fi
+
+if has gradphases; then
+  say "gradient kernel phase timers (GRAD_PHASE_ARGS: T hq hv)"
+  cuda_tool benchmarks/profile_bwd_grad_phases.cu /tmp/fq_grad_phases
+  /tmp/fq_grad_phases ${GRAD_PHASE_ARGS:-} 2>&1 | tee -a "$LOG"
   [ "${PIPESTATUS[0]}" -eq 0 ] || status=1
 fi
 

@@ -33,6 +33,33 @@ constexpr int kGradWarps = 8;
 constexpr int kGradThreads = kGradWarps * 32;
 enum RowSum { kSumDte, kSumDbeta, kSumDgamma, kSumH, kRowSums };
 
+// Diagnostics only (benchmarks/profile_bwd_grad_phases.cu): with FLASHQLA_GRAD_TIMERS, thread 0 (an aux warp)
+// and thread 128 (a loader warp in phases 1-2) of every CTA add the cycles since their previous mark to
+// g_grad_cycles[thread / 128][mark]: even marks end a phase's own work, odd marks the block barrier after it.
+constexpr int kGradMarks = 26;
+#ifdef FLASHQLA_GRAD_TIMERS
+__device__ unsigned long long g_grad_cycles[2][kGradMarks];
+#define FLASHQLA_GRAD_MARK(i)                                                                    \
+  do {                                                                                           \
+    if ((threadIdx.x & 127) == 0) {                                                              \
+      const long long now_ = clock64();                                                          \
+      atomicAdd(&g_grad_cycles[threadIdx.x >> 7][i], (unsigned long long)(now_ - t_grad));       \
+      t_grad = now_;                                                                             \
+    }                                                                                            \
+  } while (0)
+#define FLASHQLA_GRAD_TIMER_START long long t_grad = clock64()
+#define FLASHQLA_GRAD_SYNC(i) \
+  do {                        \
+    FLASHQLA_GRAD_MARK(i);    \
+    __syncthreads();          \
+    FLASHQLA_GRAD_MARK(i + 1); \
+  } while (0)
+#else
+#define FLASHQLA_GRAD_TIMER_START do { } while (0)
+#define FLASHQLA_GRAD_MARK(i) do { } while (0)
+#define FLASHQLA_GRAD_SYNC(i) __syncthreads()
+#endif
+
 template <typename T>
 struct GradStage {  // the aux code's view (aux_chunk, aux_gram_raw): K, Q and the gates
   T k[kChunk * kLdK];
@@ -125,6 +152,7 @@ __global__ void __launch_bounds__(kGradThreads, 1) gdn_bwd_grad_kernel(const __g
   // The value heads of the GVA group one after another; dq and dk are summed over them in head order in
   // fp32, in the output rows (each thread rereads only what it wrote)
   for (int vh = 0; vh < group; ++vh) {
+    FLASHQLA_GRAD_TIMER_START;
     ct.h = hq * group + vh;
     Work<T> wk = make_work<T>(p, ct);
     const int64_t h = ct.h;
@@ -194,7 +222,7 @@ __global__ void __launch_bounds__(kGradThreads, 1) gdn_bwd_grad_kernel(const __g
       if (lane == 0) sm.red[w] = dot;
       cp_async_wait_all();
     }
-    __syncthreads();
+    FLASHQLA_GRAD_SYNC(0);
 
     // This thread's V pairs (rows m0 + lane / 4 + 8 hh, columns n0 + 8 nt + 2 (lane % 4)), read from global
     // memory into registers before a phase's products so that their latency hides behind them (read pair by
@@ -219,7 +247,7 @@ __global__ void __launch_bounds__(kGradThreads, 1) gdn_bwd_grad_kernel(const __g
         store_pair<T>(&sm.y[r * kLdK + col], bt * (v.x - gm * ks[nt][2 * hh]), bt * (v.y - gm * ks[nt][2 * hh + 1]));
       });
     }
-    __syncthreads();
+    FLASHQLA_GRAD_SYNC(2);
 
     // ---- phase 4: Vn = M Y, dW = K dS', U1 = scale P^T dO; dVn = U1 + dte dW; d_dte = rowsum(dW * Vn).
     // dVn stays in registers (fp32) until phase 7 writes what its bf16 copy lost (dY's hi + lo operand)
@@ -246,7 +274,7 @@ __global__ void __launch_bounds__(kGradThreads, 1) gdn_bwd_grad_kernel(const __g
       for_pairs(vn, m0, n0, lane, [&](int r, int col, int, float a, float b) { store_pair<T>(&sm.vn[r * kLdK + col], a, b); });
       for_pairs(u1, m0, n0, lane, [&](int r, int col, int, float a, float b) { store_pair<T>(&sm.dvn[r * kLdK + col], a, b); });
     }
-    __syncthreads();
+    FLASHQLA_GRAD_SYNC(4);
 
     // ---- phase 5: dK = dte (Vn dS'^T)  (dK and dQ accumulate in registers from here on)
     float dk[8][4], dq[8][4];
@@ -261,7 +289,7 @@ __global__ void __launch_bounds__(kGradThreads, 1) gdn_bwd_grad_kernel(const __g
 #pragma unroll
         for (int e = 0; e < 4; ++e) dk[nt][e] = sm.in.decay[m0 + (lane >> 2) + 8 * (e >> 1)] * t[nt][e];
     }
-    __syncthreads();  // dS' is dead: dpm takes its place
+    FLASHQLA_GRAD_SYNC(6);  // dS' is dead: dpm takes its place
 
     // ---- phase 6: dP = scale dO Vn^T, dM = dVn Y^T (fp32, C x C)
     {
@@ -277,7 +305,7 @@ __global__ void __launch_bounds__(kGradThreads, 1) gdn_bwd_grad_kernel(const __g
         *reinterpret_cast<float2*>(&sm.dpm[1][r * kLdF + col]) = make_float2(x, y);
       });
     }
-    __syncthreads();
+    FLASHQLA_GRAD_SYNC(8);
 
     // ---- phase 7: dY = M^T dVn with dVn as hi + lo (its bf16 rounding alone doubled dbeta's error in the
     // float64 emulation, benchmarks/precision_study_bwd.py); KS again for R; dV = dR = beta dY (to HBM);
@@ -286,7 +314,7 @@ __global__ void __launch_bounds__(kGradThreads, 1) gdn_bwd_grad_kernel(const __g
       const float2 hi = load_pair<T>(&sm.dvn[r * kLdK + col]);
       store_pair<T>(&sm.vn[r * kLdK + col], a - hi.x, b - hi.y);
     });
-    __syncthreads();
+    FLASHQLA_GRAD_SYNC(10);
     {
       load_v();
       float dy[8][4], ks[8][4];
@@ -315,7 +343,7 @@ __global__ void __launch_bounds__(kGradThreads, 1) gdn_bwd_grad_kernel(const __g
         quad_row_sum(sm.rows[kSumDgamma], w, m0 + (lane >> 2) + 8 * hh, sg[hh], lane, false);
       }
     }
-    __syncthreads();
+    FLASHQLA_GRAD_SYNC(12);
 
     // ---- phase 8: dK += dKS S0^T; dQ = scale gamma (dO S0^T); d_gamma += scale rowsum(Q * dO S0^T)
     {
@@ -335,7 +363,7 @@ __global__ void __launch_bounds__(kGradThreads, 1) gdn_bwd_grad_kernel(const __g
       for (int hh = 0; hh < 2; ++hh)
         quad_row_sum(sm.rows[kSumDgamma], w, m0 + (lane >> 2) + 8 * hh, p.scale * sg[hh], lane, true);
     }
-    __syncthreads();  // S0 is dead: f2 takes its place
+    FLASHQLA_GRAD_SYNC(14);  // S0 is dead: f2 takes its place
 
     // ---- phase 9: Q K^T again; dQK = dP * Gamma -> pq; dA = dM * Gamma (over dM); H = Gamma * (dP * QK^T +
     // dM * A) (lower): row sums and per-row-block column sums. A^T -> f2[0].
@@ -383,7 +411,7 @@ __global__ void __launch_bounds__(kGradThreads, 1) gdn_bwd_grad_kernel(const __g
         sm.f2[0][i * kLdF + j] = j >= i ? sm.ax.la[j * kLdF + i] : 0.f;  // la above A's lower blocks is stale
       }
     }
-    __syncthreads();
+    FLASHQLA_GRAD_SYNC(16);
 
     // ---- phase 10: dQ += dQK K, dK += dQK^T Q; tf32: X = dA A^T -> f2[1]
     gemm_rows16<T, 8, false, true>(dq, sm.pq, kLdC, m0, sm.in.k, kLdK, n0, 0, kChunk / 16, ld);
@@ -395,7 +423,7 @@ __global__ void __launch_bounds__(kGradThreads, 1) gdn_bwd_grad_kernel(const __g
       mma16x16_tf32(x, &sm.dpm[1][16 * bi * kLdF], kLdF, &sm.f2[0][16 * bj], kLdF, kChunk / 8, lane);
       store16x16(&sm.f2[1][16 * bi * kLdF + 16 * bj], kLdF, x, 1.f, lane);
     }
-    __syncthreads();
+    FLASHQLA_GRAD_SYNC(18);
 
     // ---- phase 11 (tf32): dL = -A^T X -> dpm[0] (dP is dead)
 #pragma unroll
@@ -405,7 +433,7 @@ __global__ void __launch_bounds__(kGradThreads, 1) gdn_bwd_grad_kernel(const __g
       mma16x16_tf32(x, &sm.f2[0][16 * bi * kLdF], kLdF, &sm.f2[1][16 * bj], kLdF, kChunk / 8, lane);
       store16x16(&sm.dpm[0][16 * bi * kLdF + 16 * bj], kLdF, x, -1.f, lane);
     }
-    __syncthreads();
+    FLASHQLA_GRAD_SYNC(20);
 
     // ---- phase 12: K K^T again: dbeta += rowsum(dL * K K^T) (strictly lower); dKK^T + its transpose -> pq
     {
@@ -429,7 +457,7 @@ __global__ void __launch_bounds__(kGradThreads, 1) gdn_bwd_grad_kernel(const __g
       for (int hh = 0; hh < 2; ++hh)
         quad_row_sum(sm.rows[kSumDbeta], w, m0 + (lane >> 2) + 8 * hh, sb[hh], lane, true);
     }
-    __syncthreads();
+    FLASHQLA_GRAD_SYNC(22);
 
     // ---- phase 13: dK += (dKK^T + dKK^T^T) K; write dq, dk. From the group's second head on, the sums of
     // the earlier heads are read back before the product, so that their round trip hides behind it (read
@@ -493,7 +521,7 @@ __global__ void __launch_bounds__(kGradThreads, 1) gdn_bwd_grad_kernel(const __g
         }
       }
     }
-    __syncthreads();  // the next head's phase 1 rewrites what phase 13 and the gate warp read
+    FLASHQLA_GRAD_SYNC(24);  // the next head's phase 1 rewrites what phase 13 and the gate warp read
   }
 }
 
