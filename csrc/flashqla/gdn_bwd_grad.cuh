@@ -12,14 +12,17 @@
 //   KS = K S0, R = V - gamma KS, Y = beta R, Vn = M Y (M = Gamma * A), dW = K dS', U1 = scale P^T dO
 //   (P = Q K^T * Gamma), dVn = U1 + dte dW, d_dte = rowsum(dW * Vn);
 //   dK = dte (Vn dS'^T) + dKS S0^T + dQK^T Q + (dKK^T + dKK^T^T) K,  dQ = scale gamma (dO S0^T) + dQK K;
-//   dP = scale dO Vn^T, dM = dVn Y^T, dY = M^T dVn (dVn hi + lo), dV = dR = beta dY, dKS = -gamma dR, dbeta = rowsum(dY R)
+//   dP = scale dO Vn^T, dM = dVn Y^T, dY = M^T dVn (dVn hi + lo), dV = dR = beta dY, dKS = -gamma dR (applied to
+//   dR S0^T), dbeta = rowsum(dY R)
 //   + rowsum(dL * K K^T), d_gamma = scale rowsum(Q * dO S0^T) - rowsum(dR * KS);
 //   dQK = dP * Gamma, dA = dM * Gamma, dL = -(A^T dA A^T) strictly lower (tf32), dKK^T = beta dL;
 //   H = Gamma * (dP * Q K^T + dM * A) (lower), dG = gamma d_gamma - dte d_dte + rowsum(H) - colsum(H),
 //   dG_C += sum(dte d_dte) + gamma_C <S0, dS'>, dg = the reverse cumsum of dG over the chunk.
 // One CTA per (chunk, GVA group) runs the group's value heads in order: dq and dk come out per q/k head,
 // summed over the group in fp32 in a fixed order (the caller applies the l2norm backward); rows past the
-// last sequence are zeroed by zero_tail_rows_kernel.
+// last sequence are zeroed by zero_tail_rows_kernel. dq, dk and dv leave through shared memory by bulk copies
+// (the group's later heads by bulk fp32 reduce-adds, each after the previous head's completed), issued by the
+// loader warps 4-7, which wait for them to have read shared memory before they next write it (phases 1-2).
 #pragma once
 
 #include "gdn_fwd_mma.cuh"
@@ -32,11 +35,16 @@ using namespace gdn_fwd_mma;
 constexpr int kGradWarps = 8;
 constexpr int kGradThreads = kGradWarps * 32;
 enum RowSum { kSumDte, kSumDbeta, kSumDgamma, kSumH, kRowSums };
+// fp32 C x 128 staging tiles for dq and dk (rows 16-byte aligned for the bulk copies; 136-float rows put a
+// fragment's float2 stores at two wavefronts per warp) in the S0 and dS' tiles, dead by then
+constexpr int kLdO = kDimK + 8;
+static_assert(sizeof(float) * kChunk * kLdO <= 2 * kDimK * kLdK, "the staging tiles fit in S0's and dS' 16-bit tiles");
+static_assert(kLdO * sizeof(float) % 16 == 0 && kLdK * 2 % 16 == 0, "16-byte aligned rows for the bulk copies");
 
 // Diagnostics only (benchmarks/profile_bwd_grad_phases.cu): with FLASHQLA_GRAD_TIMERS, thread 0 (an aux warp)
 // and thread 128 (a loader warp in phases 1-2) of every CTA add the cycles since their previous mark to
 // g_grad_cycles[thread / 128][mark]: even marks end a phase's own work, odd marks the block barrier after it.
-constexpr int kGradMarks = 26;
+constexpr int kGradMarks = 28;
 #ifdef FLASHQLA_GRAD_TIMERS
 __device__ unsigned long long g_grad_cycles[2][kGradMarks];
 #define FLASHQLA_GRAD_MARK(i)                                                                    \
@@ -72,16 +80,20 @@ template <typename T>
 struct GradStorage {
   GradStage<T> in;
   T dout[kChunk * kLdK];
-  union {  // S0 as T [K][V]; once its products are done, two fp32 64 x 64 tiles (A^T, then A^T dA's partner)
+  union {  // S0 as T [K][V]; once its products are done, two fp32 64 x 64 tiles (A^T, then A^T dA's partner),
+            // at the end dq's staging tile (fp32 C x 128)
     T s0[kDimK * kLdK];
     float f2[2][kChunk * kLdF];
+    float dq_st[kChunk * kLdO];
   };
-  union {  // dS' as T [K][V]; once its products are done, dP and dM (fp32), later dL and dA
+  union {  // dS' as T [K][V]; once its products are done, dP and dM (fp32), later dL and dA; at the end dk's
+            // staging tile
     T ds[kDimK * kLdK];
     float dpm[2][kChunk * kLdF];
+    float dk_st[kChunk * kLdO];
   };
   AuxScratch<T> ax;    // A = (I + L)^-1 (la, fp32), M = Gamma * A (m), G, beta
-  T y[kChunk * kLdK];  // Y, later dKS
+  T y[kChunk * kLdK];  // Y, later dR (= dV, bulk-stored from here)
   T vn[kChunk * kLdK];
   T dvn[kChunk * kLdK];
   T pq[kChunk * kLdC];  // P, later dQK, later dKK^T + dKK^T^T
@@ -195,6 +207,8 @@ __global__ void __launch_bounds__(kGradThreads, 1) gdn_bwd_grad_kernel(const __g
       }
       float dot = 0.f;
       const float* s0g = gp.states + slot;
+      // the previous head's bulk copies read dq_st/dk_st (over s0, ds) and y: done before s0, ds are written
+      bulk_wait_read();
       const float* dsg = gp.dh + slot;
       // 32 float4 of each per thread, kBatch of each in flight before any is used (read-only loads)
       constexpr int kPer = kDimK * kDimV / 4 / kAuxThreads, kBatch = 8;
@@ -308,8 +322,8 @@ __global__ void __launch_bounds__(kGradThreads, 1) gdn_bwd_grad_kernel(const __g
     FLASHQLA_GRAD_SYNC(8);
 
     // ---- phase 7: dY = M^T dVn with dVn as hi + lo (its bf16 rounding alone doubled dbeta's error in the
-    // float64 emulation, benchmarks/precision_study_bwd.py); KS again for R; dV = dR = beta dY (to HBM);
-    // dKS = -gamma dR -> y; dbeta = rowsum(dY R); d_gamma = -rowsum(dR KS)
+    // float64 emulation, benchmarks/precision_study_bwd.py); KS again for R; dV = dR = beta dY -> y (bulk-stored
+    // in phase 8, which also applies dKS = -gamma dR after dR S0^T); dbeta = rowsum(dY R); d_gamma = -rowsum(dR KS)
     for_pairs(u1, m0, n0, lane, [&](int r, int col, int, float a, float b) {  // Vn is dead: its tile takes lo
       const float2 hi = load_pair<T>(&sm.dvn[r * kLdK + col]);
       store_pair<T>(&sm.vn[r * kLdK + col], a - hi.x, b - hi.y);
@@ -324,7 +338,6 @@ __global__ void __launch_bounds__(kGradThreads, 1) gdn_bwd_grad_kernel(const __g
       gemm_rows16<T, 8, true, true>(dy, sm.ax.m, kLdC, m0, sm.vn, kLdK, n0, 0, kChunk / 16, ld);
       gemm_rows16<T, 8, false, true>(ks, sm.in.k, kLdK, m0, sm.s0, kLdK, n0, 0, kDimK / 16, ld);
       float sb[2] = {0.f, 0.f}, sg[2] = {0.f, 0.f};
-      T* dvg = static_cast<T*>(gp.dv) + (row0 * p.heads_v + h) * int64_t(kDimV);
       for_frag_pairs<8>(m0, n0, lane, [&](int nt, int hh, int r, int col) {
         const float2 v = unpack2<T>(vraw[nt][hh]);
         const float gm = sm.in.gamma[r], bt = sm.ax.beta[r];
@@ -334,21 +347,33 @@ __global__ void __launch_bounds__(kGradThreads, 1) gdn_bwd_grad_kernel(const __g
         const float dr0 = bt * y0, dr1 = bt * y1;
         sb[hh] += y0 * r0 + y1 * r1;
         sg[hh] -= dr0 * k0 + dr1 * k1;
-        if (r < rows) store_pair<T>(dvg + int64_t(r) * p.heads_v * kDimV + col, dr0, dr1);
-        store_pair<T>(&sm.y[r * kLdK + col], -gm * dr0, -gm * dr1);  // y is dead after phase 6
+        store_pair<T>(&sm.y[r * kLdK + col], dr0, dr1);  // y is dead after phase 6
       });
 #pragma unroll
       for (int hh = 0; hh < 2; ++hh) {
         quad_row_sum(sm.rows[kSumDbeta], w, m0 + (lane >> 2) + 8 * hh, sb[hh], lane, false);
         quad_row_sum(sm.rows[kSumDgamma], w, m0 + (lane >> 2) + 8 * hh, sg[hh], lane, false);
       }
+      fence_async_smem();  // dR in y, for phase 8's bulk store
     }
     FLASHQLA_GRAD_SYNC(12);
 
-    // ---- phase 8: dK += dKS S0^T; dQ = scale gamma (dO S0^T); d_gamma += scale rowsum(Q * dO S0^T)
+    // ---- phase 8: dV out (a bulk store per row from y); dK += -gamma (dR S0^T); dQ = scale gamma (dO S0^T);
+    // d_gamma += scale rowsum(Q * dO S0^T)
     {
-      gemm_rows16<T, 8, false, false>(dk, sm.y, kLdK, m0, sm.s0, kLdK, n0, 0, kDimV / 16, ld);
+      if (tid >= kAuxThreads && tid - kAuxThreads < rows) {
+        const int r = tid - kAuxThreads;
+        bulk_store(static_cast<T*>(gp.dv) + ((row0 + r) * p.heads_v + h) * int64_t(kDimV), &sm.y[r * kLdK],
+                   kDimV * sizeof(T));
+        bulk_commit();
+      }
       float t[8][4];
+      zero_acc(t);
+      gemm_rows16<T, 8, false, false>(t, sm.y, kLdK, m0, sm.s0, kLdK, n0, 0, kDimV / 16, ld);
+#pragma unroll
+      for (int nt = 0; nt < 8; ++nt)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) dk[nt][e] -= sm.in.gamma[m0 + (lane >> 2) + 8 * (e >> 1)] * t[nt][e];
       zero_acc(t);
       gemm_rows16<T, 8, false, false>(t, sm.dout, kLdK, m0, sm.s0, kLdK, n0, 0, kDimV / 16, ld);
       float sg[2] = {0.f, 0.f};
@@ -459,29 +484,28 @@ __global__ void __launch_bounds__(kGradThreads, 1) gdn_bwd_grad_kernel(const __g
     }
     FLASHQLA_GRAD_SYNC(22);
 
-    // ---- phase 13: dK += (dKK^T + dKK^T^T) K; write dq, dk. From the group's second head on, the sums of
-    // the earlier heads are read back before the product, so that their round trip hides behind it (read
-    // after it, one dependent load per pair, they cost ~8 us per CTA)
-    {
-      float* const dst[2] = {gp.dq + (row0 * p.heads_qk + hq) * int64_t(kDimK),
-                             gp.dk + (row0 * p.heads_qk + hq) * int64_t(kDimK)};
-      const int64_t ld_row = p.heads_qk * int64_t(kDimK);
-      float2 prev[2][8][2];
+    // ---- phase 13: dK += (dKK^T + dKK^T^T) K; dq, dk staged in fp32 (over the dead S0 and dS' tiles) and
+    // sent by bulk copies, one row each from a loader thread: stores for the group's first head, fp32
+    // reduce-adds for the others (in head order: each thread's previous copies have completed first)
+    gemm_rows16<T, 8, false, true>(dk, sm.pq, kLdC, m0, sm.in.k, kLdK, n0, 0, kChunk / 16, ld);
 #pragma unroll
-      for (int which = 0; which < 2; ++which)
-        for_frag_pairs<8>(m0, n0, lane, [&](int nt, int hh, int r, int col) {
-          prev[which][nt][hh] = vh > 0 && r < rows ? *reinterpret_cast<const float2*>(dst[which] + r * ld_row + col)
-                                                   : make_float2(0.f, 0.f);
-        });
-      gemm_rows16<T, 8, false, true>(dk, sm.pq, kLdC, m0, sm.in.k, kLdK, n0, 0, kChunk / 16, ld);
-#pragma unroll
-      for (int which = 0; which < 2; ++which) {
-        float (&acc)[8][4] = which == 0 ? dq : dk;
-        for_frag_pairs<8>(m0, n0, lane, [&](int nt, int hh, int r, int col) {
-          if (r < rows)
-            *reinterpret_cast<float2*>(dst[which] + r * ld_row + col) =
-                make_float2(acc[nt][2 * hh] + prev[which][nt][hh].x, acc[nt][2 * hh + 1] + prev[which][nt][hh].y);
-        });
+    for (int which = 0; which < 2; ++which)
+      for_pairs(which == 0 ? dq : dk, m0, n0, lane, [&](int r, int col, int, float a, float b) {
+        *reinterpret_cast<float2*>(&(which == 0 ? sm.dq_st : sm.dk_st)[r * kLdO + col]) = make_float2(a, b);
+      });
+    fence_async_smem();
+    FLASHQLA_GRAD_SYNC(24);
+    if (tid >= kAuxThreads) {
+      const int which = (tid - kAuxThreads) / kChunk, r = (tid - kAuxThreads) % kChunk;
+      if (r < rows) {
+        float* dst = (which == 0 ? gp.dq : gp.dk) + ((row0 + r) * p.heads_qk + hq) * int64_t(kDimK);
+        const float* src = &(which == 0 ? sm.dq_st : sm.dk_st)[r * kLdO];
+        bulk_wait();  // the earlier heads' copies of this row have landed
+        if (vh == 0)
+          bulk_store(dst, src, kDimK * sizeof(float));
+        else
+          bulk_reduce_add(dst, src, kDimK * sizeof(float));
+        bulk_commit();
       }
     }
 
@@ -521,8 +545,9 @@ __global__ void __launch_bounds__(kGradThreads, 1) gdn_bwd_grad_kernel(const __g
         }
       }
     }
-    FLASHQLA_GRAD_SYNC(24);  // the next head's phase 1 rewrites what phase 13 and the gate warp read
+    FLASHQLA_GRAD_SYNC(26);  // the next head's phase 1 rewrites what the gate warp read
   }
+  if (tid >= kAuxThreads) bulk_wait();  // the bulk copies' shared-memory sources live as long as the CTA
 }
 
 // Token rows past the last sequence (packed inputs with cu_seqlens[-1] < T) get zero gradients, as the
