@@ -172,12 +172,16 @@ __global__ void __launch_bounds__(kGradThreads, 1) gdn_bwd_grad_kernel(const __g
     const int64_t row0 = wk.flat0 + c * kChunk;  // the chunk's first token row
     const int64_t slot = (static_cast<int64_t>(blockIdx.x) * p.heads_v + h) * int64_t(kDimK) * kDimV;
 
-    // ---- phases 1-2. Warps 0-3: K, Q, the gates, l2norm (the aux code), then the raw Gram products, L and the
-    // inverse A (ax.la), P = Q K^T * Gamma to pq, M = Gamma * A to ax.m. Warps 4-7 meanwhile: dO, and S0, dS'
-    // as T with <S0, dS'> in fp32 (128 KB of fp32 reads per head, whose latency the aux work now hides; they
-    // used to be a phase of their own before the aux products)
+    // ---- phases 1-2. Warps 0-3: K, Q, the gates, l2norm (the aux code; for the group's later heads only the
+    // gates: K and Q, normalised, are still in shared memory, which no phase writes), then the raw Gram
+    // products, L and the inverse A (ax.la), P = Q K^T * Gamma to pq, M = Gamma * A to ax.m. Warps 4-7
+    // meanwhile: dO, and S0, dS' as T with <S0, dS'> in fp32 (128 KB of fp32 reads per head, whose latency the
+    // aux work hides)
     if (tid < kAuxThreads) {
-      aux_chunk<T, AuxMode::kInputsOnly>(p, sm.in, sm.ax, wk, c, tid, kBarAux, no_pb, t_mark);
+      if (vh == 0)
+        aux_chunk<T, AuxMode::kInputsOnly>(p, sm.in, sm.ax, wk, c, tid, kBarAux, no_pb, t_mark);
+      else if (w == 0)
+        load_gates<T>(p, sm.in, sm.ax, wk, c, lane);
       bar_sync(kBarAux, kAuxThreads);  // the aux group's closing sync: K, Q, the gates in shared memory
       float kk[8][4], qk[8][4];
       aux_gram_raw<T>(sm.in, tid, kk, qk);
