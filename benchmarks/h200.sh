@@ -277,7 +277,7 @@ if has variants; then
 fi
 
 if has sanitize; then
-  for tool in memcheck racecheck; do
+  for tool in ${SAN_TOOLS:-memcheck racecheck}; do
     say "compute-sanitizer $tool"
     # the whole report goes to sanitize.txt (the first errors name the kernel and the access); the log gets its tail
     timeout ${SAN_TIMEOUT:-120} compute-sanitizer --tool "$tool" --print-limit 12 --error-exitcode 3 python3 benchmarks/sanitize_cases.py \
