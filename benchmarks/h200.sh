@@ -21,6 +21,7 @@
 #   cmake     libflashqla + the C++ examples through CMake, run by ctest on the GPU
 #   sanitize  compute-sanitizer memcheck + racecheck on small kernel calls
 #   phases    per-phase cycle counts of the forward kernels (benchmarks/profile_fwd_phases.cu)
+#   gradphases  per-phase cycle counts of the backward's gradient kernel (benchmarks/profile_bwd_grad_phases.cu)
 #   probe     the state chain with wgmma vs mma.sync, checked against a reference (benchmarks/wgmma_chain_probe.cu)
 #   cumsum    the cumsum kernel record (benchmarks/bench_cumsum.py)
 #   bench     python -m flashqla.bench run --cases $CASES --prewarm $PREWARM $BENCH_ARGS (default anchors; the
@@ -64,14 +65,27 @@ ncu_stalls() {
   local kre=$1 name=$2 ncu
   shift 2
   ncu=$(command -v ncu || echo /usr/local/cuda/bin/ncu)
-  timeout ${NCU_TIMEOUT:-240} "$ncu" --section SchedulerStats --section WarpStateStats --section ComputeWorkloadAnalysis \
-    --section MemoryWorkloadAnalysis --section SourceCounters --import-source yes -k regex:"$kre" --launch-count 1 \
+  # the full set: its source page carries the per-line stall sampling the named sections alone did not give
+  timeout ${NCU_TIMEOUT:-240} "$ncu" --set full --import-source yes -k regex:"$kre" --launch-count 1 \
     -f -o "/tmp/$name" "$@" > "/tmp/$name-run.log" 2>&1 || { tail -20 "/tmp/$name-run.log" | tee -a "$LOG"; status=1; }
-  { "$ncu" -i "/tmp/$name.ncu-rep" --print-summary none 2>&1 | grep -vE "^\s*$"
+  { "$ncu" -i "/tmp/$name.ncu-rep" --print-summary none --section SchedulerStats --section WarpStateStats \
+      --section ComputeWorkloadAnalysis --section MemoryWorkloadAnalysis --section SourceCounters 2>&1 | grep -vE "^\s*$"
+    # stall reasons, cycles per issued instruction each
+    "$ncu" -i "/tmp/$name.ncu-rep" --page raw --csv 2>/dev/null | python3 -c "
+import csv, sys
+rows = list(csv.reader(sys.stdin))
+if len(rows) >= 3:
+    pick = [(h, u, v) for h, u, v in zip(rows[0], rows[1], rows[2])
+            if h.startswith('smsp__average_warps_issue_stalled_') and h.endswith('_per_issue_active.ratio')]
+    for h, u, v in sorted(pick, key=lambda x: -float(x[2].replace(',', '') or 0))[:14]:
+        print('stall %-28s %s' % (h[len('smsp__average_warps_issue_stalled_'):-len('_per_issue_active.ratio')], v))"
     "$ncu" -i "/tmp/$name.ncu-rep" --page source --csv --print-source cuda > "/tmp/$name-source.csv" 2> "/tmp/$name-source.err"
     python3 benchmarks/ncu_source_top.py "/tmp/$name-source.csv" 2>&1 || cat "/tmp/$name-source.err"
+    echo "-- SASS instructions with the most stall samples"
+    "$ncu" -i "/tmp/$name.ncu-rep" --page source --csv --print-source sass > "/tmp/$name-sass.csv" 2> /dev/null
+    python3 benchmarks/ncu_source_top.py "/tmp/$name-sass.csv" 50 2>&1 | head -60
   } > "$OUT/$name.txt" 2>&1
-  grep -E "Duration|Issued Warp|Eligible Warps|Active Warps|Warp Cycles Per Issued|Issue Slots Busy|Memory Throughput" \
+  grep -E "Duration|Issued Warp|Eligible Warps|Active Warps|Warp Cycles Per Issued|Issue Slots Busy|Memory Throughput|^stall " \
     "$OUT/$name.txt" | tee -a "$LOG"
 }
 
@@ -128,6 +142,13 @@ if has phases; then
   say "forward v1 phase timers"
   cuda_tool benchmarks/profile_fwd_phases.cu /tmp/fq_phases
   /tmp/fq_phases 2>&1 | tee -a "$LOG"
+  [ "${PIPESTATUS[0]}" -eq 0 ] || status=1
+fi
+
+if has gradphases; then
+  say "gradient kernel phase timers (GRAD_PHASE_ARGS: T hq hv)"
+  cuda_tool benchmarks/profile_bwd_grad_phases.cu /tmp/fq_grad_phases
+  /tmp/fq_grad_phases ${GRAD_PHASE_ARGS:-} 2>&1 | tee -a "$LOG"
   [ "${PIPESTATUS[0]}" -eq 0 ] || status=1
 fi
 
@@ -256,7 +277,7 @@ if has variants; then
 fi
 
 if has sanitize; then
-  for tool in memcheck racecheck; do
+  for tool in ${SAN_TOOLS:-memcheck racecheck}; do
     say "compute-sanitizer $tool"
     # the whole report goes to sanitize.txt (the first errors name the kernel and the access); the log gets its tail
     timeout ${SAN_TIMEOUT:-120} compute-sanitizer --tool "$tool" --print-limit 12 --error-exitcode 3 python3 benchmarks/sanitize_cases.py \

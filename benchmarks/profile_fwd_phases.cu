@@ -9,58 +9,17 @@
 #include <cstdio>
 #include <cstdlib>
 
-#include "examples/example_util.h"  // CUDA_OK
-
 #include "flashqla/gdn_fwd_mma.cuh"
 #include "flashqla/gdn_fwd_simple.cuh"
+#include "profile_util.cuh"
 
 
 namespace fs = flashqla::gdn_fwd_simple;
 namespace fm = flashqla::gdn_fwd_mma;
 
-__device__ float hash_uniform(uint64_t i, uint32_t seed) {  // [0, 1), no cuRAND needed
-  uint64_t x = i * 0x9E3779B97F4A7C15ull + seed;
-  x ^= x >> 33; x *= 0xff51afd7ed558ccdull; x ^= x >> 33; x *= 0xc4ceb9fe1a85ec53ull; x ^= x >> 33;
-  return (x >> 40) * (1.0f / 16777216.0f);
-}
-template <typename T>
-__global__ void fill(T* p, int64_t n, float lo, float hi, uint32_t seed) {
-  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x)
-    p[i] = static_cast<T>(lo + (hi - lo) * hash_uniform(i, seed));
-}
-
 int main() {
   const int64_t T = 8192, Hq = 16, Hv = 64, D = 128;
-  __nv_bfloat16 *q, *k, *v, *o;
-  float *g, *beta;
-  CUDA_OK(cudaMalloc(&q, T * Hq * D * 2));
-  CUDA_OK(cudaMalloc(&k, T * Hq * D * 2));
-  CUDA_OK(cudaMalloc(&v, T * Hv * D * 2));
-  CUDA_OK(cudaMalloc(&o, T * Hv * D * 2));
-  CUDA_OK(cudaMalloc(&g, T * Hv * 4));
-  CUDA_OK(cudaMalloc(&beta, T * Hv * 4));
-  fill<<<1024, 256>>>(q, T * Hq * D, -0.15f, 0.15f, 1);
-  fill<<<1024, 256>>>(k, T * Hq * D, -0.15f, 0.15f, 2);
-  fill<<<1024, 256>>>(v, T * Hv * D, -1.f, 1.f, 3);
-  fill<<<1024, 256>>>(g, T * Hv, -0.08f, 0.f, 4);
-  fill<<<1024, 256>>>(beta, T * Hv, 0.f, 1.f, 5);
-  CUDA_OK(cudaGetLastError());
-
-  flashqla_gdn_fwd_params_t p{};
-  p.q = q; p.k = k; p.v = v; p.o = o;
-  p.qkv_dtype = FLASHQLA_BFLOAT16;
-  p.q_stride_batch = p.k_stride_batch = T * Hq * D;
-  p.q_stride_time = p.k_stride_time = Hq * D;
-  p.q_stride_head = p.k_stride_head = D;
-  p.v_stride_batch = p.o_stride_batch = T * Hv * D;
-  p.v_stride_time = p.o_stride_time = Hv * D;
-  p.v_stride_head = p.o_stride_head = D;
-  p.g = g; p.g_dtype = FLASHQLA_FLOAT32;
-  p.g_stride_batch = T * Hv; p.g_stride_time = Hv; p.g_stride_head = 1;
-  p.beta = beta; p.beta_dtype = FLASHQLA_FLOAT32;
-  p.beta_stride_batch = T * Hv; p.beta_stride_time = Hv; p.beta_stride_head = 1;
-  p.batch = 1; p.seqlen = T; p.heads_qk = Hq; p.heads_v = Hv; p.head_dim_k = D; p.head_dim_v = D;
-  p.num_seqs = 1; p.scale = 0.08838834764831845f;
+  flashqla_gdn_fwd_params_t p = dense_bf16_problem(T, Hq, Hv);
 
   CUDA_OK(fs::launch<__nv_bfloat16>(p, nullptr));  // warm-up
   CUDA_OK(cudaDeviceSynchronize());

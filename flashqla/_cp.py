@@ -33,9 +33,12 @@ MIN_SEGMENT_CHUNKS = 8
 V_BLOCKS = 2          # CTAs per (sequence, value head) in the forward kernel
 GAIN = 0.75           # run CP when its predicted time is below this fraction of the plain call's
 # Measured on the H200 (benchmarks/kernel_times.py --launches, TP8/TP4 1 x 32768): a full chunk step ~2.5 us,
-# a summaries-only one (no Q S^T, no O) 0.7 of it, the scan ~25 us per rank (eight small kernels).
+# a summaries-only one (no Q S^T, no O) 0.7 of it. The scan: ~25 us per rank as eight small kernels (session
+# 4); as one batched GEMM per rank 5.3 us of kernel time (session 5, TP8 1 x 32768: 0.037 ms for 7 ranks),
+# ~6-7 us with the launch gap in a graph: ~3 chunk steps (unmeasured as a plan input: with it the TP8/TP4
+# 1 x 8192 rows and TP4 28672+4096 get plans, which the next H200 run must confirm against FLASHQLA_CP=0).
 SUMMARY_STEP = 0.7
-RANK_STEP = 10.0      # in chunk steps
+RANK_STEP = 3.0       # in chunk steps
 
 
 def mode() -> str:
@@ -99,6 +102,36 @@ def plan(lengths, heads_v: int, sms: int, chunk: int = CHUNK):
 
 
 _DEVICE_PLANS: dict = {}
+_CONSTANTS: dict = {}
+_PINNED: set = set()  # cache keys a CUDA graph captured: their tensors must outlive every replay
+
+
+def _capturing(device) -> bool:
+    return device.type == "cuda" and torch.cuda.is_current_stream_capturing()
+
+
+def _evict(cache: dict, limit: int):
+    """Drops the unpinned entries of `cache` once it holds `limit` (a graph that captured an entry keeps
+    reading its memory: evicting it would hand that memory to other tensors under the graph)."""
+    if len(cache) >= limit:
+        for key in [k for k in cache if k not in _PINNED]:
+            del cache[key]
+
+
+def _cached(key, make, device):
+    """A read-only device constant (the identity states, the zero v row) made once per shape: each would be
+    an allocation and a launch per call. Made during CUDA-graph capture it is not kept (its values exist only
+    in the graph's replays); used during capture it is pinned."""
+    hit = _CONSTANTS.get(key)
+    if hit is None:
+        hit = make()
+        if _capturing(device):
+            return hit
+        _evict(_CONSTANTS, 8)
+        _CONSTANTS[key] = hit
+    elif _capturing(device):
+        _PINNED.add(key)
+    return hit
 
 
 def device_plan(p: Plan, device: torch.device, index_dtype=torch.int32):
@@ -109,15 +142,18 @@ def device_plan(p: Plan, device: torch.device, index_dtype=torch.int32):
     captured): None when there is none."""
     key = (p, str(device), index_dtype)
     hit = _DEVICE_PLANS.get(key)
-    if hit is not None or (device.type == "cuda" and torch.cuda.is_current_stream_capturing()):
+    if _capturing(device):
+        if hit is not None:
+            _PINNED.add(key)
+        return hit
+    if hit is not None:
         return hit
     N = len(p.last_of_seq)
     first = [p.last_of_seq[s] - max(r for i, r in enumerate(p.rank_of) if p.seq_of[i] == s) for s in range(N)]
     gather = [min(first[s] + r, p.last_of_seq[s]) for r in range(p.ranks) for s in range(N)]
     cell = [p.rank_of[i] * N + p.seq_of[i] for i in range(p.segments)]
     as_long = lambda x: torch.tensor(x, dtype=torch.long).to(device)  # noqa: E731
-    if len(_DEVICE_PLANS) >= 64:
-        _DEVICE_PLANS.clear()
+    _evict(_DEVICE_PLANS, 64)
     _DEVICE_PLANS[key] = (torch.tensor(p.cu, dtype=index_dtype).to(device), as_long(gather), as_long(cell),
                           as_long(p.last_of_seq))
     return _DEVICE_PLANS[key]
@@ -136,9 +172,12 @@ def forward(fwd, q, k, v, g, beta, scale, initial_state, p: Plan, l2norm: bool, 
     cu, gather, cell, last = dp
     H, K, V = v.shape[2], k.shape[3], v.shape[3]
     NS = p.segments
+    # one sequence: its segments are already in the scan grid's rank-major order, so the gathers below are
+    # identities (each would be a launch and a copy; a CP call is host-bound enough for them to matter)
+    single = len(p.last_of_seq) == 1
     # v = 0 for the transition pass: one zero row broadcast over tokens and heads (stride 0; the kernels' pass
     # op reads none of it)
-    zero_v = v.new_zeros(V).expand(v.shape)
+    zero_v = _cached(("zero_v", V, v.dtype, str(v.device)), lambda: v.new_zeros(V), v.device).expand(v.shape)
     if fwd_pass is not None:
         from ._library import fwd_workspace_bytes
         ws = torch.empty(fwd_workspace_bytes(q.shape[0], q.shape[1], H), dtype=torch.uint8, device=q.device)
@@ -150,7 +189,8 @@ def forward(fwd, q, k, v, g, beta, scale, initial_state, p: Plan, l2norm: bool, 
         run = lambda v_, h0, ready, write_o: fwd(q, k, v_, g, beta, scale, h0, True, cu, l2norm)  # noqa: E731
     _, b_end = run(v, None, False, False)
     sd = b_end.dtype  # the op's state dtype (fp32 on the GPU)
-    eye = torch.eye(K, dtype=sd, device=q.device).expand(NS, H, K, K).contiguous()
+    eye = _cached(("eye", NS, H, K, sd, str(q.device)),
+                  lambda: torch.eye(K, dtype=sd, device=q.device).expand(NS, H, K, K).contiguous(), q.device)
     _, phi = run(zero_v, eye, True, False)
     # the scan over each sequence's segments, S_{r+1} = Phi_r S_r + B_r, rank by rank on a [ranks, sequences]
     # grid: one batched GEMM per rank (measured before: ~25 us per rank as eight small launches)
@@ -160,10 +200,12 @@ def forward(fwd, q, k, v, g, beta, scale, initial_state, p: Plan, l2norm: bool, 
         grid[0].copy_(initial_state.reshape(N * H, K, V))
     else:
         grid[0].zero_()
-    phi_g = phi.index_select(0, gather).view(R, N * H, K, K)
-    b_g = b_end.index_select(0, gather).view(R, N * H, K, V)
+    phi_g = (phi if single else phi.index_select(0, gather)).view(R, N * H, K, K)
+    b_g = (b_end if single else b_end.index_select(0, gather)).view(R, N * H, K, V)
     for r in range(R - 1):
         torch.baddbmm(b_g[r], phi_g[r], grid[r], out=grid[r + 1])
-    init = grid.view(R * N, H, K, V).index_select(0, cell)
+    init = grid.view(R * N, H, K, V)
+    if not single:
+        init = init.index_select(0, cell)
     o, final = run(v, init, True, True)
-    return o, final.index_select(0, last)
+    return o, (final[p.last_of_seq[0]:] if single else final.index_select(0, last))

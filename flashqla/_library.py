@@ -29,10 +29,10 @@ _lib.define("chunk_gdn_bwd_dh(Tensor q, Tensor k, Tensor g, Tensor beta, Tensor 
             "Tensor? cu_seqlens, bool use_qk_l2norm, bool output_dh0) -> (Tensor, Tensor)")
 
 
-# The backward's chunk-parallel gradient step (the default; FLASHQLA_BWD_GRAD=0 runs it in PyTorch): from the chunk-start states and the
-# chunk-end state gradients, (dq, dk per value head fp32 [B, T, H_v, K], dv like v, dg, dbeta fp32 [B, T, H_v]);
-# see the C API's flashqla_gdn_bwd_grad. The caller sums dq/dk over each GVA group and applies the l2norm
-# backward.
+# The backward's chunk-parallel gradient step (the default; FLASHQLA_BWD_GRAD=0 runs it in PyTorch): from the
+# chunk-start states and the chunk-end state gradients, (dq, dk fp32 [B, T, H_qk, K] summed over each GVA
+# group, dv like v, dg, dbeta fp32 [B, T, H_v]); see the C API's flashqla_gdn_bwd_grad. The caller applies the
+# l2norm backward.
 _lib.define("chunk_gdn_bwd_grad(Tensor q, Tensor k, Tensor v, Tensor g, Tensor beta, Tensor dout, Tensor states, "
             "Tensor dh, float scale, Tensor? cu_seqlens, bool use_qk_l2norm) -> (Tensor, Tensor, Tensor, Tensor, Tensor)")
 
@@ -80,10 +80,10 @@ def _chunk_gdn_fwd_states_fake(q, k, v, g, beta, scale, initial_state, cu_seqlen
 @torch.library.register_fake("flashqla::chunk_gdn_bwd_grad")
 def _chunk_gdn_bwd_grad_fake(q, k, v, g, beta, dout, states, dh, scale, cu_seqlens, use_qk_l2norm):
     B, T, H, V = v.shape
-    f32 = torch.float32
-    dqk = q.new_empty((B, T, H, q.shape[3]), dtype=f32)
-    return dqk, torch.empty_like(dqk), v.new_empty(v.shape), v.new_empty((B, T, H), dtype=f32), \
-        v.new_empty((B, T, H), dtype=f32)
+    sd = _state_dtype(q)   # fp32 on the GPU
+    dqk = q.new_empty(q.shape, dtype=sd)
+    return dqk, torch.empty_like(dqk), v.new_empty(v.shape), v.new_empty((B, T, H), dtype=sd), \
+        v.new_empty((B, T, H), dtype=sd)
 
 
 @torch.library.register_fake("flashqla::chunk_gdn_bwd_dh")
@@ -134,6 +134,14 @@ def _chunk_gdn_bwd_dh_cpu(q, k, g, beta, dout, dht, scale, cu_seqlens, use_qk_l2
     sd = _state_dtype(q)
     dh = dh[: chunk_bound(q.shape[0], q.shape[1], cu_seqlens)].to(sd)
     return dh, (dh0.to(sd) if output_dh0 else dout.new_empty((0,), dtype=sd))
+
+
+@torch.library.impl("flashqla::chunk_gdn_bwd_grad", "cpu")
+def _chunk_gdn_bwd_grad_cpu(q, k, v, g, beta, dout, states, dh, scale, cu_seqlens, use_qk_l2norm):
+    dq, dk, dv, dg, dbeta = reference.chunk_gdn_bwd_step(q, k, v, g, beta, dout, states, dh, scale=scale,
+                                                          cu_seqlens=cu_seqlens, use_qk_l2norm_in_kernel=use_qk_l2norm)
+    sd = _state_dtype(q)
+    return dq.to(sd), dk.to(sd), dv.to(v.dtype), dg.to(sd), dbeta.to(sd)
 
 
 @torch.library.impl("flashqla::chunk_local_cumsum", "cpu")

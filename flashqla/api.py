@@ -209,10 +209,7 @@ def _kernel_backward(shape, q, k, v, g, beta, do, dht, scale, initial_state, l2n
     if os.environ.get("FLASHQLA_BWD_GRAD", "1").strip() != "0":  # the gradient kernel (0: the PyTorch step)
         dq, dk, dv, dg, dbeta = torch.ops.flashqla.chunk_gdn_bwd_grad(qv, kv, vv, g, beta, dov, states, dh, sc, cu,
                                                                        l2norm)
-        # GVA: each group's value heads summed in fp32 (a fixed-order reduction), then the l2norm backward
-        B, T, Hq, K = q.shape
-        dq = dq.view(B, T, Hq, -1, K).sum(3)
-        dk = dk.view(B, T, Hq, -1, K).sum(3)
+        # dq, dk come per q/k head (the kernel sums each GVA group's value heads in fp32, in head order)
         if l2norm:
             dq, dk = reference._l2norm_bwd(q.float(), dq), reference._l2norm_bwd(k.float(), dk)
         return (dq.to(q.dtype), dk.to(k.dtype), dv.to(v.dtype), dg.to(g.dtype), dbeta.to(beta.dtype),

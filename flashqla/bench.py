@@ -652,7 +652,7 @@ def flashqla_bwd_label(kernels: bool) -> str:
     if kernels and os.environ.get("FLASHQLA_BWD_KERNEL", "1").strip() != "0":
         if os.environ.get("FLASHQLA_BWD_GRAD", "1").strip() != "0":
             return ("flashqla.chunk_gdn_bwd (both state chains and the chunk-parallel gradient step on the sm_90a "
-                    "kernels; the GVA sum and the l2norm backward in PyTorch)")
+                    "kernels; the l2norm backward in PyTorch)")
         return ("flashqla.chunk_gdn_bwd (both state chains on the sm_90a kernels, the chunk-parallel gradient "
                 "step in PyTorch)")
     return "flashqla.chunk_gdn_bwd (the PyTorch chunked backward on the GPU; no backward kernel)"

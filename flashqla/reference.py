@@ -388,9 +388,10 @@ def chunk_state_grads_torch(q, k, g, beta, do, dht=None, scale=None, cu_seqlens=
     return _valid_slots(P, dSp), _initial_state_grad(P, dS_first, dht_)
 
 
-def _chunk_local_grads(P, S0, dSp, dh0, dOc, QKt, U1, q, k, v, g, beta, initial_state, use_qk_l2norm_in_kernel):
-    """The backward's chunk-parallel step: from the chunk-start states S0 and the chunk-end state gradients dSp
-    ([slots, H_v, K, V]), the gradients (dq, dk, dv, dg, dbeta, dh0) in the inputs' dtypes."""
+def _chunk_local_token_grads(P, S0, dSp, dOc, QKt, U1):
+    """The backward's chunk-parallel step on the token rows, in the computation dtype, from the chunk-start
+    states S0 and the chunk-end state gradients dSp ([slots, H_v, K, V]): (dq, dk) with respect to the
+    (normalised) q and k rows, summed over each GVA group's value heads, then dv, dg, dbeta."""
     dt = P.dt
     # chunk-local gradients (independent per chunk)
     KS = P.Kc @ S0
@@ -432,14 +433,37 @@ def _chunk_local_grads(P, S0, dSp, dh0, dOc, QKt, U1, q, k, v, g, beta, initial_
     # back to tokens; GVA: sum dq/dk over each group's value heads in the computation dtype
     r = P.H_v // P.H_qk
     group = lambda x: _to_tokens(P, x).reshape(P.B, P.T, P.H_qk, r, P.K).sum(3)
-    dq, dk = group(dQ), group(dK)
-    if use_qk_l2norm_in_kernel:
-        dq, dk = _l2norm_bwd(q.to(dt), dq), _l2norm_bwd(k.to(dt), dk)
-    dv = _to_tokens(P, dV)
     scalar = lambda x: _to_tokens(P, x[..., None])[..., 0]
-    dg_t, dbeta_t = scalar(dg), scalar(dbeta)
+    return group(dQ), group(dK), _to_tokens(P, dV), scalar(dg), scalar(dbeta)
+
+
+def _chunk_local_grads(P, S0, dSp, dh0, dOc, QKt, U1, q, k, v, g, beta, initial_state, use_qk_l2norm_in_kernel):
+    """The backward's chunk-parallel step: from the chunk-start states S0 and the chunk-end state gradients dSp
+    ([slots, H_v, K, V]), the gradients (dq, dk, dv, dg, dbeta, dh0) in the inputs' dtypes."""
+    dq, dk, dv, dg_t, dbeta_t = _chunk_local_token_grads(P, S0, dSp, dOc, QKt, U1)
+    if use_qk_l2norm_in_kernel:
+        dq, dk = _l2norm_bwd(q.to(P.dt), dq), _l2norm_bwd(k.to(P.dt), dk)
     dh0 = dh0.to(initial_state.dtype) if initial_state is not None else None
     return (dq.to(q.dtype), dk.to(k.dtype), dv.to(v.dtype), dg_t.to(g.dtype), dbeta_t.to(beta.dtype), dh0)
+
+
+def _kernel_slots(P, x):
+    """The kernels' chunk rows ([chunk bound, H_v, K, V], chunks of all sequences in order) -> the reference's
+    slots (same order; extra slots zero)."""
+    x = x.to(P.dt)[: P.NC]
+    if x.shape[0] < P.NC:
+        x = torch.cat([x, x.new_zeros((P.NC - x.shape[0],) + tuple(x.shape[1:]))])
+    return _valid_slots(P, x)
+
+
+def chunk_gdn_bwd_step(q, k, v, g, beta, do, states, dh, scale=None, cu_seqlens=None, use_qk_l2norm_in_kernel=False,
+                       chunk_size=CHUNK):
+    """flashqla.chunk_gdn_bwd_grad's contract in PyTorch (its CPU implementation): from the chunk-start states
+    and the chunk-end state gradients, (dq, dk, dv, dg, dbeta) in the computation dtype, dq and dk with respect
+    to the normalised q and k rows (no l2norm backward) and summed over each GVA group."""
+    P = _prepare(q, k, v, g, beta, scale, None, cu_seqlens, use_qk_l2norm_in_kernel, chunk_size)
+    dOc, _, QKt, U1 = _bwd_setup(P, do, None)
+    return _chunk_local_token_grads(P, _kernel_slots(P, states), _kernel_slots(P, dh), dOc, QKt, U1)
 
 
 def chunk_gdn_bwd_from_states(q, k, v, g, beta, do, states, dh, dh0=None, dht=None, scale=None, initial_state=None,
@@ -450,15 +474,8 @@ def chunk_gdn_bwd_from_states(q, k, v, g, beta, do, states, dh, dh0=None, dht=No
     chunk-parallel step runs here."""
     P = _prepare(q, k, v, g, beta, scale, initial_state, cu_seqlens, use_qk_l2norm_in_kernel, chunk_size)
     dOc, _, QKt, U1 = _bwd_setup(P, do, dht)
-
-    def slots(x):  # the kernels' chunk rows -> the reference's slots (same order; extra slots zero)
-        x = x.to(P.dt)[: P.NC]
-        if x.shape[0] < P.NC:
-            x = torch.cat([x, x.new_zeros((P.NC - x.shape[0],) + tuple(x.shape[1:]))])
-        return _valid_slots(P, x)
-
-    return _chunk_local_grads(P, slots(states), slots(dh), dh0, dOc, QKt, U1, q, k, v, g, beta, initial_state,
-                              use_qk_l2norm_in_kernel)
+    return _chunk_local_grads(P, _kernel_slots(P, states), _kernel_slots(P, dh), dh0, dOc, QKt, U1, q, k, v, g, beta,
+                              initial_state, use_qk_l2norm_in_kernel)
 
 
 def chunk_gdn_bwd_torch(q, k, v, g, beta, do, dht=None, scale=None, initial_state=None, cu_seqlens=None,

@@ -203,3 +203,35 @@ def test_fwd_pass_op_cpu_and_fake_shapes():
         fo, fs = torch.ops.flashqla.chunk_gdn_fwd_pass(*(f(x) if isinstance(x, torch.Tensor) else x for x in args),
                                                        True, False, True)
         assert fo.shape == (0,) and fs.shape == s.shape
+
+
+def test_bwd_grad_op_cpu_and_fake_shapes():
+    # the backward's gradient step: the CPU implementation is the reference's step (dq, dk per q/k head, summed
+    # over each GVA group, before the l2norm backward), the fake one has the same shapes and dtypes
+    from torch._subclasses.fake_tensor import FakeTensorMode
+    from flashqla import reference
+    d = make_inputs(1, 150, 2, 4, 16, 16, n_seqs=2, seed=29)
+    cu = torch.tensor([0, 70, 150])
+    gen = torch.Generator().manual_seed(30)
+    do = torch.randn(d["v"].shape, generator=gen, dtype=d["v"].dtype)
+    dht = torch.randn(2, 4, 16, 16, generator=gen, dtype=torch.float64) / 8
+    for l2 in (False, True):
+        states = torch.ops.flashqla.chunk_gdn_fwd_states(d["q"], d["k"], d["v"], d["g"], d["beta"], 0.25,
+                                                         d["initial_state"], cu, l2)
+        dh, dh0 = torch.ops.flashqla.chunk_gdn_bwd_dh(d["q"], d["k"], d["g"], d["beta"], do, dht, 0.25, cu, l2, True)
+        out = torch.ops.flashqla.chunk_gdn_bwd_grad(d["q"], d["k"], d["v"], d["g"], d["beta"], do, states, dh, 0.25,
+                                                    cu, l2)
+        assert [t.shape for t in out] == [d["q"].shape, d["k"].shape, d["v"].shape, d["g"].shape, d["beta"].shape]
+        dq, dk = out[0], out[1]
+        if l2:  # the caller's l2norm backward, as flashqla.api does
+            dq, dk = reference._l2norm_bwd(d["q"], dq), reference._l2norm_bwd(d["k"], dk)
+        ref = reference.chunk_gdn_bwd_torch(d["q"], d["k"], d["v"], d["g"], d["beta"], do, dht, scale=0.25,
+                                            initial_state=d["initial_state"], cu_seqlens=cu,
+                                            use_qk_l2norm_in_kernel=l2)
+        for a, b in zip((dq, dk) + tuple(out[2:]), ref[:5]):
+            assert (a - b).abs().max() < 1e-10
+    with FakeTensorMode() as mode:
+        f = mode.from_tensor
+        fo = torch.ops.flashqla.chunk_gdn_bwd_grad(*(f(d[n]) for n in ("q", "k", "v", "g", "beta")), f(do), f(states),
+                                                   f(dh), 0.25, f(cu), True)
+        assert [(t.shape, t.dtype) for t in fo] == [(t.shape, t.dtype) for t in out]

@@ -33,13 +33,13 @@ def _op(q, k, v, g, beta, scale, h0, ofs, cu, l2):
     return torch.ops.flashqla.chunk_gdn_fwd(q, k, v, g, beta, scale, h0, ofs, cu, l2)
 
 
+@pytest.mark.parametrize("lengths", [[700, 0, 333, 64], [1000]])  # one sequence: the gathers are skipped
 @pytest.mark.parametrize("l2norm", [False, True])
-def test_segmented_forward_equals_plain_float64(monkeypatch, l2norm):
+def test_segmented_forward_equals_plain_float64(monkeypatch, l2norm, lengths):
     monkeypatch.setattr(_cp, "MIN_SEGMENT_CHUNKS", 1)
     monkeypatch.setattr(_cp, "RANK_STEP", 0.0)  # tiny cases: plan as if the scan were free
-    lengths = [700, 0, 333, 64]
     d = make_inputs(1, sum(lengths) + 10, 1, 2, 16, 16, n_seqs=len(lengths), seed=3)   # and a tail
-    d["cu_seqlens"] = torch.tensor([0, 700, 700, 1033, 1097])
+    d["cu_seqlens"] = torch.tensor([0] + [sum(lengths[:i + 1]) for i in range(len(lengths))])
     p = _cp.plan(lengths, 2, 64)
     assert p is not None and p.segments > len(lengths)
     o, final = _cp.forward(_op, d["q"], d["k"], d["v"], d["g"], d["beta"], 0.25, d["initial_state"], p, l2norm,
@@ -65,3 +65,27 @@ def test_api_takes_the_segmented_path(monkeypatch):
     o, final = flashqla.chunk_gdn(**d, output_final_state=True)
     ro, rf = reference.chunk_gdn_torch(**d, output_final_state=True)
     assert calls and (o - ro).abs().max() < 1e-10 and (final - rf).abs().max() < 1e-10
+
+
+def test_caches_keep_what_a_graph_captured(monkeypatch):
+    # a captured CUDA graph keeps reading the plan tensors and constants it used: evicting them would hand
+    # their memory to other tensors under the graph's replays. Capture is simulated (a CPU device).
+    monkeypatch.setattr(_cp, "_DEVICE_PLANS", {})
+    monkeypatch.setattr(_cp, "_CONSTANTS", {})
+    monkeypatch.setattr(_cp, "_PINNED", set())
+    dev = torch.device("cpu")
+    p0 = _cp.plan([32768], 8, 132)
+    first = _cp.device_plan(p0, dev)
+    eye = _cp._cached(("eye", 1), lambda: torch.eye(4), dev)
+    monkeypatch.setattr(_cp, "_capturing", lambda device: True)
+    assert _cp.device_plan(p0, dev) is first                                  # served from the cache, pinned
+    assert _cp._cached(("eye", 1), lambda: torch.zeros(4), dev) is eye
+    assert _cp.device_plan(_cp.plan([32768 + 64], 8, 132), dev) is None      # nothing is made under capture
+    made = _cp._cached(("eye", 2), lambda: torch.eye(4), dev)
+    assert ("eye", 2) not in _cp._CONSTANTS and made.shape == (4, 4)       # made for the graph, not kept
+    monkeypatch.setattr(_cp, "_capturing", lambda device: False)
+    for n in range(70):                                                       # past both caches' limits
+        assert _cp.device_plan(_cp.plan([20000 + 64 * n], 8, 132), dev) is not None
+        _cp._cached(("eye", 10 + n), lambda: torch.eye(2), dev)
+    assert _cp.device_plan(p0, dev) is first and _cp._cached(("eye", 1), lambda: None, dev) is eye
+    assert len(_cp._DEVICE_PLANS) <= 64 and len(_cp._CONSTANTS) <= 8

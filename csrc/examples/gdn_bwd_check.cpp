@@ -1,5 +1,5 @@
 // Links libflashqla through its C header only: the whole backward through the C API (the forward with
-// chunk_states, flashqla_gdn_bwd_dh, flashqla_gdn_bwd_grad; then the caller's GVA sum) on a packed batch of a
+// chunk_states, flashqla_gdn_bwd_dh, flashqla_gdn_bwd_grad, which sums a GVA group's dq/dk itself) on a packed batch of a
 // partial and a multi-chunk sequence, against the float64 token-level adjoint of the recurrence on the host:
 //   forward per token: S = e^g S;  u = v - S^T k;  S += beta k u^T;  o = scale S^T q;
 //   backward from the end with X = dS (dht at the start): X += scale q do^T, dq = scale S do, dbeta = k^T X u,
@@ -90,7 +90,7 @@ int main() {
 
   // ---- the C API: forward with chunk states, the reverse chain, the gradient step
   if (!pr.upload()) return 1;
-  const size_t rowsK = size_t(T) * Hv * D;
+  const size_t rowsK = size_t(T) * Hq * D;  // dq, dk: per q/k head
   void *d_out, *d_dout, *d_dv;
   float *d_dht, *d_states, *d_dh, *d_dh0, *d_dq, *d_dk, *d_dg, *d_db;
   flashqla_gdn_fwd_params_t f = pr.params(nullptr);
@@ -140,22 +140,14 @@ int main() {
     return 1;
   }
   CUDA_OK(cudaDeviceSynchronize());
-  std::vector<float> dqh(rowsK), dkh(rowsK), dg(size_t(T) * Hv), db(size_t(T) * Hv);
+  std::vector<float> dq(rowsK), dk(rowsK), dg(size_t(T) * Hv), db(size_t(T) * Hv);
   std::vector<uint16_t> dvb(pr.v.size());
-  CUDA_OK(cudaMemcpy(dqh.data(), d_dq, rowsK * 4, cudaMemcpyDeviceToHost));
-  CUDA_OK(cudaMemcpy(dkh.data(), d_dk, rowsK * 4, cudaMemcpyDeviceToHost));
+  CUDA_OK(cudaMemcpy(dq.data(), d_dq, rowsK * 4, cudaMemcpyDeviceToHost));
+  CUDA_OK(cudaMemcpy(dk.data(), d_dk, rowsK * 4, cudaMemcpyDeviceToHost));
   CUDA_OK(cudaMemcpy(dg.data(), d_dg, dg.size() * 4, cudaMemcpyDeviceToHost));
   CUDA_OK(cudaMemcpy(db.data(), d_db, db.size() * 4, cudaMemcpyDeviceToHost));
   CUDA_OK(cudaMemcpy(dvb.data(), d_dv, dvb.size() * 2, cudaMemcpyDeviceToHost));
-  // the caller's GVA sum: a group's value heads into its q/k head (fp32, in head order)
-  std::vector<float> dq(size_t(T) * Hq * D, 0.f), dk(size_t(T) * Hq * D, 0.f), dv(dvb.size());
-  for (int t = 0; t < T; ++t)
-    for (int h = 0; h < Hv; ++h)
-      for (int a = 0; a < D; ++a) {
-        const size_t src = (size_t(t) * Hv + h) * D + a, dst = (size_t(t) * Hq + h / (Hv / Hq)) * D + a;
-        dq[dst] += dqh[src];
-        dk[dst] += dkh[src];
-      }
+  std::vector<float> dv(dvb.size());
   for (size_t i = 0; i < dv.size(); ++i) dv[i] = from_bf16(dvb[i]);
   const double e[5] = {rel_l2(rdq, dq), rel_l2(rdk, dk), rel_l2(rdv, dv), rel_l2(rdg, dg), rel_l2(rdb, db)};
   const char* names[5] = {"dq", "dk", "dv", "dg", "dbeta"};

@@ -1,23 +1,28 @@
-// Backward, part 2: the chunk-parallel gradient step (reference._chunk_local_grads), v0.
+// Backward, part 2: the chunk-parallel gradient step (reference._chunk_local_grads), v1.
 //
 // With S0 (the state at each chunk's start, the forward kernel's chunk_states) and dS' (the gradient of the
-// state at its end, gdn_bwd_dh) every chunk's gradients are independent. One CTA (8 warps) per (chunk, value
-// head) runs the step as a sequence of phases, each a set of tensor-core products over shared memory with
-// an epilogue, separated by __syncthreads: simple first (every operand staged in shared memory, products
-// recomputed where that saves a buffer), fast later. Warp w owns rows [16 (w % 4), +16) and column half
+// state at its end, gdn_bwd_dh) every chunk's gradients are independent. One CTA (8 warps) per (chunk, q/k
+// head) runs the step for each value head of the GVA group as a sequence of phases, each a set of
+// tensor-core products over shared memory with an epilogue, separated by __syncthreads (the first two
+// overlap: the aux warps' products while the other four load S0 and dS'): every operand staged in shared
+// memory, products recomputed where that saves a buffer. Warp w owns rows [16 (w % 4), +16) and column half
 // w / 4 of every C x 128 (64 columns) and C x C (32 columns) product; its row-wise intermediates stay in
 // registers, what other warps read goes to shared memory as T. Row sums are reduced in a fixed order
 // (deterministic). Products, C = 64:
 //   KS = K S0, R = V - gamma KS, Y = beta R, Vn = M Y (M = Gamma * A), dW = K dS', U1 = scale P^T dO
 //   (P = Q K^T * Gamma), dVn = U1 + dte dW, d_dte = rowsum(dW * Vn);
 //   dK = dte (Vn dS'^T) + dKS S0^T + dQK^T Q + (dKK^T + dKK^T^T) K,  dQ = scale gamma (dO S0^T) + dQK K;
-//   dP = scale dO Vn^T, dM = dVn Y^T, dY = M^T dVn (dVn hi + lo), dV = dR = beta dY, dKS = -gamma dR, dbeta = rowsum(dY R)
+//   dP = scale dO Vn^T, dM = dVn Y^T, dY = M^T dVn (dVn hi + lo), dV = dR = beta dY, dKS = -gamma dR (applied to
+//   dR S0^T), dbeta = rowsum(dY R)
 //   + rowsum(dL * K K^T), d_gamma = scale rowsum(Q * dO S0^T) - rowsum(dR * KS);
 //   dQK = dP * Gamma, dA = dM * Gamma, dL = -(A^T dA A^T) strictly lower (tf32), dKK^T = beta dL;
 //   H = Gamma * (dP * Q K^T + dM * A) (lower), dG = gamma d_gamma - dte d_dte + rowsum(H) - colsum(H),
 //   dG_C += sum(dte d_dte) + gamma_C <S0, dS'>, dg = the reverse cumsum of dG over the chunk.
-// dq and dk are per value head (the caller sums a GVA group's heads in fp32 and applies the l2norm
-// backward); rows past a sequence's end are not written (the caller zero-fills).
+// One CTA per (chunk, GVA group) runs the group's value heads in order: dq and dk come out per q/k head,
+// summed over the group in fp32 in a fixed order (the caller applies the l2norm backward); rows past the
+// last sequence are zeroed by zero_tail_rows_kernel. dq, dk and dv leave through shared memory by bulk copies
+// (the group's later heads by bulk fp32 reduce-adds, each after the previous head's completed), issued by the
+// loader warps 4-7, which wait for them to have read shared memory before they next write it (phases 1-2).
 #pragma once
 
 #include "gdn_fwd_mma.cuh"
@@ -30,6 +35,38 @@ using namespace gdn_fwd_mma;
 constexpr int kGradWarps = 8;
 constexpr int kGradThreads = kGradWarps * 32;
 enum RowSum { kSumDte, kSumDbeta, kSumDgamma, kSumH, kRowSums };
+// fp32 C x 128 staging tiles for dq and dk (rows 16-byte aligned for the bulk copies; 136-float rows put a
+// fragment's float2 stores at two wavefronts per warp) in the S0 and dS' tiles, dead by then
+constexpr int kLdO = kDimK + 8;
+static_assert(sizeof(float) * kChunk * kLdO <= 2 * kDimK * kLdK, "the staging tiles fit in S0's and dS' 16-bit tiles");
+static_assert(kLdO * sizeof(float) % 16 == 0 && kLdK * 2 % 16 == 0, "16-byte aligned rows for the bulk copies");
+
+// Diagnostics only (benchmarks/profile_bwd_grad_phases.cu): with FLASHQLA_GRAD_TIMERS, thread 0 (an aux warp)
+// and thread 128 (a loader warp in phases 1-2) of every CTA add the cycles since their previous mark to
+// g_grad_cycles[thread / 128][mark]: even marks end a phase's own work, odd marks the block barrier after it.
+constexpr int kGradMarks = 28;
+#ifdef FLASHQLA_GRAD_TIMERS
+__device__ unsigned long long g_grad_cycles[2][kGradMarks];
+#define FLASHQLA_GRAD_MARK(i)                                                                    \
+  do {                                                                                           \
+    if ((threadIdx.x & 127) == 0) {                                                              \
+      const long long now_ = clock64();                                                          \
+      atomicAdd(&g_grad_cycles[threadIdx.x >> 7][i], (unsigned long long)(now_ - t_grad));       \
+      t_grad = now_;                                                                             \
+    }                                                                                            \
+  } while (0)
+#define FLASHQLA_GRAD_TIMER_START long long t_grad = clock64()
+#define FLASHQLA_GRAD_SYNC(i) \
+  do {                        \
+    FLASHQLA_GRAD_MARK(i);    \
+    __syncthreads();          \
+    FLASHQLA_GRAD_MARK(i + 1); \
+  } while (0)
+#else
+#define FLASHQLA_GRAD_TIMER_START do { } while (0)
+#define FLASHQLA_GRAD_MARK(i) do { } while (0)
+#define FLASHQLA_GRAD_SYNC(i) __syncthreads()
+#endif
 
 template <typename T>
 struct GradStage {  // the aux code's view (aux_chunk, aux_gram_raw): K, Q and the gates
@@ -43,16 +80,20 @@ template <typename T>
 struct GradStorage {
   GradStage<T> in;
   T dout[kChunk * kLdK];
-  union {  // S0 as T [K][V]; once its products are done, two fp32 64 x 64 tiles (A^T, then A^T dA's partner)
+  union {  // S0 as T [K][V]; once its products are done, two fp32 64 x 64 tiles (A^T, then A^T dA's partner),
+            // at the end dq's staging tile (fp32 C x 128)
     T s0[kDimK * kLdK];
     float f2[2][kChunk * kLdF];
+    float dq_st[kChunk * kLdO];
   };
-  union {  // dS' as T [K][V]; once its products are done, dP and dM (fp32), later dL and dA
+  union {  // dS' as T [K][V]; once its products are done, dP and dM (fp32), later dL and dA; at the end dk's
+            // staging tile
     T ds[kDimK * kLdK];
     float dpm[2][kChunk * kLdF];
+    float dk_st[kChunk * kLdO];
   };
   AuxScratch<T> ax;    // A = (I + L)^-1 (la, fp32), M = Gamma * A (m), G, beta
-  T y[kChunk * kLdK];  // Y, later dKS
+  T y[kChunk * kLdK];  // Y, later dR (= dV, bulk-stored from here)
   T vn[kChunk * kLdK];
   T dvn[kChunk * kLdK];
   T pq[kChunk * kLdC];  // P, later dQK, later dKK^T + dKK^T^T
@@ -71,6 +112,17 @@ CUTLASS_DEVICE void for_pairs(float (&acc)[NT][4], int m0, int n0, int lane, F&&
   for (int nt = 0; nt < NT; ++nt)
 #pragma unroll
     for (int h = 0; h < 2; ++h) f(m0 + g + 8 * h, n0 + 8 * nt + 2 * t, h, acc[nt][2 * h], acc[nt][2 * h + 1]);
+}
+
+// Calls f(nt, hh, row, col) for the accumulator pair (row, col), (row, col + 1) of a warp tile (16 rows from
+// m0, NT 8-column tiles from n0) held in registers [nt][2 hh], [nt][2 hh + 1]: for epilogues that need the
+// tile index (register arrays of their own beside the accumulators).
+template <int NT, typename F>
+CUTLASS_DEVICE void for_frag_pairs(int m0, int n0, int lane, F&& f) {
+#pragma unroll
+  for (int nt = 0; nt < NT; ++nt)
+#pragma unroll
+    for (int hh = 0; hh < 2; ++hh) f(nt, hh, m0 + (lane >> 2) + 8 * hh, n0 + 8 * nt + 2 * (lane & 3));
 }
 
 // The four lanes of a quad hold one row's columns: their sum, to the quad's first lane, into
@@ -103,170 +155,195 @@ __global__ void __launch_bounds__(kGradThreads, 1) gdn_bwd_grad_kernel(const __g
   const LdsmOffsets ld(lane);
   CtaTile ct;
   int64_t c;
-  if (!prep_tile<IndexT>(p, sm.seq, sm.chunk, ct, c)) return;
-  Work<T> wk = make_work<T>(p, ct);
-  const int64_t h = ct.h;
-  const int rows = static_cast<int>(wk.len - c * kChunk < kChunk ? wk.len - c * kChunk : kChunk);
-  const int64_t row0 = wk.flat0 + c * kChunk;  // the chunk's first token row
-  const int64_t slot = (static_cast<int64_t>(blockIdx.x) * p.heads_v + h) * int64_t(kDimK) * kDimV;
+  const int group = static_cast<int>(p.heads_v / p.heads_qk);
+  if (!prep_tile<IndexT>(p, sm.seq, sm.chunk, ct, c, group)) return;
+  const int64_t hq = ct.hq;
   long long t_mark = 0;
   const PrepBuffers<T> no_pb{nullptr, nullptr};
 
-  // ---- phase 1: inputs. Warps 0-3: K, Q, the gates, l2norm (the aux code); warps 4-7: dO, and S0, dS' as
-  // T with <S0, dS'> in fp32
-  if (tid < kAuxThreads) {
-    aux_chunk<T, AuxMode::kInputsOnly>(p, sm.in, sm.ax, wk, c, tid, kBarAux, no_pb, t_mark);
-  } else {
-    const int u = tid - kAuxThreads;
-    const T* dop = static_cast<const T*>(gp.dout) + wk.b * gp.dout_stride_batch + wk.t0 * gp.dout_stride_time +
-                   h * gp.dout_stride_head;
-    for (int i = u; i < kChunk * kDimV / 8; i += kAuxThreads) {
-      const int r = i >> 4, c8 = (i & 15) * 8;
-      const bool ok = r < rows;
-      cp_async_16(&sm.dout[r * kLdK + c8], ok ? dop + (c * kChunk + r) * gp.dout_stride_time + c8 : dop, ok);
-    }
-    float dot = 0.f;
-    const float* s0g = gp.states + slot;
-    const float* dsg = gp.dh + slot;
-    for (int i = u; i < kDimK * kDimV / 4; i += kAuxThreads) {
-      const int r = i >> 5, c4 = (i & 31) * 4;
-      const float4 a = *reinterpret_cast<const float4*>(s0g + r * kDimV + c4);
-      const float4 b = *reinterpret_cast<const float4*>(dsg + r * kDimV + c4);
-      dot += a.x * b.x + a.y * b.y + a.z * b.z + a.w * b.w;
-      store_pair<T>(&sm.s0[r * kLdK + c4], a.x, a.y);
-      store_pair<T>(&sm.s0[r * kLdK + c4 + 2], a.z, a.w);
-      store_pair<T>(&sm.ds[r * kLdK + c4], b.x, b.y);
-      store_pair<T>(&sm.ds[r * kLdK + c4 + 2], b.z, b.w);
-    }
-#pragma unroll
-    for (int off = 16; off > 0; off >>= 1) dot += __shfl_xor_sync(0xffffffffu, dot, off);
-    if (lane == 0) sm.red[w] = dot;
-    cp_async_wait_all();
-  }
-  __syncthreads();
+  // The value heads of the GVA group one after another; dq and dk are summed over them in head order in
+  // fp32, in the output rows (each thread rereads only what it wrote)
+  for (int vh = 0; vh < group; ++vh) {
+    FLASHQLA_GRAD_TIMER_START;
+    ct.h = hq * group + vh;
+    Work<T> wk = make_work<T>(p, ct);
+    const int64_t h = ct.h;
+    const int rows = static_cast<int>(wk.len - c * kChunk < kChunk ? wk.len - c * kChunk : kChunk);
+    const int64_t row0 = wk.flat0 + c * kChunk;  // the chunk's first token row
+    const int64_t slot = (static_cast<int64_t>(blockIdx.x) * p.heads_v + h) * int64_t(kDimK) * kDimV;
 
-  // ---- phase 2 (warps 0-3): the raw Gram products, L and the inverse A (ax.la); P = Q K^T * Gamma to pq;
-  // M = Gamma * A to ax.m
-  if (tid < kAuxThreads) {
-    float kk[8][4], qk[8][4];
-    aux_gram_raw<T>(sm.in, tid, kk, qk);
-    aux_gates_inverse<T>(sm.ax, tid, kBarAux, t_mark, kk);
-    const AuxLane al(tid);
+    // ---- phases 1-2. Warps 0-3: K, Q, the gates, l2norm (the aux code; for the group's later heads only the
+    // gates: K and Q, normalised, are still in shared memory, which no phase writes), then the raw Gram
+    // products, L and the inverse A (ax.la), P = Q K^T * Gamma to pq, M = Gamma * A to ax.m. Warps 4-7
+    // meanwhile: dO, and S0, dS' as T with <S0, dS'> in fp32 (128 KB of fp32 reads per head, whose latency the
+    // aux work hides)
+    if (tid < kAuxThreads) {
+      if (vh == 0)
+        aux_chunk<T, AuxMode::kInputsOnly>(p, sm.in, sm.ax, wk, c, tid, kBarAux, no_pb, t_mark);
+      else if (w == 0)
+        load_gates<T>(p, sm.in, sm.ax, wk, c, lane);
+      bar_sync(kBarAux, kAuxThreads);  // the aux group's closing sync: K, Q, the gates in shared memory
+      float kk[8][4], qk[8][4];
+      aux_gram_raw<T>(sm.in, tid, kk, qk);
+      aux_gates_inverse<T>(sm.ax, tid, kBarAux, t_mark, kk);
+      const AuxLane al(tid);
 #pragma unroll
-    for (int nt = 0; nt < 8; ++nt) {
-      float pv[4] = {0.f, 0.f, 0.f, 0.f};
-      if (nt <= 2 * al.w + 1) gate_p_tile<T>(sm.ax, al, nt, qk[nt], pv);
-      const int j = 8 * nt + 2 * al.tq;
-      store_pair<T>(&sm.pq[al.i0 * kLdC + j], pv[0], pv[1]);
-      store_pair<T>(&sm.pq[al.i1 * kLdC + j], pv[2], pv[3]);
-    }
-    for (int e = tid; e < kChunk * kChunk; e += kAuxThreads) {
-      const int i = e >> 6, j = e & 63;
-      const float val = j <= i ? __expf(sm.ax.G[i] - sm.ax.G[j]) * sm.ax.la[i * kLdF + j] : 0.f;
-      sm.ax.m[i * kLdC + j] = from_f<T>(val);
-    }
-  }
-  __syncthreads();
-
-  const T* vg = wk.v + c * kChunk * p.v_stride_time;  // this chunk's V rows (all 128 columns)
-  auto v_pair = [&](int r, int col) -> float2 {
-    return r < rows ? load_pair<T>(vg + r * p.v_stride_time + col) : make_float2(0.f, 0.f);
-  };
-
-  // ---- phase 3: KS = K S0; R = V - gamma KS; Y = beta R -> y
-  {
-    float ks[8][4];
-    zero_acc(ks);
-    gemm_rows16<T, 8, false, true>(ks, sm.in.k, kLdK, m0, sm.s0, kLdK, n0, 0, kDimK / 16, ld);
-    for_pairs(ks, m0, n0, lane, [&](int r, int col, int, float a, float b) {
-      const float2 v = v_pair(r, col);
-      const float gm = sm.in.gamma[r], bt = sm.ax.beta[r];
-      store_pair<T>(&sm.y[r * kLdK + col], bt * (v.x - gm * a), bt * (v.y - gm * b));
-    });
-  }
-  __syncthreads();
-
-  // ---- phase 4: Vn = M Y, dW = K dS', U1 = scale P^T dO; dVn = U1 + dte dW; d_dte = rowsum(dW * Vn).
-  // dVn stays in registers (fp32) until phase 7 writes what its bf16 copy lost (dY's hi + lo operand)
-  float u1[8][4];
-  {
-    float vn[8][4], dw[8][4];
-    zero_acc(vn);
-    zero_acc(dw);
-    zero_acc(u1);
-    gemm_rows16<T, 8, false, true>(vn, sm.ax.m, kLdC, m0, sm.y, kLdK, n0, 0, kChunk / 16, ld);
-    gemm_rows16<T, 8, false, true>(dw, sm.in.k, kLdK, m0, sm.ds, kLdK, n0, 0, kDimK / 16, ld);
-    gemm_rows16<T, 8, true, true>(u1, sm.pq, kLdC, m0, sm.dout, kLdK, n0, 0, kChunk / 16, ld);
-    float s[2] = {0.f, 0.f};
-#pragma unroll
-    for (int nt = 0; nt < 8; ++nt)
-#pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        const int r = m0 + (lane >> 2) + 8 * (e >> 1);
-        s[e >> 1] += dw[nt][e] * vn[nt][e];
-        u1[nt][e] = p.scale * u1[nt][e] + sm.in.decay[r] * dw[nt][e];  // dVn
+      for (int nt = 0; nt < 8; ++nt) {
+        float pv[4] = {0.f, 0.f, 0.f, 0.f};
+        if (nt <= 2 * al.w + 1) gate_p_tile<T>(sm.ax, al, nt, qk[nt], pv);
+        const int j = 8 * nt + 2 * al.tq;
+        store_pair<T>(&sm.pq[al.i0 * kLdC + j], pv[0], pv[1]);
+        store_pair<T>(&sm.pq[al.i1 * kLdC + j], pv[2], pv[3]);
       }
-    quad_row_sum(sm.rows[kSumDte], w, m0 + (lane >> 2), s[0], lane, false);
-    quad_row_sum(sm.rows[kSumDte], w, m0 + (lane >> 2) + 8, s[1], lane, false);
-    for_pairs(vn, m0, n0, lane, [&](int r, int col, int, float a, float b) { store_pair<T>(&sm.vn[r * kLdK + col], a, b); });
-    for_pairs(u1, m0, n0, lane, [&](int r, int col, int, float a, float b) { store_pair<T>(&sm.dvn[r * kLdK + col], a, b); });
-  }
-  __syncthreads();
-
-  // ---- phase 5: dK = dte (Vn dS'^T)  (dK and dQ accumulate in registers from here on)
-  float dk[8][4], dq[8][4];
-  zero_acc(dk);
-  zero_acc(dq);
-  {
-    float t[8][4];
-    zero_acc(t);
-    gemm_rows16<T, 8, false, false>(t, sm.vn, kLdK, m0, sm.ds, kLdK, n0, 0, kDimV / 16, ld);
+      for (int e = tid; e < kChunk * kChunk; e += kAuxThreads) {
+        const int i = e >> 6, j = e & 63;
+        const float val = j <= i ? __expf(sm.ax.G[i] - sm.ax.G[j]) * sm.ax.la[i * kLdF + j] : 0.f;
+        sm.ax.m[i * kLdC + j] = from_f<T>(val);
+      }
+    } else {
+      const int u = tid - kAuxThreads;
+      const T* dop = static_cast<const T*>(gp.dout) + wk.b * gp.dout_stride_batch + wk.t0 * gp.dout_stride_time +
+                     h * gp.dout_stride_head;
+      for (int i = u; i < kChunk * kDimV / 8; i += kAuxThreads) {
+        const int r = i >> 4, c8 = (i & 15) * 8;
+        const bool ok = r < rows;
+        cp_async_16(&sm.dout[r * kLdK + c8], ok ? dop + (c * kChunk + r) * gp.dout_stride_time + c8 : dop, ok);
+      }
+      float dot = 0.f;
+      const float* s0g = gp.states + slot;
+      // the previous head's bulk copies read dq_st/dk_st (over s0, ds) and y: done before s0, ds are written
+      bulk_wait_read();
+      const float* dsg = gp.dh + slot;
+      // 32 float4 of each per thread, kBatch of each in flight before any is used (read-only loads)
+      constexpr int kPer = kDimK * kDimV / 4 / kAuxThreads, kBatch = 8;
+      static_assert(kPer % kBatch == 0, "whole batches");
+      for (int i0 = 0; i0 < kPer; i0 += kBatch) {
+        float4 a[kBatch], b[kBatch];
 #pragma unroll
-    for (int nt = 0; nt < 8; ++nt)
+        for (int e = 0; e < kBatch; ++e) {
+          const int i = u + (i0 + e) * kAuxThreads, r = i >> 5, c4 = (i & 31) * 4;
+          a[e] = __ldg(reinterpret_cast<const float4*>(s0g + r * kDimV + c4));
+          b[e] = __ldg(reinterpret_cast<const float4*>(dsg + r * kDimV + c4));
+        }
 #pragma unroll
-      for (int e = 0; e < 4; ++e) dk[nt][e] = sm.in.decay[m0 + (lane >> 2) + 8 * (e >> 1)] * t[nt][e];
-  }
-  __syncthreads();  // dS' is dead: dpm takes its place
+        for (int e = 0; e < kBatch; ++e) {
+          const int i = u + (i0 + e) * kAuxThreads, r = i >> 5, c4 = (i & 31) * 4;
+          dot += a[e].x * b[e].x + a[e].y * b[e].y + a[e].z * b[e].z + a[e].w * b[e].w;
+          store_pair<T>(&sm.s0[r * kLdK + c4], a[e].x, a[e].y);
+          store_pair<T>(&sm.s0[r * kLdK + c4 + 2], a[e].z, a[e].w);
+          store_pair<T>(&sm.ds[r * kLdK + c4], b[e].x, b[e].y);
+          store_pair<T>(&sm.ds[r * kLdK + c4 + 2], b[e].z, b[e].w);
+        }
+      }
+#pragma unroll
+      for (int off = 16; off > 0; off >>= 1) dot += __shfl_xor_sync(0xffffffffu, dot, off);
+      if (lane == 0) sm.red[w] = dot;
+      cp_async_wait_all();
+    }
+    FLASHQLA_GRAD_SYNC(0);
 
-  // ---- phase 6: dP = scale dO Vn^T, dM = dVn Y^T (fp32, C x C)
-  {
-    float a[4][4], b[4][4];
-    zero_acc(a);
-    zero_acc(b);
-    gemm_rows16<T, 4, false, false>(a, sm.dout, kLdK, m0, sm.vn, kLdK, n0c, 0, kDimV / 16, ld);
-    gemm_rows16<T, 4, false, false>(b, sm.dvn, kLdK, m0, sm.y, kLdK, n0c, 0, kDimV / 16, ld);
-    for_pairs(a, m0, n0c, lane, [&](int r, int col, int, float x, float y) {
-      *reinterpret_cast<float2*>(&sm.dpm[0][r * kLdF + col]) = make_float2(p.scale * x, p.scale * y);
+    // This thread's V pairs (rows m0 + lane / 4 + 8 hh, columns n0 + 8 nt + 2 (lane % 4)), read from global
+    // memory into registers before a phase's products so that their latency hides behind them (read pair by
+    // pair inside the epilogues, each load waited for its own round trip)
+    const T* vg = wk.v + c * kChunk * p.v_stride_time;  // this chunk's V rows (all 128 columns)
+    uint32_t vraw[8][2];
+    auto load_v = [&]() {
+      for_frag_pairs<8>(m0, n0, lane, [&](int nt, int hh, int r, int col) {
+        vraw[nt][hh] = r < rows ? __ldg(reinterpret_cast<const unsigned int*>(vg + r * p.v_stride_time + col)) : 0u;
+      });
+    };
+
+    // ---- phase 3: KS = K S0; R = V - gamma KS; Y = beta R -> y
+    {
+      load_v();
+      float ks[8][4];
+      zero_acc(ks);
+      gemm_rows16<T, 8, false, true>(ks, sm.in.k, kLdK, m0, sm.s0, kLdK, n0, 0, kDimK / 16, ld);
+      for_frag_pairs<8>(m0, n0, lane, [&](int nt, int hh, int r, int col) {
+        const float2 v = unpack2<T>(vraw[nt][hh]);
+        const float gm = sm.in.gamma[r], bt = sm.ax.beta[r];
+        store_pair<T>(&sm.y[r * kLdK + col], bt * (v.x - gm * ks[nt][2 * hh]), bt * (v.y - gm * ks[nt][2 * hh + 1]));
+      });
+    }
+    FLASHQLA_GRAD_SYNC(2);
+
+    // ---- phase 4: Vn = M Y, dW = K dS', U1 = scale P^T dO; dVn = U1 + dte dW; d_dte = rowsum(dW * Vn).
+    // dVn stays in registers (fp32) until phase 7 writes what its bf16 copy lost (dY's hi + lo operand)
+    float u1[8][4];
+    {
+      float vn[8][4], dw[8][4];
+      zero_acc(vn);
+      zero_acc(dw);
+      zero_acc(u1);
+      gemm_rows16<T, 8, false, true>(vn, sm.ax.m, kLdC, m0, sm.y, kLdK, n0, 0, kChunk / 16, ld);
+      gemm_rows16<T, 8, false, true>(dw, sm.in.k, kLdK, m0, sm.ds, kLdK, n0, 0, kDimK / 16, ld);
+      gemm_rows16<T, 8, true, true>(u1, sm.pq, kLdC, m0, sm.dout, kLdK, n0, 0, kChunk / 16, ld);
+      float s[2] = {0.f, 0.f};
+#pragma unroll
+      for (int nt = 0; nt < 8; ++nt)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          const int r = m0 + (lane >> 2) + 8 * (e >> 1);
+          s[e >> 1] += dw[nt][e] * vn[nt][e];
+          u1[nt][e] = p.scale * u1[nt][e] + sm.in.decay[r] * dw[nt][e];  // dVn
+        }
+      quad_row_sum(sm.rows[kSumDte], w, m0 + (lane >> 2), s[0], lane, false);
+      quad_row_sum(sm.rows[kSumDte], w, m0 + (lane >> 2) + 8, s[1], lane, false);
+      for_pairs(vn, m0, n0, lane, [&](int r, int col, int, float a, float b) { store_pair<T>(&sm.vn[r * kLdK + col], a, b); });
+      for_pairs(u1, m0, n0, lane, [&](int r, int col, int, float a, float b) { store_pair<T>(&sm.dvn[r * kLdK + col], a, b); });
+    }
+    FLASHQLA_GRAD_SYNC(4);
+
+    // ---- phase 5: dK = dte (Vn dS'^T)  (dK and dQ accumulate in registers from here on)
+    float dk[8][4], dq[8][4];
+    zero_acc(dk);
+    zero_acc(dq);
+    {
+      float t[8][4];
+      zero_acc(t);
+      gemm_rows16<T, 8, false, false>(t, sm.vn, kLdK, m0, sm.ds, kLdK, n0, 0, kDimV / 16, ld);
+#pragma unroll
+      for (int nt = 0; nt < 8; ++nt)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) dk[nt][e] = sm.in.decay[m0 + (lane >> 2) + 8 * (e >> 1)] * t[nt][e];
+    }
+    FLASHQLA_GRAD_SYNC(6);  // dS' is dead: dpm takes its place
+
+    // ---- phase 6: dP = scale dO Vn^T, dM = dVn Y^T (fp32, C x C)
+    {
+      float a[4][4], b[4][4];
+      zero_acc(a);
+      zero_acc(b);
+      gemm_rows16<T, 4, false, false>(a, sm.dout, kLdK, m0, sm.vn, kLdK, n0c, 0, kDimV / 16, ld);
+      gemm_rows16<T, 4, false, false>(b, sm.dvn, kLdK, m0, sm.y, kLdK, n0c, 0, kDimV / 16, ld);
+      for_pairs(a, m0, n0c, lane, [&](int r, int col, int, float x, float y) {
+        *reinterpret_cast<float2*>(&sm.dpm[0][r * kLdF + col]) = make_float2(p.scale * x, p.scale * y);
+      });
+      for_pairs(b, m0, n0c, lane, [&](int r, int col, int, float x, float y) {
+        *reinterpret_cast<float2*>(&sm.dpm[1][r * kLdF + col]) = make_float2(x, y);
+      });
+    }
+    FLASHQLA_GRAD_SYNC(8);
+
+    // ---- phase 7: dY = M^T dVn with dVn as hi + lo (its bf16 rounding alone doubled dbeta's error in the
+    // float64 emulation, benchmarks/precision_study_bwd.py); KS again for R; dV = dR = beta dY -> y (bulk-stored
+    // in phase 8, which also applies dKS = -gamma dR after dR S0^T); dbeta = rowsum(dY R); d_gamma = -rowsum(dR KS)
+    for_pairs(u1, m0, n0, lane, [&](int r, int col, int, float a, float b) {  // Vn is dead: its tile takes lo
+      const float2 hi = load_pair<T>(&sm.dvn[r * kLdK + col]);
+      store_pair<T>(&sm.vn[r * kLdK + col], a - hi.x, b - hi.y);
     });
-    for_pairs(b, m0, n0c, lane, [&](int r, int col, int, float x, float y) {
-      *reinterpret_cast<float2*>(&sm.dpm[1][r * kLdF + col]) = make_float2(x, y);
-    });
-  }
-  __syncthreads();
-
-  // ---- phase 7: dY = M^T dVn with dVn as hi + lo (its bf16 rounding alone doubled dbeta's error in the
-  // float64 emulation, benchmarks/precision_study_bwd.py); KS again for R; dV = dR = beta dY (to HBM);
-  // dKS = -gamma dR -> y; dbeta = rowsum(dY R); d_gamma = -rowsum(dR KS)
-  for_pairs(u1, m0, n0, lane, [&](int r, int col, int, float a, float b) {  // Vn is dead: its tile takes lo
-    const float2 hi = load_pair<T>(&sm.dvn[r * kLdK + col]);
-    store_pair<T>(&sm.vn[r * kLdK + col], a - hi.x, b - hi.y);
-  });
-  __syncthreads();
-  {
-    float dy[8][4], ks[8][4];
-    zero_acc(dy);
-    zero_acc(ks);
-    gemm_rows16<T, 8, true, true>(dy, sm.ax.m, kLdC, m0, sm.dvn, kLdK, n0, 0, kChunk / 16, ld);
-    gemm_rows16<T, 8, true, true>(dy, sm.ax.m, kLdC, m0, sm.vn, kLdK, n0, 0, kChunk / 16, ld);
-    gemm_rows16<T, 8, false, true>(ks, sm.in.k, kLdK, m0, sm.s0, kLdK, n0, 0, kDimK / 16, ld);
-    float sb[2] = {0.f, 0.f}, sg[2] = {0.f, 0.f};
-    T* dvg = static_cast<T*>(gp.dv) + (row0 * p.heads_v + h) * int64_t(kDimV);
-#pragma unroll
-    for (int nt = 0; nt < 8; ++nt)
-#pragma unroll
-      for (int hh = 0; hh < 2; ++hh) {
-        const int r = m0 + (lane >> 2) + 8 * hh, col = n0 + 8 * nt + 2 * (lane & 3);
-        const float2 v = v_pair(r, col);
+    FLASHQLA_GRAD_SYNC(10);
+    {
+      load_v();
+      float dy[8][4], ks[8][4];
+      zero_acc(dy);
+      zero_acc(ks);
+      gemm_rows16<T, 8, true, true>(dy, sm.ax.m, kLdC, m0, sm.dvn, kLdK, n0, 0, kChunk / 16, ld);
+      gemm_rows16<T, 8, true, true>(dy, sm.ax.m, kLdC, m0, sm.vn, kLdK, n0, 0, kChunk / 16, ld);
+      gemm_rows16<T, 8, false, true>(ks, sm.in.k, kLdK, m0, sm.s0, kLdK, n0, 0, kDimK / 16, ld);
+      float sb[2] = {0.f, 0.f}, sg[2] = {0.f, 0.f};
+      for_frag_pairs<8>(m0, n0, lane, [&](int nt, int hh, int r, int col) {
+        const float2 v = unpack2<T>(vraw[nt][hh]);
         const float gm = sm.in.gamma[r], bt = sm.ax.beta[r];
         const float k0 = ks[nt][2 * hh], k1 = ks[nt][2 * hh + 1];
         const float r0 = v.x - gm * k0, r1 = v.y - gm * k1;
@@ -274,180 +351,228 @@ __global__ void __launch_bounds__(kGradThreads, 1) gdn_bwd_grad_kernel(const __g
         const float dr0 = bt * y0, dr1 = bt * y1;
         sb[hh] += y0 * r0 + y1 * r1;
         sg[hh] -= dr0 * k0 + dr1 * k1;
-        if (r < rows) store_pair<T>(dvg + int64_t(r) * p.heads_v * kDimV + col, dr0, dr1);
-        store_pair<T>(&sm.y[r * kLdK + col], -gm * dr0, -gm * dr1);  // y is dead after phase 6
-      }
-#pragma unroll
-    for (int hh = 0; hh < 2; ++hh) {
-      quad_row_sum(sm.rows[kSumDbeta], w, m0 + (lane >> 2) + 8 * hh, sb[hh], lane, false);
-      quad_row_sum(sm.rows[kSumDgamma], w, m0 + (lane >> 2) + 8 * hh, sg[hh], lane, false);
-    }
-  }
-  __syncthreads();
-
-  // ---- phase 8: dK += dKS S0^T; dQ = scale gamma (dO S0^T); d_gamma += scale rowsum(Q * dO S0^T)
-  {
-    gemm_rows16<T, 8, false, false>(dk, sm.y, kLdK, m0, sm.s0, kLdK, n0, 0, kDimV / 16, ld);
-    float t[8][4];
-    zero_acc(t);
-    gemm_rows16<T, 8, false, false>(t, sm.dout, kLdK, m0, sm.s0, kLdK, n0, 0, kDimV / 16, ld);
-    float sg[2] = {0.f, 0.f};
-#pragma unroll
-    for (int nt = 0; nt < 8; ++nt)
+        store_pair<T>(&sm.y[r * kLdK + col], dr0, dr1);  // y is dead after phase 6
+      });
 #pragma unroll
       for (int hh = 0; hh < 2; ++hh) {
-        const int r = m0 + (lane >> 2) + 8 * hh, col = n0 + 8 * nt + 2 * (lane & 3);
+        quad_row_sum(sm.rows[kSumDbeta], w, m0 + (lane >> 2) + 8 * hh, sb[hh], lane, false);
+        quad_row_sum(sm.rows[kSumDgamma], w, m0 + (lane >> 2) + 8 * hh, sg[hh], lane, false);
+      }
+      fence_async_smem();  // dR in y, for phase 8's bulk store
+    }
+    FLASHQLA_GRAD_SYNC(12);
+
+    // ---- phase 8: dV out (a bulk store per row from y); dK += -gamma (dR S0^T); dQ = scale gamma (dO S0^T);
+    // d_gamma += scale rowsum(Q * dO S0^T)
+    {
+      if (tid >= kAuxThreads && tid - kAuxThreads < rows) {
+        const int r = tid - kAuxThreads;
+        bulk_store(static_cast<T*>(gp.dv) + ((row0 + r) * p.heads_v + h) * int64_t(kDimV), &sm.y[r * kLdK],
+                   kDimV * sizeof(T));
+        bulk_commit();
+      }
+      float t[8][4];
+      zero_acc(t);
+      gemm_rows16<T, 8, false, false>(t, sm.y, kLdK, m0, sm.s0, kLdK, n0, 0, kDimV / 16, ld);
+#pragma unroll
+      for (int nt = 0; nt < 8; ++nt)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) dk[nt][e] -= sm.in.gamma[m0 + (lane >> 2) + 8 * (e >> 1)] * t[nt][e];
+      zero_acc(t);
+      gemm_rows16<T, 8, false, false>(t, sm.dout, kLdK, m0, sm.s0, kLdK, n0, 0, kDimV / 16, ld);
+      float sg[2] = {0.f, 0.f};
+      for_frag_pairs<8>(m0, n0, lane, [&](int nt, int hh, int r, int col) {
         const float2 qv = load_pair<T>(&sm.in.q[r * kLdK + col]);
         sg[hh] += qv.x * t[nt][2 * hh] + qv.y * t[nt][2 * hh + 1];
         const float s = p.scale * sm.in.gamma[r];
         dq[nt][2 * hh] = s * t[nt][2 * hh];
         dq[nt][2 * hh + 1] = s * t[nt][2 * hh + 1];
-      }
+      });
 #pragma unroll
-    for (int hh = 0; hh < 2; ++hh)
-      quad_row_sum(sm.rows[kSumDgamma], w, m0 + (lane >> 2) + 8 * hh, p.scale * sg[hh], lane, true);
-  }
-  __syncthreads();  // S0 is dead: f2 takes its place
+      for (int hh = 0; hh < 2; ++hh)
+        quad_row_sum(sm.rows[kSumDgamma], w, m0 + (lane >> 2) + 8 * hh, p.scale * sg[hh], lane, true);
+    }
+    FLASHQLA_GRAD_SYNC(14);  // S0 is dead: f2 takes its place
 
-  // ---- phase 9: Q K^T again; dQK = dP * Gamma -> pq; dA = dM * Gamma (over dM); H = Gamma * (dP * QK^T +
-  // dM * A) (lower): row sums and per-row-block column sums. A^T -> f2[0].
-  {
-    float qk[4][4];
-    zero_acc(qk);
-    gemm_rows16<T, 4, false, false>(qk, sm.in.q, kLdK, m0, sm.in.k, kLdK, n0c, 0, kDimK / 16, ld);
-    float hr[2] = {0.f, 0.f};
-    float hc[4][2] = {};
+    // ---- phase 9: Q K^T again; dQK = dP * Gamma -> pq; dA = dM * Gamma (over dM); H = Gamma * (dP * QK^T +
+    // dM * A) (lower): row sums and per-row-block column sums. A^T -> f2[0].
+    {
+      float qk[4][4];
+      zero_acc(qk);
+      gemm_rows16<T, 4, false, false>(qk, sm.in.q, kLdK, m0, sm.in.k, kLdK, n0c, 0, kDimK / 16, ld);
+      float hr[2] = {0.f, 0.f};
+      float hc[4][2] = {};
 #pragma unroll
-    for (int nt = 0; nt < 4; ++nt)
+      for (int nt = 0; nt < 4; ++nt)
 #pragma unroll
-      for (int hh = 0; hh < 2; ++hh) {
-        const int r = m0 + (lane >> 2) + 8 * hh, col = n0c + 8 * nt + 2 * (lane & 3);
-        float dqk[2];
+        for (int hh = 0; hh < 2; ++hh) {
+          const int r = m0 + (lane >> 2) + 8 * hh, col = n0c + 8 * nt + 2 * (lane & 3);
+          float dqk[2];
+#pragma unroll
+          for (int e = 0; e < 2; ++e) {
+            const int j = col + e;
+            const bool low = j <= r;
+            const float gam = low ? __expf(sm.ax.G[r] - sm.ax.G[j]) : 0.f;
+            const float dp = sm.dpm[0][r * kLdF + j], dm = sm.dpm[1][r * kLdF + j], a = sm.ax.la[r * kLdF + j];
+            const float hv = low ? gam * (dp * qk[nt][2 * hh + e] + dm * a) : 0.f;
+            hr[hh] += hv;
+            hc[nt][e] += hv;
+            dqk[e] = dp * gam;
+            sm.dpm[1][r * kLdF + j] = dm * gam;  // dA (this thread's element only)
+          }
+          store_pair<T>(&sm.pq[r * kLdC + col], dqk[0], dqk[1]);
+        }
+#pragma unroll
+      for (int hh = 0; hh < 2; ++hh) quad_row_sum(sm.rows[kSumH], w, m0 + (lane >> 2) + 8 * hh, hr[hh], lane, false);
+      // column sums over the warp's 16 rows: lanes with the same lane % 4 hold the same columns
+#pragma unroll
+      for (int nt = 0; nt < 4; ++nt)
+#pragma unroll
+        for (int e = 0; e < 2; ++e) {
+          float x = hc[nt][e];
+          x += __shfl_xor_sync(0xffffffffu, x, 4);
+          x += __shfl_xor_sync(0xffffffffu, x, 8);
+          x += __shfl_xor_sync(0xffffffffu, x, 16);
+          if (lane < 4) sm.cols[rb][n0c + 8 * nt + 2 * lane + e] = x;
+        }
+      for (int e = tid; e < kChunk * kChunk; e += kGradThreads) {
+        const int i = e >> 6, j = e & 63;
+        sm.f2[0][i * kLdF + j] = j >= i ? sm.ax.la[j * kLdF + i] : 0.f;  // la above A's lower blocks is stale
+      }
+    }
+    FLASHQLA_GRAD_SYNC(16);
+
+    // ---- phase 10: dQ += dQK K, dK += dQK^T Q; tf32: X = dA A^T -> f2[1]
+    gemm_rows16<T, 8, false, true>(dq, sm.pq, kLdC, m0, sm.in.k, kLdK, n0, 0, kChunk / 16, ld);
+    gemm_rows16<T, 8, true, true>(dk, sm.pq, kLdC, m0, sm.in.q, kLdK, n0, 0, kChunk / 16, ld);
+#pragma unroll
+    for (int b = 0; b < 2; ++b) {  // 16 blocks of 16 x 16, two per warp
+      const int blk = 2 * w + b, bi = blk >> 2, bj = blk & 3;
+      float x[2][4] = {};
+      mma16x16_tf32(x, &sm.dpm[1][16 * bi * kLdF], kLdF, &sm.f2[0][16 * bj], kLdF, kChunk / 8, lane);
+      store16x16(&sm.f2[1][16 * bi * kLdF + 16 * bj], kLdF, x, 1.f, lane);
+    }
+    FLASHQLA_GRAD_SYNC(18);
+
+    // ---- phase 11 (tf32): dL = -A^T X -> dpm[0] (dP is dead)
+#pragma unroll
+    for (int b = 0; b < 2; ++b) {
+      const int blk = 2 * w + b, bi = blk >> 2, bj = blk & 3;
+      float x[2][4] = {};
+      mma16x16_tf32(x, &sm.f2[0][16 * bi * kLdF], kLdF, &sm.f2[1][16 * bj], kLdF, kChunk / 8, lane);
+      store16x16(&sm.dpm[0][16 * bi * kLdF + 16 * bj], kLdF, x, -1.f, lane);
+    }
+    FLASHQLA_GRAD_SYNC(20);
+
+    // ---- phase 12: K K^T again: dbeta += rowsum(dL * K K^T) (strictly lower); dKK^T + its transpose -> pq
+    {
+      float kk[4][4];
+      zero_acc(kk);
+      gemm_rows16<T, 4, false, false>(kk, sm.in.k, kLdK, m0, sm.in.k, kLdK, n0c, 0, kDimK / 16, ld);
+      float sb[2] = {0.f, 0.f};
+      for_pairs(kk, m0, n0c, lane, [&](int r, int col, int hh, float a, float b) {
+        float sym[2];
 #pragma unroll
         for (int e = 0; e < 2; ++e) {
           const int j = col + e;
-          const bool low = j <= r;
-          const float gam = low ? __expf(sm.ax.G[r] - sm.ax.G[j]) : 0.f;
-          const float dp = sm.dpm[0][r * kLdF + j], dm = sm.dpm[1][r * kLdF + j], a = sm.ax.la[r * kLdF + j];
-          const float hv = low ? gam * (dp * qk[nt][2 * hh + e] + dm * a) : 0.f;
-          hr[hh] += hv;
-          hc[nt][e] += hv;
-          dqk[e] = dp * gam;
-          sm.dpm[1][r * kLdF + j] = dm * gam;  // dA (this thread's element only)
+          const float dl_rj = j < r ? sm.dpm[0][r * kLdF + j] : 0.f;
+          const float dl_jr = r < j ? sm.dpm[0][j * kLdF + r] : 0.f;
+          sb[hh] += dl_rj * (e == 0 ? a : b);
+          sym[e] = sm.ax.beta[r] * dl_rj + sm.ax.beta[j] * dl_jr;
         }
-        store_pair<T>(&sm.pq[r * kLdC + col], dqk[0], dqk[1]);
+        store_pair<T>(&sm.pq[r * kLdC + col], sym[0], sym[1]);
+      });
+#pragma unroll
+      for (int hh = 0; hh < 2; ++hh)
+        quad_row_sum(sm.rows[kSumDbeta], w, m0 + (lane >> 2) + 8 * hh, sb[hh], lane, true);
+    }
+    FLASHQLA_GRAD_SYNC(22);
+
+    // ---- phase 13: dK += (dKK^T + dKK^T^T) K; dq, dk staged in fp32 (over the dead S0 and dS' tiles) and
+    // sent by bulk copies, one row each from a loader thread: stores for the group's first head, fp32
+    // reduce-adds for the others (in head order: each thread's previous copies have completed first)
+    gemm_rows16<T, 8, false, true>(dk, sm.pq, kLdC, m0, sm.in.k, kLdK, n0, 0, kChunk / 16, ld);
+#pragma unroll
+    for (int which = 0; which < 2; ++which)
+      for_pairs(which == 0 ? dq : dk, m0, n0, lane, [&](int r, int col, int, float a, float b) {
+        *reinterpret_cast<float2*>(&(which == 0 ? sm.dq_st : sm.dk_st)[r * kLdO + col]) = make_float2(a, b);
+      });
+    fence_async_smem();
+    FLASHQLA_GRAD_SYNC(24);
+    if (tid >= kAuxThreads) {
+      const int which = (tid - kAuxThreads) / kChunk, r = (tid - kAuxThreads) % kChunk;
+      if (r < rows) {
+        float* dst = (which == 0 ? gp.dq : gp.dk) + ((row0 + r) * p.heads_qk + hq) * int64_t(kDimK);
+        const float* src = &(which == 0 ? sm.dq_st : sm.dk_st)[r * kLdO];
+        bulk_wait();  // the earlier heads' copies of this row have landed
+        if (vh == 0)
+          bulk_store(dst, src, kDimK * sizeof(float));
+        else
+          bulk_reduce_add(dst, src, kDimK * sizeof(float));
+        bulk_commit();
       }
-#pragma unroll
-    for (int hh = 0; hh < 2; ++hh) quad_row_sum(sm.rows[kSumH], w, m0 + (lane >> 2) + 8 * hh, hr[hh], lane, false);
-    // column sums over the warp's 16 rows: lanes with the same lane % 4 hold the same columns
-#pragma unroll
-    for (int nt = 0; nt < 4; ++nt)
+    }
+
+    // ---- gates (warp 0): dG, then dg = the reverse cumsum over the chunk; dbeta
+    if (w == 0) {
+      float dG[2], dbeta[2], dte_sum = 0.f;
 #pragma unroll
       for (int e = 0; e < 2; ++e) {
-        float x = hc[nt][e];
-        x += __shfl_xor_sync(0xffffffffu, x, 4);
-        x += __shfl_xor_sync(0xffffffffu, x, 8);
-        x += __shfl_xor_sync(0xffffffffu, x, 16);
-        if (lane < 4) sm.cols[rb][n0c + 8 * nt + 2 * lane + e] = x;
+        const int i = 2 * lane + e, b = i >> 4;  // row i's warps: b (columns 0-63) and b + 4
+        const auto sum = [&](int k) { return sm.rows[k][b][i] + sm.rows[k][b + 4][i]; };
+        const float d_dte = sum(kSumDte);
+        const float hcol = sm.cols[0][i] + sm.cols[1][i] + sm.cols[2][i] + sm.cols[3][i];
+        dG[e] = sm.in.gamma[i] * sum(kSumDgamma) - sm.in.decay[i] * d_dte + sum(kSumH) - hcol;
+        dbeta[e] = sum(kSumDbeta);
+        dte_sum += sm.in.decay[i] * d_dte;
       }
-    for (int e = tid; e < kChunk * kChunk; e += kGradThreads) {
-      const int i = e >> 6, j = e & 63;
-      sm.f2[0][i * kLdF + j] = j >= i ? sm.ax.la[j * kLdF + i] : 0.f;  // la above A's lower blocks is stale
-    }
-  }
-  __syncthreads();
-
-  // ---- phase 10: dQ += dQK K, dK += dQK^T Q; tf32: X = dA A^T -> f2[1]
-  gemm_rows16<T, 8, false, true>(dq, sm.pq, kLdC, m0, sm.in.k, kLdK, n0, 0, kChunk / 16, ld);
-  gemm_rows16<T, 8, true, true>(dk, sm.pq, kLdC, m0, sm.in.q, kLdK, n0, 0, kChunk / 16, ld);
 #pragma unroll
-  for (int b = 0; b < 2; ++b) {  // 16 blocks of 16 x 16, two per warp
-    const int blk = 2 * w + b, bi = blk >> 2, bj = blk & 3;
-    float x[2][4] = {};
-    mma16x16_tf32(x, &sm.dpm[1][16 * bi * kLdF], kLdF, &sm.f2[0][16 * bj], kLdF, kChunk / 8, lane);
-    store16x16(&sm.f2[1][16 * bi * kLdF + 16 * bj], kLdF, x, 1.f, lane);
-  }
-  __syncthreads();
-
-  // ---- phase 11 (tf32): dL = -A^T X -> dpm[0] (dP is dead)
+      for (int off = 16; off > 0; off >>= 1) dte_sum += __shfl_xor_sync(0xffffffffu, dte_sum, off);
+      float dot = 0.f;
+      for (int k = 4; k < kGradWarps; ++k) dot += sm.red[k];  // the warps that loaded S0 and dS'
+      if (lane == 31) dG[1] += dte_sum + sm.in.gamma[kChunk - 1] * dot;  // dG_C: the chunk's last position
+      // reverse inclusive cumsum: lane holds rows 2 lane, 2 lane + 1
+      float tail = dG[0] + dG[1];
 #pragma unroll
-  for (int b = 0; b < 2; ++b) {
-    const int blk = 2 * w + b, bi = blk >> 2, bj = blk & 3;
-    float x[2][4] = {};
-    mma16x16_tf32(x, &sm.f2[0][16 * bi * kLdF], kLdF, &sm.f2[1][16 * bj], kLdF, kChunk / 8, lane);
-    store16x16(&sm.dpm[0][16 * bi * kLdF + 16 * bj], kLdF, x, -1.f, lane);
-  }
-  __syncthreads();
-
-  // ---- phase 12: K K^T again: dbeta += rowsum(dL * K K^T) (strictly lower); dKK^T + its transpose -> pq
-  {
-    float kk[4][4];
-    zero_acc(kk);
-    gemm_rows16<T, 4, false, false>(kk, sm.in.k, kLdK, m0, sm.in.k, kLdK, n0c, 0, kDimK / 16, ld);
-    float sb[2] = {0.f, 0.f};
-    for_pairs(kk, m0, n0c, lane, [&](int r, int col, int hh, float a, float b) {
-      float sym[2];
+      for (int off = 1; off < 32; off <<= 1) {
+        const float dn = __shfl_down_sync(0xffffffffu, tail, off);
+        if (lane + off < 32) tail += dn;
+      }
+      const float dg1 = tail - dG[0], dg0 = tail;  // sums over rows >= 2 lane + 1 and >= 2 lane
+      const float dgs[2] = {dg0, dg1};
 #pragma unroll
       for (int e = 0; e < 2; ++e) {
-        const int j = col + e;
-        const float dl_rj = j < r ? sm.dpm[0][r * kLdF + j] : 0.f;
-        const float dl_jr = r < j ? sm.dpm[0][j * kLdF + r] : 0.f;
-        sb[hh] += dl_rj * (e == 0 ? a : b);
-        sym[e] = sm.ax.beta[r] * dl_rj + sm.ax.beta[j] * dl_jr;
-      }
-      store_pair<T>(&sm.pq[r * kLdC + col], sym[0], sym[1]);
-    });
-#pragma unroll
-    for (int hh = 0; hh < 2; ++hh)
-      quad_row_sum(sm.rows[kSumDbeta], w, m0 + (lane >> 2) + 8 * hh, sb[hh], lane, true);
-  }
-  __syncthreads();
-
-  // ---- phase 13: dK += (dKK^T + dKK^T^T) K; write dq, dk
-  gemm_rows16<T, 8, false, true>(dk, sm.pq, kLdC, m0, sm.in.k, kLdK, n0, 0, kChunk / 16, ld);
-#pragma unroll
-  for (int which = 0; which < 2; ++which) {
-    float* base = (which == 0 ? gp.dq : gp.dk) + (row0 * p.heads_v + h) * int64_t(kDimK);
-    for_pairs(which == 0 ? dq : dk, m0, n0, lane, [&](int r, int col, int, float a, float b) {
-      if (r < rows) *reinterpret_cast<float2*>(base + int64_t(r) * p.heads_v * kDimK + col) = make_float2(a, b);
-    });
-  }
-
-  // ---- gates (warp 0): dG, then dg = the reverse cumsum over the chunk; dbeta
-  if (w == 0) {
-    float dG[2], dbeta[2], dte_sum = 0.f;
-#pragma unroll
-    for (int e = 0; e < 2; ++e) {
-      const int i = 2 * lane + e, b = i >> 4;  // row i's warps: b (columns 0-63) and b + 4
-      const auto sum = [&](int k) { return sm.rows[k][b][i] + sm.rows[k][b + 4][i]; };
-      const float d_dte = sum(kSumDte);
-      const float hcol = sm.cols[0][i] + sm.cols[1][i] + sm.cols[2][i] + sm.cols[3][i];
-      dG[e] = sm.in.gamma[i] * sum(kSumDgamma) - sm.in.decay[i] * d_dte + sum(kSumH) - hcol;
-      dbeta[e] = sum(kSumDbeta);
-      dte_sum += sm.in.decay[i] * d_dte;
-    }
-#pragma unroll
-    for (int off = 16; off > 0; off >>= 1) dte_sum += __shfl_xor_sync(0xffffffffu, dte_sum, off);
-    float dot = 0.f;
-    for (int k = 4; k < kGradWarps; ++k) dot += sm.red[k];  // the warps that loaded S0 and dS'
-    if (lane == 31) dG[1] += dte_sum + sm.in.gamma[kChunk - 1] * dot;  // dG_C: the chunk's last position
-    // reverse inclusive cumsum: lane holds rows 2 lane, 2 lane + 1
-    float tail = dG[0] + dG[1];
-#pragma unroll
-    for (int off = 1; off < 32; off <<= 1) {
-      const float dn = __shfl_down_sync(0xffffffffu, tail, off);
-      if (lane + off < 32) tail += dn;
-    }
-    const float dg1 = tail - dG[0], dg0 = tail;  // sums over rows >= 2 lane + 1 and >= 2 lane
-    const float dgs[2] = {dg0, dg1};
-#pragma unroll
-    for (int e = 0; e < 2; ++e) {
-      const int i = 2 * lane + e;
-      if (i < rows) {
-        gp.dg[(row0 + i) * p.heads_v + h] = dgs[e];
-        gp.dbeta[(row0 + i) * p.heads_v + h] = dbeta[e];
+        const int i = 2 * lane + e;
+        if (i < rows) {
+          gp.dg[(row0 + i) * p.heads_v + h] = dgs[e];
+          gp.dbeta[(row0 + i) * p.heads_v + h] = dbeta[e];
+        }
       }
     }
+    FLASHQLA_GRAD_SYNC(26);  // the next head's phase 1 rewrites what the gate warp read
+  }
+  if (tid >= kAuxThreads) bulk_wait();  // the bulk copies' shared-memory sources live as long as the CTA
+}
+
+// Token rows past the last sequence (packed inputs with cu_seqlens[-1] < T) get zero gradients, as the
+// forward writes zeros to o there: a grid-stride pass over those rows of the five outputs (contiguous, row
+// by row), so that the caller need not fill them first. Usually there are none and the CTAs only read
+// cu_seqlens.
+template <typename T, typename IndexT>
+__global__ void zero_tail_rows_kernel(const __grid_constant__ flashqla_gdn_bwd_grad_params_t gp) {
+  const flashqla_gdn_fwd_params_t& p = gp.fwd;
+  int64_t b = 0, bos = 0, eos = 0;
+  if (p.num_seqs > 0) sequence_bounds<IndexT>(p, p.num_seqs - 1, b, bos, eos);
+  const int64_t end = b * p.seqlen + eos, tail = p.batch * p.seqlen - end;
+  if (tail <= 0) return;
+  const int64_t first = int64_t(blockIdx.x) * blockDim.x + threadIdx.x, stride = int64_t(gridDim.x) * blockDim.x;
+  void* const base[5] = {gp.dq, gp.dk, gp.dv, gp.dg, gp.dbeta};
+  const int64_t row_words[5] = {p.heads_qk * p.head_dim_k, p.heads_qk * p.head_dim_k,
+                                p.heads_v * p.head_dim_v * int64_t(sizeof(T)) / 4, p.heads_v, p.heads_v};
+#pragma unroll
+  for (int o = 0; o < 5; ++o) {
+    uint32_t* w = static_cast<uint32_t*>(base[o]) + end * row_words[o];
+    for (int64_t i = first; i < tail * row_words[o]; i += stride) w[i] = 0u;
   }
 }
 
@@ -455,14 +580,19 @@ template <typename T>
 cudaError_t launch(const flashqla_gdn_bwd_grad_params_t& gp, cudaStream_t stream) {
   const flashqla_gdn_fwd_params_t& p = gp.fwd;
   const int64_t chunks = chunk_bound(p);
-  if (chunks == 0 || p.num_seqs == 0) return cudaSuccess;
   const bool ix64 = p.cu_seqlens != nullptr && p.cu_seqlens_dtype == FLASHQLA_INT64;
+  if (p.cu_seqlens != nullptr && p.batch * p.seqlen > 0) {  // dense batches have no rows past their sequences
+    (ix64 ? zero_tail_rows_kernel<T, int64_t> : zero_tail_rows_kernel<T, int32_t>)<<<kTailBlocks, 256, 0, stream>>>(gp);
+    const cudaError_t err = cudaGetLastError();
+    if (err != cudaSuccess) return err;
+  }
+  if (chunks == 0 || p.num_seqs == 0) return cudaSuccess;
   auto kernel = ix64 ? gdn_bwd_grad_kernel<T, int64_t> : gdn_bwd_grad_kernel<T, int32_t>;
   const size_t smem = sizeof(GradStorage<T>);
   static_assert(sizeof(GradStorage<T>) <= 227 * 1024, "one gradient CTA per SM");
   cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem));
   if (err != cudaSuccess) return err;
-  kernel<<<dim3(static_cast<unsigned>(chunks), static_cast<unsigned>(p.heads_v)), kGradThreads, smem, stream>>>(gp);
+  kernel<<<dim3(static_cast<unsigned>(chunks), static_cast<unsigned>(p.heads_qk)), kGradThreads, smem, stream>>>(gp);
   return cudaGetLastError();
 }
 

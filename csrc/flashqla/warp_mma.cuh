@@ -207,6 +207,27 @@ CUTLASS_DEVICE void cp_async_16(void* dst, const void* src, bool pred) {
 }
 CUTLASS_DEVICE void cp_async_wait_all() { asm volatile("cp.async.wait_all;\n" ::: "memory"); }
 
+// Bulk copies shared -> global (the async proxy; no registers, no load/store-unit instructions per element):
+// bytes a multiple of 16, both addresses 16-byte aligned. The source must have been made visible to the async
+// proxy (fence.proxy.async after the shared-memory writes, then a barrier when other threads wrote it), and
+// stays in use until bulk_wait_read() by the issuing thread.
+CUTLASS_DEVICE void bulk_store(void* dst, const void* src, uint32_t bytes) {
+  asm volatile("cp.async.bulk.global.shared::cta.bulk_group [%0], [%1], %2;\n" ::"l"(dst), "r"(smem_addr(src)), "r"(bytes)
+               : "memory");
+}
+// dst[i] += src[i] in fp32, performed at L2 (element-wise round-to-nearest adds)
+CUTLASS_DEVICE void bulk_reduce_add(float* dst, const float* src, uint32_t bytes) {
+  asm volatile("cp.reduce.async.bulk.global.shared::cta.bulk_group.add.f32 [%0], [%1], %2;\n" ::"l"(dst),
+               "r"(smem_addr(src)), "r"(bytes)
+               : "memory");
+}
+CUTLASS_DEVICE void bulk_commit() { asm volatile("cp.async.bulk.commit_group;\n" ::: "memory"); }
+// this thread's bulk copies have read their sources (the shared memory may be rewritten)
+CUTLASS_DEVICE void bulk_wait_read() { asm volatile("cp.async.bulk.wait_group.read 0;\n" ::: "memory"); }
+// this thread's bulk copies are complete (their global writes performed)
+CUTLASS_DEVICE void bulk_wait() { asm volatile("cp.async.bulk.wait_group 0;\n" ::: "memory"); }
+CUTLASS_DEVICE void fence_async_smem() { asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory"); }
+
 // Named barriers (ids 1-15; 0 is __syncthreads). The memory clobber keeps the
 // compiler from moving shared-memory accesses across them.
 CUTLASS_DEVICE void bar_sync(uint32_t id, uint32_t threads) {

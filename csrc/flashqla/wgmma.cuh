@@ -53,7 +53,7 @@ CUTLASS_DEVICE void fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "me
 CUTLASS_DEVICE void commit() { asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory"); }
 CUTLASS_DEVICE void wait_all() { asm volatile("wgmma.wait_group.sync.aligned 0;\n" ::: "memory"); }
 // Generic-proxy shared-memory writes (st.shared, cp.async) -> visible to wgmma (async proxy).
-CUTLASS_DEVICE void fence_proxy_async() { asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory"); }
+using warp::fence_async_smem;
 // Keeps the compiler from moving accumulator reads/writes across fence / wait.
 template <int N>
 CUTLASS_DEVICE void pin(float (&d)[N]) {

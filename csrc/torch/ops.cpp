@@ -211,8 +211,8 @@ std::tuple<at::Tensor, at::Tensor> chunk_gdn_bwd_dh_cuda(const at::Tensor& q, co
   return {dh, dh0};
 }
 
-// The chunk-parallel gradient step: (dq, dk per value head fp32 [B, T, H_v, K], dv like v, dg, dbeta fp32
-// [B, T, H_v]); rows past cu_seqlens[-1] are zeros. See flashqla_gdn_bwd_grad.
+// The chunk-parallel gradient step: (dq, dk fp32 [B, T, H_qk, K] summed over each GVA group, dv like v, dg,
+// dbeta fp32 [B, T, H_v]); rows past cu_seqlens[-1] are zeros. See flashqla_gdn_bwd_grad.
 std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> chunk_gdn_bwd_grad_cuda(
     const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& g, const at::Tensor& beta,
     const at::Tensor& dout, const at::Tensor& states, const at::Tensor& dh, double scale,
@@ -233,9 +233,15 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> chunk_gdn
   p.dh = dh.data_ptr<float>();
   auto f32 = v.options().dtype(at::kFloat);
   const int64_t B = q.size(0), T = q.size(1);
-  at::Tensor dq = at::zeros({B, T, H, K}, f32), dk = at::zeros({B, T, H, K}, f32);
-  at::Tensor dv = at::zeros({B, T, H, V}, v.options());
-  at::Tensor dg = at::zeros({B, T, H}, f32), dbeta = at::zeros({B, T, H}, f32);
+  const int64_t Hq = q.size(2);  // dq, dk per q/k head: the kernel sums each GVA group
+  // no fill: the kernels write every row (zeros past the last sequence); with no sequence at all nothing
+  // is launched, and every row is past the end
+  auto out = [&](at::IntArrayRef sizes, const at::TensorOptions& o) {
+    return p.fwd.num_seqs == 0 ? at::zeros(sizes, o) : at::empty(sizes, o);
+  };
+  at::Tensor dq = out({B, T, Hq, K}, f32), dk = out({B, T, Hq, K}, f32);
+  at::Tensor dv = out({B, T, H, V}, v.options());
+  at::Tensor dg = out({B, T, H}, f32), dbeta = out({B, T, H}, f32);
   p.dq = dq.data_ptr<float>();
   p.dk = dk.data_ptr<float>();
   p.dv = dv.data_ptr();

@@ -171,9 +171,11 @@ FLASHQLA_API size_t flashqla_gdn_bwd_dh_workspace_bytes(const flashqla_gdn_bwd_d
  * flashqla_gdn_fwd (q, k, v, g, beta, shapes, cu_seqlens, scale, use_qk_l2norm; o, states and workspace are
  * ignored). states: the chunk-start states (flashqla_gdn_fwd with chunk_states), dh: the chunk-end state
  * gradients (flashqla_gdn_bwd_dh), both fp32 [flashqla_gdn_chunk_bound(fwd), heads_v, K, V]. Writes, for
- * token rows r < batch * seqlen that belong to a sequence (others untouched: zero-fill them first):
- * dq, dk fp32 [rows, heads_v, K], the gradients per value head with respect to the (normalised) q and k
- * rows, to be summed over each GVA group (and passed through the l2norm backward when use_qk_l2norm);
+ * every token row r < batch * seqlen (zeros in the rows past the last sequence; nothing at all when
+ * num_seqs is 0), contiguous:
+ * dq, dk fp32 [rows, heads_qk, K], the gradients with respect to the (normalised) q and k rows, summed
+ * over each GVA group's value heads in head order (pass them through the l2norm backward when
+ * use_qk_l2norm);
  * dv [rows, heads_v, V] in v's dtype; dg (of the raw per-token g) and dbeta, fp32 [rows, heads_v].
  */
 typedef struct flashqla_gdn_bwd_grad_params {

@@ -1,0 +1,71 @@
+// Where does the gradient kernel's time go? Builds gdn_bwd_grad_kernel with FLASHQLA_GRAD_TIMERS (thread 0,
+// an aux warp, and thread 128, a loader warp in phases 1-2, of every CTA add clock64() deltas per phase and
+// per block barrier), runs it on a dense 1 x T problem with hq/hv heads (random inputs, states and dS'), and
+// prints cycles per value head and phase, the barrier waits beside them, and the event time (the timed build,
+// slower than the library's by the atomics).
+//   nvcc -O3 -std=c++17 -gencode=arch=compute_90a,code=sm_90a --expt-relaxed-constexpr \
+//        -Icsrc/include -Icsrc -I<cutlass include> benchmarks/profile_bwd_grad_phases.cu -o /tmp/grad_phases
+//   /tmp/grad_phases [T] [hq] [hv]      (default 8192 16 32: the hk16_hv32 backward case at a quarter length)
+#define FLASHQLA_GRAD_TIMERS 1
+#include <cstdio>
+#include <cstdlib>
+
+#include "flashqla/gdn_bwd_grad.cuh"
+#include "profile_util.cuh"
+
+namespace fg = flashqla::gdn_bwd_grad;
+
+int main(int argc, char** argv) {
+  const int64_t T = argc > 1 ? atoll(argv[1]) : 8192, hq = argc > 2 ? atoll(argv[2]) : 16,
+                hv = argc > 3 ? atoll(argv[3]) : 32, D = 128;
+  flashqla_gdn_bwd_grad_params_t gp{};
+  gp.fwd = dense_bf16_problem(T, hq, hv);
+  const int64_t chunks = flashqla::chunk_bound(gp.fwd);
+  gp.dout = device_random<__nv_bfloat16>(T * hv * D, -1.f, 1.f, 6);
+  gp.dout_stride_batch = T * hv * D; gp.dout_stride_time = hv * D; gp.dout_stride_head = D;
+  gp.states = device_random<float>(chunks * hv * D * D, -0.1f, 0.1f, 7);
+  gp.dh = device_random<float>(chunks * hv * D * D, -0.1f, 0.1f, 8);
+  CUDA_OK(cudaMalloc(&gp.dq, T * hq * D * 4));
+  CUDA_OK(cudaMalloc(&gp.dk, T * hq * D * 4));
+  CUDA_OK(cudaMalloc(&gp.dv, T * hv * D * 2));
+  CUDA_OK(cudaMalloc(&gp.dg, T * hv * 4));
+  CUDA_OK(cudaMalloc(&gp.dbeta, T * hv * 4));
+
+  CUDA_OK(fg::launch<__nv_bfloat16>(gp, nullptr));  // warm-up
+  CUDA_OK(cudaDeviceSynchronize());
+  unsigned long long zero[2][fg::kGradMarks] = {};
+  CUDA_OK(cudaMemcpyToSymbol(fg::g_grad_cycles, zero, sizeof(zero)));
+  cudaEvent_t e0, e1;
+  CUDA_OK(cudaEventCreate(&e0));
+  CUDA_OK(cudaEventCreate(&e1));
+  CUDA_OK(cudaEventRecord(e0));
+  CUDA_OK(fg::launch<__nv_bfloat16>(gp, nullptr));
+  CUDA_OK(cudaEventRecord(e1));
+  CUDA_OK(cudaDeviceSynchronize());
+  float ms = 0;
+  CUDA_OK(cudaEventElapsedTime(&ms, e0, e1));
+  unsigned long long cyc[2][fg::kGradMarks];
+  CUDA_OK(cudaMemcpyFromSymbol(cyc, fg::g_grad_cycles, sizeof(cyc)));
+
+  const char* names[fg::kGradMarks / 2] = {
+      "1-2 aux: loads, Gram, inverse, P, M | S0, dS' loads", "3 KS, Y", "4 Vn, dW, U1, dVn", "5 dK = dte Vn dS'^T",
+      "6 dP, dM", "7a dVn lo", "7 dY, KS, dV", "8 dKS S0^T, dO S0^T", "9 QK^T, dQK, dA, H, A^T",
+      "10 dQK K, dQK^T Q, dA A^T", "11 dL", "12 KK^T, dbeta, dKK^T", "13 dK += .. K, dq/dk staged",
+      "13b dq/dk bulk copies (t128), gates (t0)"};
+  const double heads = double(chunks) * hv;  // CTA-heads
+  int clk_khz = 0;
+  CUDA_OK(cudaDeviceGetAttribute(&clk_khz, cudaDevAttrClockRate, 0));
+  std::printf("gradient kernel (timed build), 1 x %lld tokens, %lld/%lld heads: %.3f ms, %.2f us per CTA-head\n",
+              (long long)T, (long long)hq, (long long)hv, ms, 1000.0 * ms * 132 / heads);
+  std::printf("%-52s %10s %10s %10s %10s\n", "phase (cycles per value head)", "t0 work", "t0 wait", "t128 work",
+              "t128 wait");
+  double tot[2] = {0, 0};
+  for (int i = 0; i < fg::kGradMarks / 2; ++i) {
+    std::printf("%-52s %10.0f %10.0f %10.0f %10.0f\n", names[i], cyc[0][2 * i] / heads, cyc[0][2 * i + 1] / heads,
+                cyc[1][2 * i] / heads, cyc[1][2 * i + 1] / heads);
+    for (int t = 0; t < 2; ++t) tot[t] += (cyc[t][2 * i] + cyc[t][2 * i + 1]) / heads;
+  }
+  std::printf("%-52s %21.0f %21.0f  (%.2f us at %d MHz)\n", "total", tot[0], tot[1], tot[0] / (clk_khz / 1000.0),
+              clk_khz / 1000);
+  return 0;
+}
