@@ -9,6 +9,7 @@
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
+#include <cstring>
 #include <random>
 #include <vector>
 
@@ -120,6 +121,9 @@ int main() {
   flashqla_gdn_bwd_dh_params_t pd{};
   pd.fwd = pr.params(nullptr);
   set_bwd_dh_io(pd, d_dout, T, Hv, D, d_dht, d_dh, d_dh0);
+  float* d_a = nullptr;  // the inverse's rows, for the second gradient run below
+  CUDA_OK(cudaMalloc(reinterpret_cast<void**>(&d_a), size_t(T) * Hv * 64 * 4));
+  pd.a = d_a;
   if (st == FLASHQLA_SUCCESS) st = flashqla_gdn_bwd_dh(&pd, nullptr);
   flashqla_gdn_bwd_grad_params_t pg{};
   pg.fwd = pr.params(nullptr);
@@ -157,6 +161,32 @@ int main() {
     std::printf("%s rel L2 %.2e  ", names[i], e[i]);
   }
   std::printf("\n%s (limit 1e-2)\n", ok ? "PASS" : "FAIL");
+
+  // the same step given flashqla_gdn_bwd_dh's inverse rows (loaded instead of recomputed): bitwise the same
+  for (void* x : {static_cast<void*>(d_dq), static_cast<void*>(d_dk)}) CUDA_OK(cudaMemset(x, 0xff, rowsK * 4));
+  for (void* x : {static_cast<void*>(d_dg), static_cast<void*>(d_db)}) CUDA_OK(cudaMemset(x, 0xff, size_t(T) * Hv * 4));
+  CUDA_OK(cudaMemset(d_dv, 0xff, pr.v.size() * 2));
+  pg.a = d_a;
+  st = flashqla_gdn_bwd_grad(&pg, nullptr);
+  if (st != FLASHQLA_SUCCESS) {
+    std::fprintf(stderr, "gradient step with a: %s: %s\n", flashqla_status_string(st), flashqla_last_error());
+    return 1;
+  }
+  CUDA_OK(cudaDeviceSynchronize());
+  std::vector<float> dq2(rowsK), dk2(rowsK), dg2(dg.size()), db2(db.size());
+  std::vector<uint16_t> dvb2(dvb.size());
+  CUDA_OK(cudaMemcpy(dq2.data(), d_dq, rowsK * 4, cudaMemcpyDeviceToHost));
+  CUDA_OK(cudaMemcpy(dk2.data(), d_dk, rowsK * 4, cudaMemcpyDeviceToHost));
+  CUDA_OK(cudaMemcpy(dg2.data(), d_dg, dg.size() * 4, cudaMemcpyDeviceToHost));
+  CUDA_OK(cudaMemcpy(db2.data(), d_db, db.size() * 4, cudaMemcpyDeviceToHost));
+  CUDA_OK(cudaMemcpy(dvb2.data(), d_dv, dvb.size() * 2, cudaMemcpyDeviceToHost));
+  const bool same = std::memcmp(dq.data(), dq2.data(), rowsK * 4) == 0 && std::memcmp(dk.data(), dk2.data(), rowsK * 4) == 0 &&
+                    std::memcmp(dg.data(), dg2.data(), dg.size() * 4) == 0 &&
+                    std::memcmp(db.data(), db2.data(), db.size() * 4) == 0 &&
+                    std::memcmp(dvb.data(), dvb2.data(), dvb.size() * 2) == 0;
+  std::printf("with flashqla_gdn_bwd_dh's inverse rows: %s\n", same ? "bitwise the same (PASS)" : "DIFFERENT (FAIL)");
+  ok = ok && same;
+  cudaFree(d_a);
   for (void* x : {d_out, d_dout, d_dv, static_cast<void*>(d_dht), static_cast<void*>(d_dh0), static_cast<void*>(d_states),
                   static_cast<void*>(d_dh), static_cast<void*>(d_dq), static_cast<void*>(d_dk), static_cast<void*>(d_dg),
                   static_cast<void*>(d_db)})

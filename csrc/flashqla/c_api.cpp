@@ -236,6 +236,7 @@ flashqla_status_t flashqla_gdn_bwd_grad(const flashqla_gdn_bwd_grad_params_t* p,
     if (ptr == nullptr || reinterpret_cast<uintptr_t>(ptr) % 16 != 0)
       return fail(FLASHQLA_ERROR_INVALID_ARGUMENT, "dout, states, dh, dq, dk and dv must be non-NULL and 16-byte aligned");
   if (p->dg == nullptr || p->dbeta == nullptr) return fail(FLASHQLA_ERROR_INVALID_ARGUMENT, "dg and dbeta must not be NULL");
+  if (reinterpret_cast<uintptr_t>(p->a) % 16 != 0) return fail(FLASHQLA_ERROR_INVALID_ARGUMENT, "a must be 16-byte aligned");
   const int64_t strides[] = {p->dout_stride_batch, p->dout_stride_time, p->dout_stride_head};
   for (int64_t st : strides)
     if (st % 8 != 0) return fail(FLASHQLA_ERROR_INVALID_ARGUMENT, "dout strides must be multiples of 8 elements");
@@ -264,8 +265,9 @@ flashqla_status_t flashqla_gdn_bwd_dh(const flashqla_gdn_bwd_dh_params_t* p, cud
   if (vs != FLASHQLA_SUCCESS || !run) return vs;
   if (flashqla_gdn_chunk_bound(&f) > 0 && (p->dh == nullptr || reinterpret_cast<uintptr_t>(p->dh) % 32))
     return fail(FLASHQLA_ERROR_INVALID_ARGUMENT, "dh must be non-NULL and 32-byte aligned");
-  const cudaError_t err = f.qkv_dtype == FLASHQLA_BFLOAT16 ? flashqla::launch_gdn_bwd_dh_bf16(f, p->dh, stream)
-                                                           : flashqla::launch_gdn_bwd_dh_fp16(f, p->dh, stream);
+  if (reinterpret_cast<uintptr_t>(p->a) % 16 != 0) return fail(FLASHQLA_ERROR_INVALID_ARGUMENT, "a must be 16-byte aligned");
+  const cudaError_t err = f.qkv_dtype == FLASHQLA_BFLOAT16 ? flashqla::launch_gdn_bwd_dh_bf16(f, p->dh, p->a, stream)
+                                                           : flashqla::launch_gdn_bwd_dh_fp16(f, p->dh, p->a, stream);
   return from_cuda(err, "gdn_bwd_dh launch");
 }
 

@@ -76,6 +76,16 @@ __global__ void __launch_bounds__(kAuxThreads, kBwdPrepCtasPerSm)
   float qk[8][4];
   aux_gram_inverse<T>(S, ax, tid, kBarAux, t_mark, qk);
 
+  if (pb.a != nullptr) {  // A's rows for the gradient kernel, zeros above the diagonal (la holds stale values there)
+    float* ad = pb.a + ((wk.flat0 + c * kChunk) * p.heads_v + h) * kChunk;
+    for (int e = tid; e < rows * (kChunk / 4); e += kAuxThreads) {
+      const int i = e >> 4, j = (e & 15) * 4;
+      const float* src = &ax.la[i * kLdF + j];
+      *reinterpret_cast<float4*>(ad + int64_t(i) * p.heads_v * kChunk + j) =
+          make_float4(j <= i ? src[0] : 0.f, j + 1 <= i ? src[1] : 0.f, j + 2 <= i ? src[2] : 0.f, j + 3 <= i ? src[3] : 0.f);
+    }
+  }
+
   // Mg = diag(gamma) A diag(beta), lower triangular (T), into ax.m
 #pragma unroll 4
   for (int e = tid; e < kChunk * kChunk; e += kAuxThreads) {
@@ -211,9 +221,10 @@ __global__ void __launch_bounds__(kThreads, 1) gdn_bwd_dh_kernel(const __grid_co
 }
 
 // p: the forward's struct with v = dO (and its strides), initial_state = dht or NULL, final_state = dh0 or
-// NULL; o unused. dh: [chunk_bound(p), heads_v, 128, 128] fp32 (entries past the last chunk untouched).
+// NULL; o unused. dh: [chunk_bound(p), heads_v, 128, 128] fp32 (entries past the last chunk untouched). a: NULL
+// or [batch * seqlen, heads_v, 64] fp32, the inverse's rows (flashqla_gdn_bwd_dh_params_t::a).
 template <typename T>
-cudaError_t launch(const flashqla_gdn_fwd_params_t& p, float* dh, cudaStream_t stream) {
+cudaError_t launch(const flashqla_gdn_fwd_params_t& p, float* dh, float* a, cudaStream_t stream) {
   const int64_t ctas = p.num_seqs * p.heads_v * kVBlocks;
   if (ctas == 0) return cudaSuccess;
   const int64_t chunks = chunk_bound(p);
@@ -226,7 +237,7 @@ cudaError_t launch(const flashqla_gdn_fwd_params_t& p, float* dh, cudaStream_t s
     err = ws.acquire(p, prep_workspace_bytes(p, kBwdPrepCols), stream);
     if (err != cudaSuccess) return err;
     const size_t rows = static_cast<size_t>(p.batch) * static_cast<size_t>(p.seqlen);
-    pb = PrepBuffers<T>{static_cast<T*>(ws.ptr), static_cast<T*>(ws.ptr) + rows * p.heads_v * kDimK};
+    pb = PrepBuffers<T>{static_cast<T*>(ws.ptr), static_cast<T*>(ws.ptr) + rows * p.heads_v * kDimK, a};
     auto prep = ix64 ? gdn_bwd_prep_kernel<T, int64_t> : gdn_bwd_prep_kernel<T, int32_t>;
     const size_t smem = sizeof(BwdPrepStorage<T>);
     err = cudaFuncSetAttribute(prep, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem));

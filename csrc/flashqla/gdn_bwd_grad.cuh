@@ -18,6 +18,7 @@
 //   dQK = dP * Gamma, dA = dM * Gamma, dL = -(A^T dA A^T) strictly lower (tf32), dKK^T = beta dL;
 //   H = Gamma * (dP * Q K^T + dM * A) (lower), dG = gamma d_gamma - dte d_dte + rowsum(H) - colsum(H),
 //   dG_C += sum(dte d_dte) + gamma_C <S0, dS'>, dg = the reverse cumsum of dG over the chunk.
+// With flashqla_gdn_bwd_dh's `a` given (gp.a), the inverse's rows are loaded instead of recomputed.
 // One CTA per (chunk, GVA group) runs the group's value heads in order: dq and dk come out per q/k head,
 // summed over the group in fp32 in a fixed order (the caller applies the l2norm backward); rows past the
 // last sequence are zeroed by zero_tail_rows_kernel. dq, dk and dv leave through shared memory by bulk copies
@@ -174,18 +175,35 @@ __global__ void __launch_bounds__(kGradThreads, 1) gdn_bwd_grad_kernel(const __g
 
     // ---- phases 1-2. Warps 0-3: K, Q, the gates, l2norm (the aux code; for the group's later heads only the
     // gates: K and Q, normalised, are still in shared memory, which no phase writes), then the raw Gram
-    // products, L and the inverse A (ax.la), P = Q K^T * Gamma to pq, M = Gamma * A to ax.m. Warps 4-7
-    // meanwhile: dO, and S0, dS' as T with <S0, dS'> in fp32 (128 KB of fp32 reads per head, whose latency the
-    // aux work hides)
+    // products, L and the inverse A (ax.la) -- or, given gp.a, A's rows as the dS chain's prep computed them
+    // (the same code on the same inputs: bitwise the same) and Q K^T alone --, P = Q K^T * Gamma to pq,
+    // M = Gamma * A to ax.m. Warps 4-7 meanwhile: dO, and S0, dS' as T with <S0, dS'> in fp32 (128 KB of fp32
+    // reads per head, whose latency the aux work hides)
     if (tid < kAuxThreads) {
+      if (gp.a != nullptr) {
+        const float* ag = gp.a + (row0 * p.heads_v + h) * int64_t(kChunk);
+        for (int e = tid; e < kChunk * kChunk / 4; e += kAuxThreads) {
+          const int i = e >> 4, j = (e & 15) * 4;
+          if (i < rows)
+            cp_async_16(&sm.ax.la[i * kLdF + j], ag + int64_t(i) * p.heads_v * kChunk + j, true);
+          else  // rows past the sequence: identity rows, as the inverse of their zero rows of L gives them
+            *reinterpret_cast<float4*>(&sm.ax.la[i * kLdF + j]) =
+                make_float4(j == i ? 1.f : 0.f, j + 1 == i ? 1.f : 0.f, j + 2 == i ? 1.f : 0.f, j + 3 == i ? 1.f : 0.f);
+        }
+      }
       if (vh == 0)
         aux_chunk<T, AuxMode::kInputsOnly>(p, sm.in, sm.ax, wk, c, tid, kBarAux, no_pb, t_mark);
       else if (w == 0)
         load_gates<T>(p, sm.in, sm.ax, wk, c, lane);
-      bar_sync(kBarAux, kAuxThreads);  // the aux group's closing sync: K, Q, the gates in shared memory
+      cp_async_wait_all();             // A's rows (aux_chunk waited for its own loads)
+      bar_sync(kBarAux, kAuxThreads);  // the aux group's closing sync: K, Q, the gates (and A) in shared memory
       float kk[8][4], qk[8][4];
-      aux_gram_raw<T>(sm.in, tid, kk, qk);
-      aux_gates_inverse<T>(sm.ax, tid, kBarAux, t_mark, kk);
+      if (gp.a != nullptr) {
+        aux_gram_raw<T, false>(sm.in, tid, kk, qk);
+      } else {
+        aux_gram_raw<T>(sm.in, tid, kk, qk);
+        aux_gates_inverse<T>(sm.ax, tid, kBarAux, t_mark, kk);
+      }
       const AuxLane al(tid);
 #pragma unroll
       for (int nt = 0; nt < 8; ++nt) {

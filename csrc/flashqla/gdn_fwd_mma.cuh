@@ -141,6 +141,7 @@ template <typename T>
 struct PrepBuffers {
   T* x;
   T* w;
+  float* a = nullptr;  // backward prep only: the inverse's rows for the gradient kernel (flashqla_gdn_bwd_dh's a)
 };
 // A state tile in the state warps' registers: S^T (or dS^T), 16 V rows x 128 K columns per warp as 16 C tiles;
 // in memory [K][V] rows of kDimV floats (states, their gradients). This thread's V columns: v0, v0 + 8.
@@ -202,26 +203,27 @@ enum class AuxMode { kFused, kLoadPrepared, kPrep, kInputsOnly, kLoadBwd };
 // The raw Gram products (no gates): K K^T for row block 3 - w in kk, Q K^T for row block w in qk, column tiles
 // up to the diagonal: 4 - w plus w + 1 tiles, five per warp (one row block for both gave warp 3 four times
 // warp 0's work). The value heads of a GVA group share them (gdn_prep_kernel).
-template <typename T, typename StageT>
+// (kKK false: Q K^T only, kk untouched)
+template <typename T, bool kKK = true, typename StageT>
 CUTLASS_DEVICE void aux_gram_raw(const StageT& S, int tid, float (&kk)[8][4], float (&qk)[8][4]) {
   using namespace warp;
   const AuxLane al(tid);
   const int w = al.w;
   const LdsmOffsets& ld = al.ld;
-  const int r = 3 - w;
-  zero_acc(kk);
+  const int r = kKK ? 3 - w : -1;
+  if constexpr (kKK) zero_acc(kk);
   zero_acc(qk);
 #pragma unroll
   for (int ks = 0; ks < kDimK / 16; ++ks) {
     uint32_t ak[4], aq[4];
-    ldsm_x4(ak, &S.k[(16 * r + ld.a_row) * kLdK + 16 * ks + ld.a_col]);
+    if constexpr (kKK) ldsm_x4(ak, &S.k[(16 * r + ld.a_row) * kLdK + 16 * ks + ld.a_col]);
     ldsm_x4(aq, &S.q[(16 * w + ld.a_row) * kLdK + 16 * ks + ld.a_col]);
 #pragma unroll
     for (int np = 0; np < 4; ++np) {
       if (np > r && np > w) continue;
       uint32_t b[4];
       ldsm_x4(b, &S.k[(16 * np + ld.b_row) * kLdK + 16 * ks + ld.b_col]);
-      if (np <= r) mma_pair<T>(kk, np, ak, b);
+      if (kKK && np <= r) mma_pair<T>(kk, np, ak, b);
       if (np <= w) mma_pair<T>(qk, np, aq, b);
     }
   }

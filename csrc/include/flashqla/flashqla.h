@@ -149,7 +149,10 @@ FLASHQLA_API size_t flashqla_gdn_fwd_workspace_bytes(const flashqla_gdn_fwd_para
  * sequences in order, each sequence's last one possibly partial), fp32 [num_chunks, heads_v, K, V]; dh must
  * hold flashqla_gdn_chunk_bound(fwd) chunks (entries past the last chunk are not written). dh0 (NULL: not
  * written) gets the gradient of the initial state, [num_seqs, heads_v, K, V]; dht (NULL: zeros) is the
- * gradient of the final state, same layout.
+ * gradient of the final state, same layout. a (NULL: not written; else 16-byte aligned) gets the chunk-local
+ * inverse A = (I + StrictLower(diag(beta) K K^T))^-1 that this step computes anyway, fp32 [batch * seqlen,
+ * heads_v, 64], contiguous: row r holds row r % 64 of its chunk's A (zeros above the diagonal), for the rows
+ * of every sequence (the others are not written); flashqla_gdn_bwd_grad then loads it instead of recomputing.
  */
 typedef struct flashqla_gdn_bwd_dh_params {
   flashqla_gdn_fwd_params_t fwd;
@@ -158,6 +161,7 @@ typedef struct flashqla_gdn_bwd_dh_params {
   const float* dht;
   float* dh;
   float* dh0;
+  float* a;
 } flashqla_gdn_bwd_dh_params_t;
 
 /* An upper bound on the number of 64-token chunks of all sequences, from the shapes alone. */
@@ -177,6 +181,8 @@ FLASHQLA_API size_t flashqla_gdn_bwd_dh_workspace_bytes(const flashqla_gdn_bwd_d
  * over each GVA group's value heads in head order (pass them through the l2norm backward when
  * use_qk_l2norm);
  * dv [rows, heads_v, V] in v's dtype; dg (of the raw per-token g) and dbeta, fp32 [rows, heads_v].
+ * a (NULL: the kernel computes the inverse itself; else 16-byte aligned): flashqla_gdn_bwd_dh's `a` for the
+ * same inputs. The gradients are bitwise the same either way (the same code computes A in both places).
  */
 typedef struct flashqla_gdn_bwd_grad_params {
   flashqla_gdn_fwd_params_t fwd;
@@ -189,6 +195,7 @@ typedef struct flashqla_gdn_bwd_grad_params {
   void* dv;
   float* dg;
   float* dbeta;
+  const float* a;
 } flashqla_gdn_bwd_grad_params_t;
 
 FLASHQLA_API flashqla_status_t flashqla_gdn_bwd_grad(const flashqla_gdn_bwd_grad_params_t* params, cudaStream_t stream);
