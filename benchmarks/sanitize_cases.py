@@ -45,7 +45,7 @@ for cu in ([0, 0, 65, 65, 200, 260], [0, 900, 20, 300], [-5, 3, 1 << 30]):
     cut = torch.tensor(cu, device=dev, dtype=torch.int32)
     dht = torch.randn(len(cu) - 1, 2, D, D, device=dev)
     # a sync and a line after each op: a fault names its op in the report
-    dh, _ = torch.ops.flashqla.chunk_gdn_bwd_dh(q, k, g, beta, do, dht, 0.088, cut, True, True)
+    dh, _, a = torch.ops.flashqla.chunk_gdn_bwd_dh(q, k, g, beta, do, dht, 0.088, cut, True, True, True)
     torch.cuda.synchronize()
     print("bwd_dh ran", cu, flush=True)
     states = torch.ops.flashqla.chunk_gdn_fwd_states(q, k, v, g, beta, 0.088, None, cut, True)
@@ -54,5 +54,8 @@ for cu in ([0, 0, 65, 65, 200, 260], [0, 900, 20, 300], [-5, 3, 1 << 30]):
     torch.ops.flashqla.chunk_gdn_bwd_grad(q, k, v, g, beta, do, states, dh, 0.088, cut, True)
     torch.cuda.synchronize()
     print("bwd_grad ran", cu, flush=True)
+    torch.ops.flashqla.chunk_gdn_bwd_grad(q, k, v, g, beta, do, states, dh, 0.088, cut, True, a)
+    torch.cuda.synchronize()
+    print("bwd_grad with the inverse rows ran", cu, flush=True)
 torch.cuda.synchronize()
 print("backward sanitize cases ran")

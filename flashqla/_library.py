@@ -23,18 +23,20 @@ _lib.define("chunk_gdn_fwd_states(Tensor q, Tensor k, Tensor v, Tensor g, Tensor
 _lib.define("chunk_gdn_fwd_pass(Tensor q, Tensor k, Tensor v, Tensor g, Tensor beta, float scale, "
             "Tensor? initial_state, Tensor? cu_seqlens, bool use_qk_l2norm, Tensor(a!) workspace, bool prep_ready, "
             "bool write_o, bool zero_v) -> (Tensor, Tensor)")
-# The backward's reverse chain: (dh [chunk bound, H_v, K, V], dh0 [N, H_v, K, V] or empty); see
-# reference.chunk_state_grads_torch and the C API's flashqla_gdn_bwd_dh.
+# The backward's reverse chain: (dh [chunk bound, H_v, K, V], dh0 [N, H_v, K, V] or empty, a [B, T, H_v, 64] or
+# empty: the chunk-local inverse's rows, which chunk_gdn_bwd_grad can load instead of recomputing); see
+# reference.chunk_state_grads_torch, reference.chunk_inverse_rows and the C API's flashqla_gdn_bwd_dh.
 _lib.define("chunk_gdn_bwd_dh(Tensor q, Tensor k, Tensor g, Tensor beta, Tensor dout, Tensor? dht, float scale, "
-            "Tensor? cu_seqlens, bool use_qk_l2norm, bool output_dh0) -> (Tensor, Tensor)")
+            "Tensor? cu_seqlens, bool use_qk_l2norm, bool output_dh0, bool output_a=False) -> (Tensor, Tensor, Tensor)")
 
 
 # The backward's chunk-parallel gradient step (the default; FLASHQLA_BWD_GRAD=0 runs it in PyTorch): from the
 # chunk-start states and the chunk-end state gradients, (dq, dk fp32 [B, T, H_qk, K] summed over each GVA
 # group, dv like v, dg, dbeta fp32 [B, T, H_v]); see the C API's flashqla_gdn_bwd_grad. The caller applies the
-# l2norm backward.
+# l2norm backward. a: chunk_gdn_bwd_dh's inverse rows for the same inputs (or None); the results do not depend on it.
 _lib.define("chunk_gdn_bwd_grad(Tensor q, Tensor k, Tensor v, Tensor g, Tensor beta, Tensor dout, Tensor states, "
-            "Tensor dh, float scale, Tensor? cu_seqlens, bool use_qk_l2norm) -> (Tensor, Tensor, Tensor, Tensor, Tensor)")
+            "Tensor dh, float scale, Tensor? cu_seqlens, bool use_qk_l2norm, Tensor? a=None) "
+            "-> (Tensor, Tensor, Tensor, Tensor, Tensor)")
 
 
 def chunk_bound(B: int, T: int, cu_seqlens, chunk: int = 64) -> int:
@@ -78,7 +80,7 @@ def _chunk_gdn_fwd_states_fake(q, k, v, g, beta, scale, initial_state, cu_seqlen
 
 
 @torch.library.register_fake("flashqla::chunk_gdn_bwd_grad")
-def _chunk_gdn_bwd_grad_fake(q, k, v, g, beta, dout, states, dh, scale, cu_seqlens, use_qk_l2norm):
+def _chunk_gdn_bwd_grad_fake(q, k, v, g, beta, dout, states, dh, scale, cu_seqlens, use_qk_l2norm, a=None):
     B, T, H, V = v.shape
     sd = _state_dtype(q)   # fp32 on the GPU
     dqk = q.new_empty(q.shape, dtype=sd)
@@ -87,12 +89,13 @@ def _chunk_gdn_bwd_grad_fake(q, k, v, g, beta, dout, states, dh, scale, cu_seqle
 
 
 @torch.library.register_fake("flashqla::chunk_gdn_bwd_dh")
-def _chunk_gdn_bwd_dh_fake(q, k, g, beta, dout, dht, scale, cu_seqlens, use_qk_l2norm, output_dh0):
+def _chunk_gdn_bwd_dh_fake(q, k, g, beta, dout, dht, scale, cu_seqlens, use_qk_l2norm, output_dh0, output_a=False):
     N = cu_seqlens.shape[0] - 1 if cu_seqlens is not None else q.shape[0]
     sd = _state_dtype(q)
     H, K, V = dout.shape[2], q.shape[3], dout.shape[3]
     dh = dout.new_empty((chunk_bound(q.shape[0], q.shape[1], cu_seqlens), H, K, V), dtype=sd)
-    return dh, (dout.new_empty((N, H, K, V), dtype=sd) if output_dh0 else dout.new_empty((0,), dtype=sd))
+    return (dh, (dout.new_empty((N, H, K, V), dtype=sd) if output_dh0 else dout.new_empty((0,), dtype=sd)),
+            dout.new_empty((q.shape[0], q.shape[1], H, 64) if output_a else (0,), dtype=sd))
 
 
 @torch.library.register_fake("flashqla::chunk_local_cumsum")
@@ -128,16 +131,19 @@ def _chunk_gdn_fwd_states_cpu(q, k, v, g, beta, scale, initial_state, cu_seqlens
 
 
 @torch.library.impl("flashqla::chunk_gdn_bwd_dh", "cpu")
-def _chunk_gdn_bwd_dh_cpu(q, k, g, beta, dout, dht, scale, cu_seqlens, use_qk_l2norm, output_dh0):
+def _chunk_gdn_bwd_dh_cpu(q, k, g, beta, dout, dht, scale, cu_seqlens, use_qk_l2norm, output_dh0, output_a=False):
     dh, dh0 = reference.chunk_state_grads_torch(q, k, g, beta, dout, dht, scale=scale, cu_seqlens=cu_seqlens,
                                                 use_qk_l2norm_in_kernel=use_qk_l2norm)
     sd = _state_dtype(q)
     dh = dh[: chunk_bound(q.shape[0], q.shape[1], cu_seqlens)].to(sd)
-    return dh, (dh0.to(sd) if output_dh0 else dout.new_empty((0,), dtype=sd))
+    a = (reference.chunk_inverse_rows(q, k, g, beta, cu_seqlens=cu_seqlens, use_qk_l2norm_in_kernel=use_qk_l2norm).to(sd)
+         if output_a else dout.new_empty((0,), dtype=sd))
+    return dh, (dh0.to(sd) if output_dh0 else dout.new_empty((0,), dtype=sd)), a
 
 
 @torch.library.impl("flashqla::chunk_gdn_bwd_grad", "cpu")
-def _chunk_gdn_bwd_grad_cpu(q, k, v, g, beta, dout, states, dh, scale, cu_seqlens, use_qk_l2norm):
+def _chunk_gdn_bwd_grad_cpu(q, k, v, g, beta, dout, states, dh, scale, cu_seqlens, use_qk_l2norm, a=None):
+    # a only spares the kernel a recomputation: the reference computes the inverse itself
     dq, dk, dv, dg, dbeta = reference.chunk_gdn_bwd_step(q, k, v, g, beta, dout, states, dh, scale=scale,
                                                           cu_seqlens=cu_seqlens, use_qk_l2norm_in_kernel=use_qk_l2norm)
     sd = _state_dtype(q)

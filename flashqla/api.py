@@ -203,12 +203,17 @@ def _kernel_backward(shape, q, k, v, g, beta, do, dht, scale, initial_state, l2n
     side.wait_stream(main)
     with torch.cuda.stream(side):
         states = torch.ops.flashqla.chunk_gdn_fwd_states(qv, kv, vv, g, beta, sc, h0, cu, l2norm)
-    dh, dh0 = torch.ops.flashqla.chunk_gdn_bwd_dh(qv, kv, g, beta, dov, dht_, sc, cu, l2norm, initial_state is not None)
+    grad_kernel = os.environ.get("FLASHQLA_BWD_GRAD", "1").strip() != "0"  # the gradient kernel (0: the PyTorch step)
+    # the dS chain's prep computes the chunk-local inverse anyway: it hands its rows to the gradient kernel, which
+    # then skips its own (FLASHQLA_BWD_A=0 recomputes it there; the gradients are bitwise the same)
+    pass_a = grad_kernel and os.environ.get("FLASHQLA_BWD_A", "1").strip() != "0"
+    dh, dh0, a = torch.ops.flashqla.chunk_gdn_bwd_dh(qv, kv, g, beta, dov, dht_, sc, cu, l2norm,
+                                                     initial_state is not None, pass_a)
     main.wait_stream(side)
     states.record_stream(main)  # allocated on the side stream, used on this one
-    if os.environ.get("FLASHQLA_BWD_GRAD", "1").strip() != "0":  # the gradient kernel (0: the PyTorch step)
+    if grad_kernel:
         dq, dk, dv, dg, dbeta = torch.ops.flashqla.chunk_gdn_bwd_grad(qv, kv, vv, g, beta, dov, states, dh, sc, cu,
-                                                                       l2norm)
+                                                                       l2norm, a if pass_a else None)
         # dq, dk come per q/k head (the kernel sums each GVA group's value heads in fp32, in head order)
         if l2norm:
             dq, dk = reference._l2norm_bwd(q.float(), dq), reference._l2norm_bwd(k.float(), dk)

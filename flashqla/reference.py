@@ -388,6 +388,15 @@ def chunk_state_grads_torch(q, k, g, beta, do, dht=None, scale=None, cu_seqlens=
     return _valid_slots(P, dSp), _initial_state_grad(P, dS_first, dht_)
 
 
+def chunk_inverse_rows(q, k, g, beta, cu_seqlens=None, use_qk_l2norm_in_kernel=False, chunk_size=CHUNK):
+    """The chunk-local inverse A = (I + StrictLower(diag(beta) K K^T))^-1 by token row, as flashqla.chunk_gdn_bwd_dh
+    writes it for the gradient kernel: [B, T, H_v, chunk], row t holding row (t's position in its chunk) of its
+    chunk's A (zeros above the diagonal; zero rows past cu_seqlens[-1])."""
+    B, T, H_v = beta.shape
+    P = _prepare(q, k, q.new_zeros(B, T, H_v, 1), g, beta, None, None, cu_seqlens, use_qk_l2norm_in_kernel, chunk_size)
+    return _to_tokens(P, P.A)
+
+
 def _chunk_local_token_grads(P, S0, dSp, dOc, QKt, U1):
     """The backward's chunk-parallel step on the token rows, in the computation dtype, from the chunk-start
     states S0 and the chunk-end state gradients dSp ([slots, H_v, K, V]): (dq, dk) with respect to the

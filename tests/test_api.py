@@ -170,15 +170,22 @@ def test_bwd_dh_op_cpu_and_fake_shapes():
     q, k = r(1, 200, 2, 16), torch.nn.functional.normalize(r(1, 200, 2, 16), dim=-1)
     g, beta = torch.nn.functional.logsigmoid(r(1, 200, 4)), torch.rand(1, 200, 4, generator=gen, dtype=torch.float64)
     do, dht, cu = r(1, 200, 4, 16), r(2, 4, 16, 16), torch.tensor([0, 70, 200])
-    dh, dh0 = torch.ops.flashqla.chunk_gdn_bwd_dh(q, k, g, beta, do, dht, 0.25, cu, False, True)
-    assert dh.shape == (6, 4, 16, 16) and dh0.shape == (2, 4, 16, 16)
+    dh, dh0, a = torch.ops.flashqla.chunk_gdn_bwd_dh(q, k, g, beta, do, dht, 0.25, cu, False, True, True)
+    assert dh.shape == (6, 4, 16, 16) and dh0.shape == (2, 4, 16, 16) and a.shape == (1, 200, 4, 64)
     rdh, rdh0 = chunk_state_grads_torch(q, k, g, beta, do, dht, scale=0.25, cu_seqlens=cu)
     assert torch.equal(dh, rdh[:6]) and torch.equal(dh0, rdh0)
+    # a: each chunk's (I + StrictLower(diag(beta) K K^T))^-1 by token row; here the second sequence's three
+    # chunks (64, 64 and 2 rows) of value head 0 (which reads q/k head 0), against torch.linalg.inv
+    for t0, n in ((70, 64), (134, 64), (198, 2)):
+        kk, b = k[0, t0:t0 + n, 0], beta[0, t0:t0 + n, 0]
+        L = torch.tril(b[:, None] * (kk @ kk.T), -1)
+        A = torch.linalg.inv(torch.eye(n, dtype=torch.float64) + L)
+        assert (a[0, t0:t0 + n, 0, :n] - A).abs().max() < 1e-12 and not a[0, t0:t0 + n, 0, n:].any()
     with FakeTensorMode() as mode:
         f = mode.from_tensor
-        fdh, fdh0 = torch.ops.flashqla.chunk_gdn_bwd_dh(f(q), f(k), f(g), f(beta), f(do), None, 0.25, f(cu), False,
-                                                        False)
-        assert fdh.shape == dh.shape and fdh0.shape == (0,)
+        fdh, fdh0, fa = torch.ops.flashqla.chunk_gdn_bwd_dh(f(q), f(k), f(g), f(beta), f(do), None, 0.25, f(cu),
+                                                            False, False)
+        assert fdh.shape == dh.shape and fdh0.shape == (0,) and fa.shape == (0,)
 
 
 def test_fwd_pass_op_cpu_and_fake_shapes():
@@ -218,9 +225,10 @@ def test_bwd_grad_op_cpu_and_fake_shapes():
     for l2 in (False, True):
         states = torch.ops.flashqla.chunk_gdn_fwd_states(d["q"], d["k"], d["v"], d["g"], d["beta"], 0.25,
                                                          d["initial_state"], cu, l2)
-        dh, dh0 = torch.ops.flashqla.chunk_gdn_bwd_dh(d["q"], d["k"], d["g"], d["beta"], do, dht, 0.25, cu, l2, True)
+        dh, dh0, a = torch.ops.flashqla.chunk_gdn_bwd_dh(d["q"], d["k"], d["g"], d["beta"], do, dht, 0.25, cu, l2,
+                                                         True, True)
         out = torch.ops.flashqla.chunk_gdn_bwd_grad(d["q"], d["k"], d["v"], d["g"], d["beta"], do, states, dh, 0.25,
-                                                    cu, l2)
+                                                    cu, l2, a)
         assert [t.shape for t in out] == [d["q"].shape, d["k"].shape, d["v"].shape, d["g"].shape, d["beta"].shape]
         dq, dk = out[0], out[1]
         if l2:  # the caller's l2norm backward, as flashqla.api does

@@ -39,8 +39,8 @@ def run_kernel(d):
     poison = torch.full((n_total, d["do"].shape[2], D, D), float("nan"), device=DEV)
     ptr = poison.data_ptr()
     del poison
-    dh, dh0 = torch.ops.flashqla.chunk_gdn_bwd_dh(d["q"], d["k"], d["g"], d["beta"], d["do"], d["dht"], D ** -0.5,
-                                                  d["cu"], d["l2"], True)
+    dh, dh0, _ = torch.ops.flashqla.chunk_gdn_bwd_dh(d["q"], d["k"], d["g"], d["beta"], d["do"], d["dht"], D ** -0.5,
+                                                     d["cu"], d["l2"], True)
     torch.cuda.synchronize()
     assert dh.data_ptr() == ptr, "allocator did not reuse the poisoned block"
     return dh[: d["chunks"]], dh0
@@ -162,13 +162,15 @@ def test_gradient_kernel_matches_the_pytorch_step(monkeypatch, case):
     do = d["do"]
     dht = torch.randn(N, H, D, D, device=DEV, generator=gen) / 8
     grads = {}
-    for mode in ("1", "1again", "0"):
+    for mode in ("1", "1again", "1noA", "0"):
         monkeypatch.setenv("FLASHQLA_BWD_GRAD", mode[0])
+        monkeypatch.setenv("FLASHQLA_BWD_A", "0" if mode == "1noA" else "1")  # the inverse recomputed in the kernel
         leaves = {n: t.clone().requires_grad_(True) for n, t in inputs.items()}
         o, s = flashqla.chunk_gdn(**leaves, cu_seqlens=d["cu"], output_final_state=True, use_qk_l2norm_in_kernel=l2)
         grads[mode] = torch.autograd.grad((o.float() * do.float()).sum() + (s * dht).sum(), [leaves[n] for n in names])
-    for a, b in zip(grads["1"], grads["1again"]):
+    for a, b, c in zip(grads["1"], grads["1again"], grads["1noA"]):
         assert torch.equal(a, b), "gradient kernel not deterministic"
+        assert torch.equal(a, c), "the dS chain's inverse rows give other gradients than the kernel's own inverse"
     end = int(d["cu"][-1])
     x = {n: t.double().cpu().requires_grad_(True) for n, t in inputs.items()}
     ro, rs = recurrent_gdn(**x, cu_seqlens=d["cu"].cpu(), output_final_state=True, use_qk_l2norm_in_kernel=l2)
@@ -180,3 +182,21 @@ def test_gradient_kernel_matches_the_pytorch_step(monkeypatch, case):
         ek, et = rel_l2(a, r), rel_l2(b, r)
         print(f"{case} d{n}: gradient kernel {ek:.2e}, PyTorch step {et:.2e}")
         assert torch.isfinite(a).all() and ek <= max(1.5 * et, 5e-3), n
+
+
+def test_inverse_rows_match_float64():
+    # chunk_gdn_bwd_dh's A rows (for the gradient kernel) against the float64 inverse, partial chunks, GVA, l2norm;
+    # rows past the sequences are not written (poisoned here, and left so)
+    from flashqla.reference import chunk_inverse_rows
+    d = make([0, 65, 1, 700, 130], 2, 4, l2=True, seed=40)
+    torch.ops.flashqla.chunk_gdn_bwd_dh(d["q"], d["k"], d["g"], d["beta"], d["do"], d["dht"], D ** -0.5, d["cu"],
+                                        True, True, True)  # warm-up: the next call's a reuses this block
+    _, _, a = torch.ops.flashqla.chunk_gdn_bwd_dh(d["q"], d["k"], d["g"], d["beta"], d["do"], d["dht"], D ** -0.5,
+                                                  d["cu"], True, True, True)
+    assert a.shape == (1, d["q"].shape[1], 4, 64) and a.dtype == torch.float32
+    x = lambda t: t.double().cpu()  # noqa: E731
+    ref = chunk_inverse_rows(x(d["q"]), x(d["k"]), x(d["g"]), x(d["beta"]), cu_seqlens=d["cu"].cpu(),
+                             use_qk_l2norm_in_kernel=True)
+    e = rel_l2(a, ref)
+    print(f"inverse rows: {e:.2e}")
+    assert torch.isfinite(a).all() and e < 1e-4

@@ -180,11 +180,10 @@ at::Tensor chunk_gdn_fwd_states_cuda(const at::Tensor& q, const at::Tensor& k, c
   return std::get<2>(r);
 }
 
-std::tuple<at::Tensor, at::Tensor> chunk_gdn_bwd_dh_cuda(const at::Tensor& q, const at::Tensor& k, const at::Tensor& g,
-                                                         const at::Tensor& beta, const at::Tensor& dout,
-                                                         const std::optional<at::Tensor>& dht, double scale,
-                                                         const std::optional<at::Tensor>& cu_seqlens,
-                                                         bool use_qk_l2norm, bool output_dh0) {
+std::tuple<at::Tensor, at::Tensor, at::Tensor> chunk_gdn_bwd_dh_cuda(
+    const at::Tensor& q, const at::Tensor& k, const at::Tensor& g, const at::Tensor& beta, const at::Tensor& dout,
+    const std::optional<at::Tensor>& dht, double scale, const std::optional<at::Tensor>& cu_seqlens, bool use_qk_l2norm,
+    bool output_dh0, bool output_a) {
   c10::cuda::CUDAGuard guard(q.device());
   flashqla_gdn_bwd_dh_params_t p{};
   p.fwd = input_params("chunk_gdn_bwd_dh", q, k, dout, g, beta, scale, cu_seqlens, use_qk_l2norm);
@@ -203,12 +202,15 @@ std::tuple<at::Tensor, at::Tensor> chunk_gdn_bwd_dh_cuda(const at::Tensor& q, co
   at::Tensor dh0 = output_dh0 ? at::empty({N, f.heads_v, f.head_dim_k, f.head_dim_v}, fopts) : at::empty({0}, fopts);
   p.dh = dh.data_ptr<float>();
   p.dh0 = output_dh0 ? dh0.data_ptr<float>() : nullptr;
+  // the inverse's rows for chunk_gdn_bwd_grad (rows past the sequences are not written)
+  at::Tensor a = output_a ? at::empty({q.size(0), q.size(1), f.heads_v, 64}, fopts) : at::empty({0}, fopts);
+  p.a = output_a && a.numel() > 0 ? a.data_ptr<float>() : nullptr;
   at::Tensor ws = at::empty({static_cast<int64_t>(flashqla_gdn_bwd_dh_workspace_bytes(&p))}, fopts.dtype(at::kByte));
   p.fwd.workspace = ws.numel() > 0 ? ws.data_ptr() : nullptr;
   p.fwd.workspace_bytes = static_cast<size_t>(ws.numel());
   check_status(flashqla_gdn_bwd_dh(&p, c10::cuda::getCurrentCUDAStream(q.device().index()).stream()),
                "chunk_gdn_bwd_dh");
-  return {dh, dh0};
+  return {dh, dh0, a};
 }
 
 // The chunk-parallel gradient step: (dq, dk fp32 [B, T, H_qk, K] summed over each GVA group, dv like v, dg,
@@ -216,7 +218,7 @@ std::tuple<at::Tensor, at::Tensor> chunk_gdn_bwd_dh_cuda(const at::Tensor& q, co
 std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> chunk_gdn_bwd_grad_cuda(
     const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& g, const at::Tensor& beta,
     const at::Tensor& dout, const at::Tensor& states, const at::Tensor& dh, double scale,
-    const std::optional<at::Tensor>& cu_seqlens, bool use_qk_l2norm) {
+    const std::optional<at::Tensor>& cu_seqlens, bool use_qk_l2norm, const std::optional<at::Tensor>& a) {
   c10::cuda::CUDAGuard guard(q.device());
   flashqla_gdn_bwd_grad_params_t p{};
   p.fwd = input_params("chunk_gdn_bwd_grad", q, k, v, g, beta, scale, cu_seqlens, use_qk_l2norm);
@@ -231,6 +233,12 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> chunk_gdn
   p.dout_stride_batch = dout.stride(0); p.dout_stride_time = dout.stride(1); p.dout_stride_head = dout.stride(2);
   p.states = states.data_ptr<float>();
   p.dh = dh.data_ptr<float>();
+  if (a.has_value() && a->numel() > 0) {
+    TORCH_CHECK(a->is_contiguous() && a->scalar_type() == at::kFloat && a->device() == q.device() &&
+                    a->sizes() == at::IntArrayRef({q.size(0), q.size(1), H, 64}),
+                "flashqla.chunk_gdn_bwd_grad: a must be chunk_gdn_bwd_dh's contiguous float32 [B, T, H_v, 64] on q's device");
+    p.a = a->data_ptr<float>();
+  }
   auto f32 = v.options().dtype(at::kFloat);
   const int64_t B = q.size(0), T = q.size(1);
   const int64_t Hq = q.size(2);  // dq, dk per q/k head: the kernel sums each GVA group
