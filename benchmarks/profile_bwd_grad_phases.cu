@@ -5,7 +5,8 @@
 // slower than the library's by the atomics).
 //   nvcc -O3 -std=c++17 -gencode=arch=compute_90a,code=sm_90a --expt-relaxed-constexpr \
 //        -Icsrc/include -Icsrc -I<cutlass include> benchmarks/profile_bwd_grad_phases.cu -o /tmp/grad_phases
-//   /tmp/grad_phases [T] [hq] [hv]      (default 8192 16 32: the hk16_hv32 backward case at a quarter length)
+//   /tmp/grad_phases [T] [hq] [hv] [a]  (default 8192 16 32: the hk16_hv32 backward case at a quarter length;
+//                                        a = 1: the inverse's rows given, as flashqla_gdn_bwd_dh's `a`, random here)
 #define FLASHQLA_GRAD_TIMERS 1
 #include <cstdio>
 #include <cstdlib>
@@ -30,6 +31,8 @@ int main(int argc, char** argv) {
   CUDA_OK(cudaMalloc(&gp.dv, T * hv * D * 2));
   CUDA_OK(cudaMalloc(&gp.dg, T * hv * 4));
   CUDA_OK(cudaMalloc(&gp.dbeta, T * hv * 4));
+  const bool with_a = argc > 4 && atoi(argv[4]) != 0;
+  if (with_a) gp.a = device_random<float>(T * hv * 64, -0.1f, 0.1f, 9);
 
   CUDA_OK(fg::launch<__nv_bfloat16>(gp, nullptr));  // warm-up
   CUDA_OK(cudaDeviceSynchronize());
@@ -55,8 +58,8 @@ int main(int argc, char** argv) {
   const double heads = double(chunks) * hv;  // CTA-heads
   int clk_khz = 0;
   CUDA_OK(cudaDeviceGetAttribute(&clk_khz, cudaDevAttrClockRate, 0));
-  std::printf("gradient kernel (timed build), 1 x %lld tokens, %lld/%lld heads: %.3f ms, %.2f us per CTA-head\n",
-              (long long)T, (long long)hq, (long long)hv, ms, 1000.0 * ms * 132 / heads);
+  std::printf("gradient kernel (timed build), 1 x %lld tokens, %lld/%lld heads%s: %.3f ms, %.2f us per CTA-head\n",
+              (long long)T, (long long)hq, (long long)hv, with_a ? ", A rows given" : "", ms, 1000.0 * ms * 132 / heads);
   std::printf("%-52s %10s %10s %10s %10s\n", "phase (cycles per value head)", "t0 work", "t0 wait", "t128 work",
               "t128 wait");
   double tot[2] = {0, 0};
