@@ -144,7 +144,8 @@ CUTLASS_DEVICE void store_pair(T* p, float a, float b) {
 }
 
 // Outputs per flashqla_gdn_bwd_grad (flashqla.h); gp.fwd describes the inputs.
-template <typename T, typename IndexT>
+// kLoadA: gp.a is given (its own instantiation: a runtime branch cost the other path ~8% in registers)
+template <typename T, typename IndexT, bool kLoadA>
 __global__ void __launch_bounds__(kGradThreads, 1) gdn_bwd_grad_kernel(const __grid_constant__ flashqla_gdn_bwd_grad_params_t gp) {
   using namespace warp;
   const flashqla_gdn_fwd_params_t& p = gp.fwd;
@@ -180,7 +181,7 @@ __global__ void __launch_bounds__(kGradThreads, 1) gdn_bwd_grad_kernel(const __g
     // M = Gamma * A to ax.m. Warps 4-7 meanwhile: dO, and S0, dS' as T with <S0, dS'> in fp32 (128 KB of fp32
     // reads per head, whose latency the aux work hides)
     if (tid < kAuxThreads) {
-      if (gp.a != nullptr) {
+      if constexpr (kLoadA) {
         const float* ag = gp.a + (row0 * p.heads_v + h) * int64_t(kChunk);
         for (int e = tid; e < kChunk * kChunk / 4; e += kAuxThreads) {
           const int i = e >> 4, j = (e & 15) * 4;
@@ -198,7 +199,7 @@ __global__ void __launch_bounds__(kGradThreads, 1) gdn_bwd_grad_kernel(const __g
       cp_async_wait_all();             // A's rows (aux_chunk waited for its own loads)
       bar_sync(kBarAux, kAuxThreads);  // the aux group's closing sync: K, Q, the gates (and A) in shared memory
       float kk[8][4], qk[8][4];
-      if (gp.a != nullptr) {
+      if constexpr (kLoadA) {
         aux_gram_raw<T, false>(sm.in, tid, kk, qk);
       } else {
         aux_gram_raw<T>(sm.in, tid, kk, qk);
@@ -605,7 +606,8 @@ cudaError_t launch(const flashqla_gdn_bwd_grad_params_t& gp, cudaStream_t stream
     if (err != cudaSuccess) return err;
   }
   if (chunks == 0 || p.num_seqs == 0) return cudaSuccess;
-  auto kernel = ix64 ? gdn_bwd_grad_kernel<T, int64_t> : gdn_bwd_grad_kernel<T, int32_t>;
+  auto kernel = gp.a != nullptr ? (ix64 ? gdn_bwd_grad_kernel<T, int64_t, true> : gdn_bwd_grad_kernel<T, int32_t, true>)
+                                : (ix64 ? gdn_bwd_grad_kernel<T, int64_t, false> : gdn_bwd_grad_kernel<T, int32_t, false>);
   const size_t smem = sizeof(GradStorage<T>);
   static_assert(sizeof(GradStorage<T>) <= 227 * 1024, "one gradient CTA per SM");
   cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem));
