@@ -34,19 +34,8 @@ int main(int argc, char** argv) {
   const bool with_a = argc > 4 && atoi(argv[4]) != 0;
   if (with_a) gp.a = device_random<float>(T * hv * 64, -0.1f, 0.1f, 9);
 
-  CUDA_OK(fg::launch<__nv_bfloat16>(gp, nullptr));  // warm-up
-  CUDA_OK(cudaDeviceSynchronize());
-  unsigned long long zero[2][fg::kGradMarks] = {};
-  CUDA_OK(cudaMemcpyToSymbol(fg::g_grad_cycles, zero, sizeof(zero)));
-  cudaEvent_t e0, e1;
-  CUDA_OK(cudaEventCreate(&e0));
-  CUDA_OK(cudaEventCreate(&e1));
-  CUDA_OK(cudaEventRecord(e0));
-  CUDA_OK(fg::launch<__nv_bfloat16>(gp, nullptr));
-  CUDA_OK(cudaEventRecord(e1));
-  CUDA_OK(cudaDeviceSynchronize());
-  float ms = 0;
-  CUDA_OK(cudaEventElapsedTime(&ms, e0, e1));
+  const float ms = warm_then_time([&] { return fg::launch<__nv_bfloat16>(gp, nullptr); },
+                                  [] { zero_symbol(fg::g_grad_cycles); });
   unsigned long long cyc[2][fg::kGradMarks];
   CUDA_OK(cudaMemcpyFromSymbol(cyc, fg::g_grad_cycles, sizeof(cyc)));
 

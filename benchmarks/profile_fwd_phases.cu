@@ -21,19 +21,8 @@ int main() {
   const int64_t T = 8192, Hq = 16, Hv = 64, D = 128;
   flashqla_gdn_fwd_params_t p = dense_bf16_problem(T, Hq, Hv);
 
-  CUDA_OK(fs::launch<__nv_bfloat16>(p, nullptr));  // warm-up
-  CUDA_OK(cudaDeviceSynchronize());
-  unsigned long long zero[fs::kNumPhases] = {};
-  CUDA_OK(cudaMemcpyToSymbol(fs::g_phase_cycles, zero, sizeof(zero)));
-  cudaEvent_t e0, e1;
-  CUDA_OK(cudaEventCreate(&e0));
-  CUDA_OK(cudaEventCreate(&e1));
-  CUDA_OK(cudaEventRecord(e0));
-  CUDA_OK(fs::launch<__nv_bfloat16>(p, nullptr));
-  CUDA_OK(cudaEventRecord(e1));
-  CUDA_OK(cudaDeviceSynchronize());
-  float ms = 0;
-  CUDA_OK(cudaEventElapsedTime(&ms, e0, e1));
+  float ms = warm_then_time([&] { return fs::launch<__nv_bfloat16>(p, nullptr); },
+                            [] { zero_symbol(fs::g_phase_cycles); });
   unsigned long long cyc[fs::kNumPhases];
   CUDA_OK(cudaMemcpyFromSymbol(cyc, fs::g_phase_cycles, sizeof(cyc)));
   const char* names[fs::kNumPhases] = {"load K/Q/V/g/beta", "cumsum + KK^T, QK^T, KS, QS", "L, P, Y, A=0",
@@ -54,15 +43,7 @@ int main() {
               total / chunks / (clk_khz / 1000.0), clk_khz / 1000);
 
   // v2: per-role phases on the same problem, then event times at 2/8 heads (16 CTAs, latency-bound)
-  unsigned long long zero2[2][8] = {};
-  CUDA_OK(fm::launch<__nv_bfloat16>(p, nullptr));
-  CUDA_OK(cudaDeviceSynchronize());
-  CUDA_OK(cudaMemcpyToSymbol(fm::g_role_cycles, zero2, sizeof(zero2)));
-  CUDA_OK(cudaEventRecord(e0));
-  CUDA_OK(fm::launch<__nv_bfloat16>(p, nullptr));
-  CUDA_OK(cudaEventRecord(e1));
-  CUDA_OK(cudaDeviceSynchronize());
-  CUDA_OK(cudaEventElapsedTime(&ms, e0, e1));
+  ms = warm_then_time([&] { return fm::launch<__nv_bfloat16>(p, nullptr); }, [] { zero_symbol(fm::g_role_cycles); });
   unsigned long long rc[2][8];
   CUDA_OK(cudaMemcpyFromSymbol(rc, fm::g_role_cycles, sizeof(rc)));
   std::printf("\nv2 forward, 1 x %lld tokens, %lld/%lld heads: %.3f ms (%.2f us per chunk per CTA)\n", (long long)T,
@@ -88,12 +69,7 @@ int main() {
   p.q_stride_batch = p.k_stride_batch = T * 2 * D; p.q_stride_time = p.k_stride_time = 2 * D;
   p.v_stride_batch = p.o_stride_batch = T * 8 * D; p.v_stride_time = p.o_stride_time = 8 * D;
   p.g_stride_batch = p.beta_stride_batch = T * 8; p.g_stride_time = p.beta_stride_time = 8;
-  CUDA_OK(fm::launch<__nv_bfloat16>(p, nullptr));
-  CUDA_OK(cudaEventRecord(e0));
-  CUDA_OK(fm::launch<__nv_bfloat16>(p, nullptr));
-  CUDA_OK(cudaEventRecord(e1));
-  CUDA_OK(cudaDeviceSynchronize());
-  CUDA_OK(cudaEventElapsedTime(&ms, e0, e1));
+  ms = warm_then_time([&] { return fm::launch<__nv_bfloat16>(p, nullptr); }, [] {});
   std::printf("v2 forward, 1 x %lld tokens, 2/8 heads (16 CTAs): %.3f ms (%.2f us per chunk)\n", (long long)T, ms,
               1000.0 * ms / chunks);
   return 0;

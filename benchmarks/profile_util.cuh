@@ -4,6 +4,7 @@
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
+#include <vector>
 
 #include "examples/example_util.h"  // CUDA_OK (for main)
 #include "flashqla/flashqla.h"
@@ -62,4 +63,31 @@ inline flashqla_gdn_fwd_params_t dense_bf16_problem(int64_t T, int64_t hq, int64
   p.batch = 1; p.seqlen = T; p.heads_qk = hq; p.heads_v = hv; p.head_dim_k = D; p.head_dim_v = D;
   p.num_seqs = 1; p.scale = 0.08838834764831845f;
   return p;
+}
+
+// Zero a __device__ counter array (the phase timers').
+template <typename Symbol>
+void zero_symbol(const Symbol& counters) {
+  const std::vector<char> zeros(sizeof(Symbol), 0);
+  exit_on_error(cudaMemcpyToSymbol(counters, zeros.data(), sizeof(Symbol)), "zeroing the counters");
+}
+
+// A warm-up call, then reset() (e.g. zero_symbol of the timers), then one call timed by CUDA events: its ms.
+template <typename Launch, typename Reset>
+float warm_then_time(Launch&& launch, Reset&& reset) {
+  exit_on_error(launch(), "warm-up launch");
+  exit_on_error(cudaDeviceSynchronize(), "warm-up");
+  reset();
+  cudaEvent_t e0, e1;
+  exit_on_error(cudaEventCreate(&e0), "cudaEventCreate");
+  exit_on_error(cudaEventCreate(&e1), "cudaEventCreate");
+  exit_on_error(cudaEventRecord(e0), "cudaEventRecord");
+  exit_on_error(launch(), "timed launch");
+  exit_on_error(cudaEventRecord(e1), "cudaEventRecord");
+  exit_on_error(cudaDeviceSynchronize(), "timed call");
+  float ms = 0;
+  exit_on_error(cudaEventElapsedTime(&ms, e0, e1), "cudaEventElapsedTime");
+  cudaEventDestroy(e0);
+  cudaEventDestroy(e1);
+  return ms;
 }
