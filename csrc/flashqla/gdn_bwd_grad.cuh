@@ -126,6 +126,23 @@ CUTLASS_DEVICE void for_frag_pairs(int m0, int n0, int lane, F&& f) {
     for (int hh = 0; hh < 2; ++hh) f(nt, hh, m0 + (lane >> 2) + 8 * hh, n0 + 8 * nt + 2 * (lane & 3));
 }
 
+// acc = diag(s) (A B^T) (kAssign) or acc -= diag(s) (A B^T): this warp's 16 x 64 tile (rows from m0, columns
+// from n0), A and B C x 128 tiles in shared memory (B read as [n][k]), s one factor per row
+template <bool kAssign, typename T>
+CUTLASS_DEVICE void row_scaled_abt(float (&acc)[8][4], const T* A, const T* B, const float* s, int m0, int n0, int lane,
+                                   const warp::LdsmOffsets& ld) {
+  float t[8][4];
+  warp::zero_acc(t);
+  warp::gemm_rows16<T, 8, false, false>(t, A, kLdK, m0, B, kLdK, n0, 0, kDimV / 16, ld);
+#pragma unroll
+  for (int nt = 0; nt < 8; ++nt)
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+      const float x = s[m0 + (lane >> 2) + 8 * (e >> 1)] * t[nt][e];
+      acc[nt][e] = kAssign ? x : acc[nt][e] - x;
+    }
+}
+
 // The four lanes of a quad hold one row's columns: their sum, to the quad's first lane, into
 // sums[w][row] (+= when accumulate).
 CUTLASS_DEVICE void quad_row_sum(float (*sums)[kChunk], int w, int row, float x, int lane, bool accumulate) {
@@ -315,17 +332,8 @@ __global__ void __launch_bounds__(kGradThreads, 1) gdn_bwd_grad_kernel(const __g
 
     // ---- phase 5: dK = dte (Vn dS'^T)  (dK and dQ accumulate in registers from here on)
     float dk[8][4], dq[8][4];
-    zero_acc(dk);
     zero_acc(dq);
-    {
-      float t[8][4];
-      zero_acc(t);
-      gemm_rows16<T, 8, false, false>(t, sm.vn, kLdK, m0, sm.ds, kLdK, n0, 0, kDimV / 16, ld);
-#pragma unroll
-      for (int nt = 0; nt < 8; ++nt)
-#pragma unroll
-        for (int e = 0; e < 4; ++e) dk[nt][e] = sm.in.decay[m0 + (lane >> 2) + 8 * (e >> 1)] * t[nt][e];
-    }
+    row_scaled_abt<true>(dk, sm.vn, sm.ds, sm.in.decay, m0, n0, lane, ld);
     FLASHQLA_GRAD_SYNC(6);  // dS' is dead: dpm takes its place
 
     // ---- phase 6: dP = scale dO Vn^T, dM = dVn Y^T (fp32, C x C)
@@ -390,13 +398,8 @@ __global__ void __launch_bounds__(kGradThreads, 1) gdn_bwd_grad_kernel(const __g
                    kDimV * sizeof(T));
         bulk_commit();
       }
+      row_scaled_abt<false>(dk, sm.y, sm.s0, sm.in.gamma, m0, n0, lane, ld);
       float t[8][4];
-      zero_acc(t);
-      gemm_rows16<T, 8, false, false>(t, sm.y, kLdK, m0, sm.s0, kLdK, n0, 0, kDimV / 16, ld);
-#pragma unroll
-      for (int nt = 0; nt < 8; ++nt)
-#pragma unroll
-        for (int e = 0; e < 4; ++e) dk[nt][e] -= sm.in.gamma[m0 + (lane >> 2) + 8 * (e >> 1)] * t[nt][e];
       zero_acc(t);
       gemm_rows16<T, 8, false, false>(t, sm.dout, kLdK, m0, sm.s0, kLdK, n0, 0, kDimV / 16, ld);
       float sg[2] = {0.f, 0.f};
