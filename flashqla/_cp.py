@@ -134,29 +134,42 @@ def _cached(key, make, device):
     return hit
 
 
-def device_plan(p: Plan, device: torch.device, index_dtype=torch.int32):
-    """Device tensors of a plan, cached: the segments' cu_seqlens; `gather`, for the rank-major grid
-    [ranks, sequences], the segment at each cell (a sequence with fewer segments repeats its last one there,
-    whose results are never read); `cell` of each segment (rank * sequences + sequence); each sequence's last
-    segment. During CUDA-graph capture only a cached copy can be used (a copy from the host cannot be
-    captured): None when there is none."""
-    key = (p, str(device), index_dtype)
+def _plan_tensors(key, device, make):
+    """Device index tensors of a plan, made once (make() -> a tuple of them) and cached. During CUDA-graph
+    capture only a cached copy can be used (a copy from the host cannot be captured): None when there is none;
+    a copy used during capture is pinned."""
     hit = _DEVICE_PLANS.get(key)
     if _capturing(device):
         if hit is not None:
             _PINNED.add(key)
         return hit
-    if hit is not None:
-        return hit
-    N = len(p.last_of_seq)
-    first = [p.last_of_seq[s] - max(r for i, r in enumerate(p.rank_of) if p.seq_of[i] == s) for s in range(N)]
-    gather = [min(first[s] + r, p.last_of_seq[s]) for r in range(p.ranks) for s in range(N)]
-    cell = [p.rank_of[i] * N + p.seq_of[i] for i in range(p.segments)]
-    as_long = lambda x: torch.tensor(x, dtype=torch.long).to(device)  # noqa: E731
-    _evict(_DEVICE_PLANS, 64)
-    _DEVICE_PLANS[key] = (torch.tensor(p.cu, dtype=index_dtype).to(device), as_long(gather), as_long(cell),
-                          as_long(p.last_of_seq))
-    return _DEVICE_PLANS[key]
+    if hit is None:
+        _evict(_DEVICE_PLANS, 64)
+        hit = _DEVICE_PLANS[key] = make()
+    return hit
+
+
+def _first_segments(p: Plan) -> list:
+    return [p.last_of_seq[s] - max(r for i, r in enumerate(p.rank_of) if p.seq_of[i] == s)
+            for s in range(len(p.last_of_seq))]
+
+
+def _as_long(x, device):
+    return torch.tensor(x, dtype=torch.long).to(device)
+
+
+def device_plan(p: Plan, device: torch.device, index_dtype=torch.int32):
+    """Device tensors of a plan (cached; None during capture without a cached copy): the segments'
+    cu_seqlens; `gather`, for the rank-major grid [ranks, sequences], the segment at each cell (a sequence
+    with fewer segments repeats its last one there, whose results are never read); `cell` of each segment
+    (rank * sequences + sequence); each sequence's last segment."""
+    def make():
+        N, first = len(p.last_of_seq), _first_segments(p)
+        gather = [min(first[s] + r, p.last_of_seq[s]) for r in range(p.ranks) for s in range(N)]
+        cell = [p.rank_of[i] * N + p.seq_of[i] for i in range(p.segments)]
+        return (torch.tensor(p.cu, dtype=index_dtype).to(device), _as_long(gather, device), _as_long(cell, device),
+                _as_long(p.last_of_seq, device))
+    return _plan_tensors((p, str(device), index_dtype), device, make)
 
 
 def _initial_states(fwd, q, k, v, g, beta, scale, initial_state, p: Plan, l2norm, index_dtype, fwd_pass):
@@ -228,23 +241,13 @@ def _reverse_plan(p: Plan, device: torch.device):
     """Device indices of the backward's reverse scan, cached like device_plan: `gather` for the grid
     [ranks counted from each sequence's end, sequences] (a sequence with fewer segments repeats its first one
     past them, whose results are never read), `cell` of each segment in that grid, and each sequence's first
-    segment. None during CUDA-graph capture without a cached copy."""
-    key = ("reverse", p, str(device))
-    hit = _DEVICE_PLANS.get(key)
-    if _capturing(device):
-        if hit is not None:
-            _PINNED.add(key)
-        return hit
-    if hit is not None:
-        return hit
-    N = len(p.last_of_seq)
-    first = [p.last_of_seq[s] - max(r for i, r in enumerate(p.rank_of) if p.seq_of[i] == s) for s in range(N)]
-    gather = [max(p.last_of_seq[s] - j, first[s]) for j in range(p.ranks) for s in range(N)]
-    cell = [(p.last_of_seq[p.seq_of[i]] - i) * N + p.seq_of[i] for i in range(p.segments)]
-    as_long = lambda x: torch.tensor(x, dtype=torch.long).to(device)  # noqa: E731
-    _evict(_DEVICE_PLANS, 64)
-    _DEVICE_PLANS[key] = (as_long(gather), as_long(cell), as_long(first))
-    return _DEVICE_PLANS[key]
+    segment."""
+    def make():
+        N, first = len(p.last_of_seq), _first_segments(p)
+        gather = [max(p.last_of_seq[s] - j, first[s]) for j in range(p.ranks) for s in range(N)]
+        cell = [(p.last_of_seq[p.seq_of[i]] - i) * N + p.seq_of[i] for i in range(p.segments)]
+        return _as_long(gather, device), _as_long(cell, device), _as_long(first, device)
+    return _plan_tensors(("reverse", p, str(device)), device, make)
 
 
 def backward_chains(ops, q, k, v, g, beta, do, dht, scale, initial_state, p: Plan, l2norm: bool,
