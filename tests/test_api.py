@@ -212,16 +212,22 @@ def test_fwd_pass_op_cpu_and_fake_shapes():
         assert fo.shape == (0,) and fs.shape == s.shape
 
 
+def _packed_bwd_case(seed):
+    """Two packed sequences (70 + 80 tokens: a partial chunk each), 2/4 heads of 16: the inputs, cu_seqlens,
+    an output gradient and a final-state gradient (float64)."""
+    d = make_inputs(1, 150, 2, 4, 16, 16, n_seqs=2, seed=seed)
+    gen = torch.Generator().manual_seed(seed + 1)
+    do = torch.randn(d["v"].shape, generator=gen, dtype=d["v"].dtype)
+    dht = torch.randn(2, 4, 16, 16, generator=gen, dtype=torch.float64) / 8
+    return d, torch.tensor([0, 70, 150]), do, dht
+
+
 def test_bwd_grad_op_cpu_and_fake_shapes():
     # the backward's gradient step: the CPU implementation is the reference's step (dq, dk per q/k head, summed
     # over each GVA group, before the l2norm backward), the fake one has the same shapes and dtypes
     from torch._subclasses.fake_tensor import FakeTensorMode
     from flashqla import reference
-    d = make_inputs(1, 150, 2, 4, 16, 16, n_seqs=2, seed=29)
-    cu = torch.tensor([0, 70, 150])
-    gen = torch.Generator().manual_seed(30)
-    do = torch.randn(d["v"].shape, generator=gen, dtype=d["v"].dtype)
-    dht = torch.randn(2, 4, 16, 16, generator=gen, dtype=torch.float64) / 8
+    d, cu, do, dht = _packed_bwd_case(29)
     for l2 in (False, True):
         states = torch.ops.flashqla.chunk_gdn_fwd_states(d["q"], d["k"], d["v"], d["g"], d["beta"], 0.25,
                                                          d["initial_state"], cu, l2)
@@ -248,11 +254,7 @@ def test_bwd_grad_op_cpu_and_fake_shapes():
 def test_ops_pass_opcheck():
     # every op's schema (mutation and aliasing annotations) and its fake implementation against the CPU one,
     # through torch.library.opcheck, on a packed case with a partial chunk and GVA
-    d = make_inputs(1, 150, 2, 4, 16, 16, n_seqs=2, seed=31)
-    cu = torch.tensor([0, 70, 150])
-    gen = torch.Generator().manual_seed(32)
-    do = torch.randn(d["v"].shape, generator=gen, dtype=d["v"].dtype)
-    dht = torch.randn(2, 4, 16, 16, generator=gen, dtype=torch.float64) / 8
+    d, cu, do, dht = _packed_bwd_case(31)
     ops = torch.ops.flashqla
     base = (d["q"], d["k"], d["v"], d["g"], d["beta"], 0.25)
     states = ops.chunk_gdn_fwd_states(*base, d["initial_state"], cu, True)
