@@ -147,6 +147,13 @@ def _sm_count(index: int) -> int:
     return torch.cuda.get_device_properties(index).multi_processor_count
 
 
+def _sms(dev: torch.device) -> int:
+    """The SMs the context-parallel planner fills (an H200's 132 off the GPU, where the CPU tests plan)."""
+    if dev.type != "cuda":
+        return 132
+    return _sm_count(dev.index if dev.index is not None else torch.cuda.current_device())
+
+
 def _forward(shape, q, k, v, g, beta, scale, initial_state, output_final_state, l2norm, cu_seqlens, lengths=None):
     dev = q.device
     hopper = _backend.kernels_available(dev)
@@ -157,9 +164,7 @@ def _forward(shape, q, k, v, g, beta, scale, initial_state, output_final_state, 
         h0 = None if initial_state is None else initial_state.contiguous()
         cu = None if cu_seqlens is None else cu_seqlens.contiguous()
         if lengths is not None and shape.K == shape.V:
-            sms = _sm_count(dev.index if dev.index is not None else torch.cuda.current_device()) \
-                if dev.type == "cuda" else 132
-            plan = _cp.plan(lengths, shape.H_v, sms)
+            plan = _cp.plan(lengths, shape.H_v, _sms(dev))
             if plan is not None:
                 out = _cp.forward(torch.ops.flashqla.chunk_gdn_fwd, q, k, v, g, beta, scale, h0, plan, l2norm,
                                   index_dtype=cu.dtype if cu is not None else torch.int32,
@@ -205,10 +210,7 @@ def _kernel_backward(shape, q, k, v, g, beta, do, dht, scale, initial_state, l2n
     # FLASHQLA_BWD_CP=1 (off by default until measured): both chains through segments where the forward's
     # planner would cut the sequences (few sequences x heads)
     if lengths is not None and shape.K == shape.V and os.environ.get("FLASHQLA_BWD_CP", "0").strip() == "1":
-        dev = q.device
-        sms = _sm_count(dev.index if dev.index is not None else torch.cuda.current_device()) \
-            if dev.type == "cuda" else 132
-        plan = _cp.plan(lengths, shape.H_v, sms)
+        plan = _cp.plan(lengths, shape.H_v, _sms(q.device))
         if plan is not None:
             chains = _cp.backward_chains(torch.ops.flashqla, qv, kv, vv, g, beta, dov, dht_, sc, h0, plan, l2norm,
                                          initial_state is not None, pass_a,
