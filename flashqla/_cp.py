@@ -266,16 +266,14 @@ def backward_chains(ops, q, k, v, g, beta, do, dht, scale, initial_state, p: Pla
     if dp is None or rp is None:
         return None
     # passes 1-2 summaries only, sharing one prep (the chunk_gdn_fwd_pass op), as the forward's CP does
-    got = _initial_states(ops.chunk_gdn_fwd, q, k, v, g, beta, scale, initial_state, p, l2norm, index_dtype,
-                          ops.chunk_gdn_fwd_pass)
-    init, _ = got
+    init, _ = _initial_states(ops.chunk_gdn_fwd, q, k, v, g, beta, scale, initial_state, p, l2norm, index_dtype,
+                              ops.chunk_gdn_fwd_pass)
     cu = dp[0]
     rgather, rcell, first = rp
     states = ops.chunk_gdn_fwd_states(q, k, v, g, beta, scale, init, cu, l2norm)
     H, K, V = v.shape[2], k.shape[3], v.shape[3]
     N, R, NS = len(p.last_of_seq), p.ranks, p.segments
     sd = states.dtype
-    single = N == 1
     # B: zero end gradients (dht enters through the scan's first rank, as h0 does in the forward's)
     _, b_start, _ = ops.chunk_gdn_bwd_dh(q, k, g, beta, do, None, scale, cu, l2norm, True, False)
     # dO = 0 for the transition pass, a real zero tensor cached per shape (the dh op reads dO in its prep and
@@ -291,15 +289,12 @@ def backward_chains(ops, q, k, v, g, beta, do, dht, scale, initial_state, p: Pla
         grid[0].copy_(dht.to(sd).reshape(N * H, K, V))
     else:
         grid[0].zero_()
-    l_g = (l_map.flip(0) if single else l_map.index_select(0, rgather)).reshape(R, N * H, K, K)
-    b_g = (b_start.flip(0) if single else b_start.index_select(0, rgather)).reshape(R, N * H, K, V)
+    # (one sequence's grid is its segments reversed: a gather as costly as the general one, so no special case)
+    l_g = l_map.index_select(0, rgather).view(R, N * H, K, K)
+    b_g = b_start.index_select(0, rgather).view(R, N * H, K, V)
     for j in range(R - 1):
         torch.baddbmm(b_g[j], l_g[j], grid[j], out=grid[j + 1])
-    ends = grid.view(R * N, H, K, V)
-    ends = ends.flip(0) if single else ends.index_select(0, rcell)
-    dh, dh0_seg, a = ops.chunk_gdn_bwd_dh(q, k, g, beta, do, ends.contiguous(), scale, cu, l2norm, True, output_a)
-    if not output_dh0:
-        dh0 = dh0_seg.new_empty((0,))
-    else:
-        dh0 = dh0_seg[:1] if single else dh0_seg.index_select(0, first)
+    ends = grid.view(R * N, H, K, V).index_select(0, rcell)
+    dh, dh0_seg, a = ops.chunk_gdn_bwd_dh(q, k, g, beta, do, ends, scale, cu, l2norm, True, output_a)
+    dh0 = dh0_seg.index_select(0, first) if output_dh0 else dh0_seg.new_empty((0,))
     return states, dh, dh0, a
