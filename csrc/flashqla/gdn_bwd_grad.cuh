@@ -181,7 +181,7 @@ __global__ void __launch_bounds__(kGradThreads, 1) gdn_bwd_grad_kernel(const __g
   const PrepBuffers<T> no_pb{nullptr, nullptr};
 
   // The value heads of the GVA group one after another; dq and dk are summed over them in head order in
-  // fp32, in the output rows (each thread rereads only what it wrote)
+  // fp32 at L2 (phase 13's bulk reduce-adds)
   for (int vh = 0; vh < group; ++vh) {
     FLASHQLA_GRAD_TIMER_START;
     ct.h = hq * group + vh;
