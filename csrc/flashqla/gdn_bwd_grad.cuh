@@ -33,6 +33,10 @@ namespace gdn_bwd_grad {
 
 using namespace gdn_fwd_mma;
 
+// warps 0-3 -> 4-7 in phases 1-2: the aux warps' copies (K, Q, A) are issued; the loaders' 128 KB start after
+// them, so that the aux chain's inputs are not queued behind the loaders'
+constexpr uint32_t kBarAuxIssued = kBarState + 1;
+static_assert(kBarAuxIssued < 16, "named barrier ids");
 constexpr int kGradWarps = 8;
 constexpr int kGradThreads = kGradWarps * 32;
 enum RowSum { kSumDte, kSumDbeta, kSumDgamma, kSumH, kRowSums };
@@ -209,10 +213,13 @@ __global__ void __launch_bounds__(kGradThreads, 1) gdn_bwd_grad_kernel(const __g
                 make_float4(j == i ? 1.f : 0.f, j + 1 == i ? 1.f : 0.f, j + 2 == i ? 1.f : 0.f, j + 3 == i ? 1.f : 0.f);
         }
       }
-      if (vh == 0)
-        aux_chunk<T, AuxMode::kInputsOnly>(p, sm.in, sm.ax, wk, c, tid, kBarAux, no_pb, t_mark);
-      else if (w == 0)
-        load_gates<T>(p, sm.in, sm.ax, wk, c, lane);
+      const auto issued = [] { bar_arrive(kBarAuxIssued, kGradThreads); };
+      if (vh == 0) {
+        aux_chunk<T, AuxMode::kInputsOnly>(p, sm.in, sm.ax, wk, c, tid, kBarAux, no_pb, t_mark, issued);
+      } else {
+        issued();
+        if (w == 0) load_gates<T>(p, sm.in, sm.ax, wk, c, lane);
+      }
       cp_async_wait_all();             // A's rows (aux_chunk waited for its own loads)
       bar_sync(kBarAux, kAuxThreads);  // the aux group's closing sync: K, Q, the gates (and A) in shared memory
       float kk[8][4], qk[8][4];
@@ -237,6 +244,7 @@ __global__ void __launch_bounds__(kGradThreads, 1) gdn_bwd_grad_kernel(const __g
         sm.ax.m[i * kLdC + j] = from_f<T>(val);
       }
     } else {
+      bar_sync(kBarAuxIssued, kGradThreads);  // the aux warps' copies go first
       const int u = tid - kAuxThreads;
       const T* dop = static_cast<const T*>(gp.dout) + wk.b * gp.dout_stride_batch + wk.t0 * gp.dout_stride_time +
                      h * gp.dout_stride_head;
