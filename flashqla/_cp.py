@@ -134,38 +134,48 @@ def _cached(key, make, device):
     return hit
 
 
-def device_plan(p: Plan, device: torch.device, index_dtype=torch.int32):
-    """Device tensors of a plan, cached: the segments' cu_seqlens; `gather`, for the rank-major grid
-    [ranks, sequences], the segment at each cell (a sequence with fewer segments repeats its last one there,
-    whose results are never read); `cell` of each segment (rank * sequences + sequence); each sequence's last
-    segment. During CUDA-graph capture only a cached copy can be used (a copy from the host cannot be
-    captured): None when there is none."""
-    key = (p, str(device), index_dtype)
+def _plan_tensors(key, device, make):
+    """Device index tensors of a plan, made once (make() -> a tuple of them) and cached. During CUDA-graph
+    capture only a cached copy can be used (a copy from the host cannot be captured): None when there is none;
+    a copy used during capture is pinned."""
     hit = _DEVICE_PLANS.get(key)
     if _capturing(device):
         if hit is not None:
             _PINNED.add(key)
         return hit
-    if hit is not None:
-        return hit
-    N = len(p.last_of_seq)
-    first = [p.last_of_seq[s] - max(r for i, r in enumerate(p.rank_of) if p.seq_of[i] == s) for s in range(N)]
-    gather = [min(first[s] + r, p.last_of_seq[s]) for r in range(p.ranks) for s in range(N)]
-    cell = [p.rank_of[i] * N + p.seq_of[i] for i in range(p.segments)]
-    as_long = lambda x: torch.tensor(x, dtype=torch.long).to(device)  # noqa: E731
-    _evict(_DEVICE_PLANS, 64)
-    _DEVICE_PLANS[key] = (torch.tensor(p.cu, dtype=index_dtype).to(device), as_long(gather), as_long(cell),
-                          as_long(p.last_of_seq))
-    return _DEVICE_PLANS[key]
+    if hit is None:
+        _evict(_DEVICE_PLANS, 64)
+        hit = _DEVICE_PLANS[key] = make()
+    return hit
 
 
-def forward(fwd, q, k, v, g, beta, scale, initial_state, p: Plan, l2norm: bool, index_dtype=torch.int32,
-            fwd_pass=None):
-    """o and the final states [N, H_v, K, V] through segments. `fwd` has the signature of the chunk_gdn_fwd
-    op: (q, k, v, g, beta, scale, initial_state, output_final_state, cu_seqlens, use_qk_l2norm) -> (o, final).
-    `fwd_pass`, when given, is the chunk_gdn_fwd_pass op: the first two passes then skip o and all three
-    share one workspace, so the chunk products are computed once. q/k/v/g/beta are packed ([1, T, ...]);
-    returns None when the plan's device copies are unavailable."""
+def _first_segments(p: Plan) -> list:
+    return [p.last_of_seq[s] - max(r for i, r in enumerate(p.rank_of) if p.seq_of[i] == s)
+            for s in range(len(p.last_of_seq))]
+
+
+def _as_long(x, device):
+    return torch.tensor(x, dtype=torch.long).to(device)
+
+
+def device_plan(p: Plan, device: torch.device, index_dtype=torch.int32):
+    """Device tensors of a plan (cached; None during capture without a cached copy): the segments'
+    cu_seqlens; `gather`, for the rank-major grid [ranks, sequences], the segment at each cell (a sequence
+    with fewer segments repeats its last one there, whose results are never read); `cell` of each segment
+    (rank * sequences + sequence); each sequence's last segment."""
+    def make():
+        N, first = len(p.last_of_seq), _first_segments(p)
+        gather = [min(first[s] + r, p.last_of_seq[s]) for r in range(p.ranks) for s in range(N)]
+        cell = [p.rank_of[i] * N + p.seq_of[i] for i in range(p.segments)]
+        return (torch.tensor(p.cu, dtype=index_dtype).to(device), _as_long(gather, device), _as_long(cell, device),
+                _as_long(p.last_of_seq, device))
+    return _plan_tensors((p, str(device), index_dtype), device, make)
+
+
+def _initial_states(fwd, q, k, v, g, beta, scale, initial_state, p: Plan, l2norm, index_dtype, fwd_pass):
+    """Passes 1 and 2 and the scan: every segment's initial state [segments, H_v, K, V], and the pass runner
+    (run(v, h0, prep_ready, write_o) -> (o, final)) for a last pass over the same segments. None when the
+    plan's device copies are unavailable."""
     dp = device_plan(p, q.device, index_dtype)
     if dp is None:
         return None
@@ -207,5 +217,89 @@ def forward(fwd, q, k, v, g, beta, scale, initial_state, p: Plan, l2norm: bool, 
     init = grid.view(R * N, H, K, V)
     if not single:
         init = init.index_select(0, cell)
+    return init, run
+
+
+def forward(fwd, q, k, v, g, beta, scale, initial_state, p: Plan, l2norm: bool, index_dtype=torch.int32,
+            fwd_pass=None):
+    """o and the final states [N, H_v, K, V] through segments. `fwd` has the signature of the chunk_gdn_fwd
+    op: (q, k, v, g, beta, scale, initial_state, output_final_state, cu_seqlens, use_qk_l2norm) -> (o, final).
+    `fwd_pass`, when given, is the chunk_gdn_fwd_pass op: the first two passes then skip o and all three
+    share one workspace, so the chunk products are computed once. q/k/v/g/beta are packed ([1, T, ...]);
+    returns None when the plan's device copies are unavailable."""
+    got = _initial_states(fwd, q, k, v, g, beta, scale, initial_state, p, l2norm, index_dtype, fwd_pass)
+    if got is None:
+        return None
+    init, run = got
     o, final = run(v, init, True, True)
-    return o, (final[p.last_of_seq[0]:] if single else final.index_select(0, last))
+    if len(p.last_of_seq) == 1:
+        return o, final[p.last_of_seq[0]:]
+    return o, final.index_select(0, device_plan(p, q.device, index_dtype)[3])
+
+
+def _reverse_plan(p: Plan, device: torch.device):
+    """Device indices of the backward's reverse scan, cached like device_plan: `gather` for the grid
+    [ranks counted from each sequence's end, sequences] (a sequence with fewer segments repeats its first one
+    past them, whose results are never read), `cell` of each segment in that grid, and each sequence's first
+    segment."""
+    def make():
+        N, first = len(p.last_of_seq), _first_segments(p)
+        gather = [max(p.last_of_seq[s] - j, first[s]) for j in range(p.ranks) for s in range(N)]
+        cell = [(p.last_of_seq[p.seq_of[i]] - i) * N + p.seq_of[i] for i in range(p.segments)]
+        return _as_long(gather, device), _as_long(cell, device), _as_long(first, device)
+    return _plan_tensors(("reverse", p, str(device)), device, make)
+
+
+def backward_chains(ops, q, k, v, g, beta, do, dht, scale, initial_state, p: Plan, l2norm: bool,
+                    output_dh0: bool, output_a: bool, index_dtype=torch.int32):
+    """The backward's two serial chains through segments (unmeasured on the H200; FLASHQLA_BWD_CP=1):
+    (states, dh, dh0, a) as chunk_gdn_fwd_states and chunk_gdn_bwd_dh give them for the unsegmented call
+    (the chunk-indexed buffers hold at least as many chunks; the chunks are the same, in the same order, since
+    segments start on chunk boundaries). `ops` is torch.ops.flashqla. The states: the forward's passes 1-2
+    and scan, then the states pass from each segment's initial state. The dS chain is affine backwards too,
+    dS_start = L dS_end + B per segment: B from the real dO with zero end gradients, L from dO = 0 with
+    identity end gradients (K = V), a reverse scan over each sequence's segments starting from dht, then the
+    chain pass from each segment's true end gradient. None when a plan's device copies
+    are unavailable (CUDA-graph capture of an uncached plan)."""
+    dp = device_plan(p, q.device, index_dtype)
+    rp = _reverse_plan(p, q.device)
+    if dp is None or rp is None:
+        return None
+    # passes 1-2 summaries only, sharing one prep (the chunk_gdn_fwd_pass op), as the forward's CP does
+    got = _initial_states(ops.chunk_gdn_fwd, q, k, v, g, beta, scale, initial_state, p, l2norm, index_dtype,
+                          ops.chunk_gdn_fwd_pass)
+    init, _ = got
+    cu = dp[0]
+    rgather, rcell, first = rp
+    states = ops.chunk_gdn_fwd_states(q, k, v, g, beta, scale, init, cu, l2norm)
+    H, K, V = v.shape[2], k.shape[3], v.shape[3]
+    N, R, NS = len(p.last_of_seq), p.ranks, p.segments
+    sd = states.dtype
+    single = N == 1
+    # B: zero end gradients (dht enters through the scan's first rank, as h0 does in the forward's)
+    _, b_start, _ = ops.chunk_gdn_bwd_dh(q, k, g, beta, do, None, scale, cu, l2norm, True, False)
+    # dO = 0 for the transition pass, a real zero tensor cached per shape (the dh op reads dO in its prep and
+    # chain; a stride-0 one would send every CTA to one L2 line, as the forward's transition pass measured)
+    zero_do = _cached(("zero_do", tuple(do.shape), do.dtype, str(do.device)), lambda: torch.zeros_like(do),
+                      do.device)
+    eye = _cached(("eye", NS, H, K, sd, str(q.device)),
+                  lambda: torch.eye(K, dtype=sd, device=q.device).expand(NS, H, K, K).contiguous(), q.device)
+    _, l_map, _ = ops.chunk_gdn_bwd_dh(q, k, g, beta, zero_do, eye, scale, cu, l2norm, True, False)
+    # the reverse scan on a [ranks from the end, sequences] grid: E_0 = dht, E_{j+1} = L_j E_j + B_j
+    grid = torch.empty(R, N * H, K, V, dtype=sd, device=q.device)
+    if dht is not None:
+        grid[0].copy_(dht.to(sd).reshape(N * H, K, V))
+    else:
+        grid[0].zero_()
+    l_g = (l_map.flip(0) if single else l_map.index_select(0, rgather)).reshape(R, N * H, K, K)
+    b_g = (b_start.flip(0) if single else b_start.index_select(0, rgather)).reshape(R, N * H, K, V)
+    for j in range(R - 1):
+        torch.baddbmm(b_g[j], l_g[j], grid[j], out=grid[j + 1])
+    ends = grid.view(R * N, H, K, V)
+    ends = ends.flip(0) if single else ends.index_select(0, rcell)
+    dh, dh0_seg, a = ops.chunk_gdn_bwd_dh(q, k, g, beta, do, ends.contiguous(), scale, cu, l2norm, True, output_a)
+    if not output_dh0:
+        dh0 = dh0_seg.new_empty((0,))
+    else:
+        dh0 = dh0_seg[:1] if single else dh0_seg.index_select(0, first)
+    return states, dh, dh0, a

@@ -99,7 +99,8 @@ def chunk_gdn_bwd(q, k, v, g, beta, do, dht=None, scale=None, initial_state=None
     _validate.check_like(do, "do", v)
     if dht is not None:
         _validate.check_like(dht, "dht", None, (shape.N, shape.H_v, shape.K, shape.V), q.device)
-    return _backward(shape, q, k, v, g, beta, do, dht, scale, initial_state, use_qk_l2norm_in_kernel, cu_seqlens)
+    return _backward(shape, q, k, v, g, beta, do, dht, scale, initial_state, use_qk_l2norm_in_kernel, cu_seqlens,
+                     _host_lengths(shape, cu_seqlens, cu_seqlens_cpu))
 
 
 class _ChunkGDN(torch.autograd.Function):
@@ -108,7 +109,7 @@ class _ChunkGDN(torch.autograd.Function):
         o, final = _forward(shape, q, k, v, g, beta, scale, initial_state, output_final_state, l2norm, cu_seqlens,
                             lengths)
         ctx.save_for_backward(q, k, v, g, beta, initial_state, cu_seqlens)
-        ctx.scale, ctx.l2norm, ctx.shape = scale, l2norm, shape
+        ctx.scale, ctx.l2norm, ctx.shape, ctx.lengths = scale, l2norm, shape, lengths
         return o, final
 
     @staticmethod
@@ -117,7 +118,7 @@ class _ChunkGDN(torch.autograd.Function):
         if do is None:
             do = torch.zeros_like(v)
         dq, dk, dv, dg, dbeta, dh0 = _backward(ctx.shape, q, k, v, g, beta, do, dht, ctx.scale, initial_state,
-                                               ctx.l2norm, cu_seqlens)
+                                               ctx.l2norm, cu_seqlens, ctx.lengths)
         return dq, dk, dv, dg, dbeta, dh0, None, None, None, None, None, None
 
 
@@ -174,19 +175,19 @@ def _forward(shape, q, k, v, g, beta, scale, initial_state, output_final_state, 
                                      use_qk_l2norm_in_kernel=l2norm, segment_chunks=_segments(shape, dev))
 
 
-def _backward(shape, q, k, v, g, beta, do, dht, scale, initial_state, l2norm, cu_seqlens):
+def _backward(shape, q, k, v, g, beta, do, dht, scale, initial_state, l2norm, cu_seqlens, lengths=None):
     dev = q.device
     hopper = _backend.kernels_available(dev)
     why = _why_not_kernel(shape, q, g) if hopper else _backend.why_no_kernels(dev)
     if why is None and os.environ.get("FLASHQLA_BWD_KERNEL", "1").strip() != "0":
-        return _kernel_backward(shape, q, k, v, g, beta, do, dht, scale, initial_state, l2norm, cu_seqlens)
+        return _kernel_backward(shape, q, k, v, g, beta, do, dht, scale, initial_state, l2norm, cu_seqlens, lengths)
     _warn_fallback(hopper, dev, why or "FLASHQLA_BWD_KERNEL=0", "backward")
     return reference.chunk_gdn_bwd_torch(q, k, v, g, beta, do, dht, scale=scale, initial_state=initial_state,
                                          cu_seqlens=cu_seqlens, use_qk_l2norm_in_kernel=l2norm,
                                          segment_chunks=_segments(shape, dev))
 
 
-def _kernel_backward(shape, q, k, v, g, beta, do, dht, scale, initial_state, l2norm, cu_seqlens):
+def _kernel_backward(shape, q, k, v, g, beta, do, dht, scale, initial_state, l2norm, cu_seqlens, lengths=None):
     """Both serial chains on the sm_90a kernels (the chunk-start states from the forward kernel, the
     chunk-end state gradients from chunk_gdn_bwd_dh), then the chunk-parallel gradient step on its kernel
     (chunk_gdn_bwd_grad; FLASHQLA_BWD_GRAD=0: in PyTorch, reference.chunk_gdn_bwd_from_states)."""
@@ -196,21 +197,36 @@ def _kernel_backward(shape, q, k, v, g, beta, do, dht, scale, initial_state, l2n
     cu = None if cu_seqlens is None else cu_seqlens.contiguous()
     dov = _vector_ready(do.to(v.dtype))
     dht_ = None if dht is None else dht.float().contiguous()
-    # the two chains are independent: the forward recompute on a side stream beside the reverse chain (each
-    # fills only sequences x heads x 2 CTAs; also under CUDA-graph capture, as a fork and a join)
-    main = torch.cuda.current_stream(q.device)
-    side = _side_stream(q.device)
-    side.wait_stream(main)
-    with torch.cuda.stream(side):
-        states = torch.ops.flashqla.chunk_gdn_fwd_states(qv, kv, vv, g, beta, sc, h0, cu, l2norm)
     grad_kernel = os.environ.get("FLASHQLA_BWD_GRAD", "1").strip() != "0"  # the gradient kernel (0: the PyTorch step)
     # the dS chain's prep computes the chunk-local inverse anyway: it hands its rows to the gradient kernel, which
     # then skips its own (FLASHQLA_BWD_A=0 recomputes it there; the gradients are bitwise the same)
     pass_a = grad_kernel and os.environ.get("FLASHQLA_BWD_A", "1").strip() != "0"
-    dh, dh0, a = torch.ops.flashqla.chunk_gdn_bwd_dh(qv, kv, g, beta, dov, dht_, sc, cu, l2norm,
-                                                     initial_state is not None, pass_a)
-    main.wait_stream(side)
-    states.record_stream(main)  # allocated on the side stream, used on this one
+    chains = None
+    # FLASHQLA_BWD_CP=1 (off by default until measured): both chains through segments where the forward's
+    # planner would cut the sequences (few sequences x heads)
+    if lengths is not None and shape.K == shape.V and os.environ.get("FLASHQLA_BWD_CP", "0").strip() == "1":
+        dev = q.device
+        sms = _sm_count(dev.index if dev.index is not None else torch.cuda.current_device()) \
+            if dev.type == "cuda" else 132
+        plan = _cp.plan(lengths, shape.H_v, sms)
+        if plan is not None:
+            chains = _cp.backward_chains(torch.ops.flashqla, qv, kv, vv, g, beta, dov, dht_, sc, h0, plan, l2norm,
+                                         initial_state is not None, pass_a,
+                                         index_dtype=cu.dtype if cu is not None else torch.int32)
+    if chains is not None:
+        states, dh, dh0, a = chains
+    else:
+        # the two chains are independent: the forward recompute on a side stream beside the reverse chain (each
+        # fills only sequences x heads x 2 CTAs; also under CUDA-graph capture, as a fork and a join)
+        main = torch.cuda.current_stream(q.device)
+        side = _side_stream(q.device)
+        side.wait_stream(main)
+        with torch.cuda.stream(side):
+            states = torch.ops.flashqla.chunk_gdn_fwd_states(qv, kv, vv, g, beta, sc, h0, cu, l2norm)
+        dh, dh0, a = torch.ops.flashqla.chunk_gdn_bwd_dh(qv, kv, g, beta, dov, dht_, sc, cu, l2norm,
+                                                         initial_state is not None, pass_a)
+        main.wait_stream(side)
+        states.record_stream(main)  # allocated on the side stream, used on this one
     if grad_kernel:
         dq, dk, dv, dg, dbeta = torch.ops.flashqla.chunk_gdn_bwd_grad(qv, kv, vv, g, beta, dov, states, dh, sc, cu,
                                                                        l2norm, a if pass_a else None)

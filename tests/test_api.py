@@ -243,3 +243,29 @@ def test_bwd_grad_op_cpu_and_fake_shapes():
         fo = torch.ops.flashqla.chunk_gdn_bwd_grad(*(f(d[n]) for n in ("q", "k", "v", "g", "beta")), f(do), f(states),
                                                    f(dh), 0.25, f(cu), True)
         assert [(t.shape, t.dtype) for t in fo] == [(t.shape, t.dtype) for t in out]
+
+
+def test_ops_pass_opcheck():
+    # every op's schema (mutation and aliasing annotations) and its fake implementation against the CPU one,
+    # through torch.library.opcheck, on a packed case with a partial chunk and GVA
+    d = make_inputs(1, 150, 2, 4, 16, 16, n_seqs=2, seed=31)
+    cu = torch.tensor([0, 70, 150])
+    gen = torch.Generator().manual_seed(32)
+    do = torch.randn(d["v"].shape, generator=gen, dtype=d["v"].dtype)
+    dht = torch.randn(2, 4, 16, 16, generator=gen, dtype=torch.float64) / 8
+    ops = torch.ops.flashqla
+    base = (d["q"], d["k"], d["v"], d["g"], d["beta"], 0.25)
+    states = ops.chunk_gdn_fwd_states(*base, d["initial_state"], cu, True)
+    dh, dh0, a = ops.chunk_gdn_bwd_dh(d["q"], d["k"], d["g"], d["beta"], do, dht, 0.25, cu, True, True, True)
+    cases = [
+        (ops.chunk_gdn_fwd, (*base, d["initial_state"], True, cu, True)),
+        (ops.chunk_gdn_fwd_states, (*base, d["initial_state"], cu, True)),
+        (ops.chunk_gdn_fwd_pass, (*base, d["initial_state"], cu, True, torch.empty(0, dtype=torch.uint8), False,
+                                  True, False)),
+        (ops.chunk_gdn_bwd_dh, (d["q"], d["k"], d["g"], d["beta"], do, dht, 0.25, cu, True, True, True)),
+        (ops.chunk_gdn_bwd_grad, (*base[:5], do, states, dh, 0.25, cu, True, a)),
+        (ops.chunk_local_cumsum, (d["g"], 64, False, 1.0, cu)),
+    ]
+    for op, args in cases:
+        res = torch.library.opcheck(op.default, args, test_utils=("test_schema", "test_faketensor"))
+        assert all(v == "SUCCESS" for v in res.values()), (op, res)

@@ -89,3 +89,61 @@ def test_caches_keep_what_a_graph_captured(monkeypatch):
         _cp._cached(("eye", 10 + n), lambda: torch.eye(2), dev)
     assert _cp.device_plan(p0, dev) is first and _cp._cached(("eye", 1), lambda: None, dev) is eye
     assert len(_cp._DEVICE_PLANS) <= 64 and len(_cp._CONSTANTS) <= 8
+
+
+@pytest.mark.parametrize("lengths", [[700, 0, 333, 64], [1000]])
+@pytest.mark.parametrize("l2norm", [False, True])
+def test_segmented_backward_chains_equal_plain_float64(monkeypatch, l2norm, lengths):
+    # the backward's two chains through segments (FLASHQLA_BWD_CP=1) against the unsegmented ops, through the
+    # ops' reference implementations in float64: the chunk-start states, the chunk-end state gradients (the
+    # same chunks in the same order), dh0 and the inverse rows
+    monkeypatch.setattr(_cp, "MIN_SEGMENT_CHUNKS", 1)
+    monkeypatch.setattr(_cp, "RANK_STEP", 0.0)
+    d = make_inputs(1, sum(lengths) + 10, 1, 2, 16, 16, n_seqs=len(lengths), seed=5)
+    cu = torch.tensor([0] + [sum(lengths[:i + 1]) for i in range(len(lengths))])
+    gen = torch.Generator().manual_seed(6)
+    do = torch.randn(d["v"].shape, generator=gen, dtype=torch.float64)
+    dht = torch.randn(len(lengths), 2, 16, 16, generator=gen, dtype=torch.float64) / 8
+    p = _cp.plan(lengths, 2, 64)
+    assert p is not None and p.segments > len(lengths)
+    ops = torch.ops.flashqla
+    args = (d["q"], d["k"], d["v"], d["g"], d["beta"])
+    for h0, dh_t in ((d["initial_state"], dht), (None, None)):
+        states, dh, dh0, a = _cp.backward_chains(ops, *args, do, dh_t, 0.25, h0, p, l2norm, True, True,
+                                                 index_dtype=torch.int64)
+        rs = ops.chunk_gdn_fwd_states(*args, 0.25, h0, cu, l2norm)
+        rdh, rdh0, ra = ops.chunk_gdn_bwd_dh(d["q"], d["k"], d["g"], d["beta"], do, dh_t, 0.25, cu, l2norm, True, True)
+        n = rs.shape[0]   # chunk slots of the plain call; the segmented buffers hold at least as many
+        valid = sum(-(-x // 64) for x in lengths)
+        assert states.shape[0] >= n and dh.shape[0] >= rdh.shape[0]
+        assert (states[:valid] - rs[:valid]).abs().max() < 1e-10
+        assert (dh[:valid] - rdh[:valid]).abs().max() < 1e-10
+        assert (dh0 - rdh0).abs().max() < 1e-10 and torch.equal(a, ra)
+
+
+def test_api_backward_takes_the_segmented_chains(monkeypatch):
+    # chunk_gdn_bwd with FLASHQLA_BWD_CP=1 on host-known lengths goes through backward_chains; run on the CPU
+    # through the ops' reference implementations, its gradients equal the reference backward's
+    monkeypatch.setenv("FLASHQLA_BWD_CP", "1")
+    monkeypatch.setattr(_backend, "kernels_available", lambda dev: True)
+    monkeypatch.setattr(_cp, "MIN_SEGMENT_CHUNKS", 1)
+    monkeypatch.setattr(_cp, "RANK_STEP", 0.0)
+    monkeypatch.setattr(flashqla.api, "KERNEL_HEAD_DIM", 16)
+    monkeypatch.setattr(flashqla.api, "_why_not_kernel", lambda shape, q, g: None)
+    calls = []
+    real = _cp.backward_chains
+    monkeypatch.setattr(_cp, "backward_chains", lambda *a, **kw: calls.append(1) or real(*a, **kw))
+    d = make_inputs(1, 700, 1, 2, 16, 16, h0=True, n_seqs=2, seed=7)
+    cu = torch.tensor([0, 500, 700])
+    gen = torch.Generator().manual_seed(8)
+    do = torch.randn(d["v"].shape, generator=gen, dtype=torch.float64)
+    dht = torch.randn(2, 2, 16, 16, generator=gen, dtype=torch.float64) / 8
+    # the kernel path hands h0 and dht to the ops in fp32: values fp32 holds exactly keep the comparison exact
+    d["initial_state"], dht = d["initial_state"].float().double(), dht.float().double()
+    got = flashqla.chunk_gdn_bwd(d["q"], d["k"], d["v"], d["g"], d["beta"], do, dht,
+                                 initial_state=d["initial_state"], cu_seqlens=cu, cu_seqlens_cpu=cu)
+    ref = reference.chunk_gdn_bwd_torch(d["q"], d["k"], d["v"], d["g"], d["beta"], do, dht,
+                                        initial_state=d["initial_state"], cu_seqlens=cu)
+    assert calls
+    for a, b in zip(got, ref):
+        assert (a - b).abs().max() < 1e-10

@@ -202,3 +202,31 @@ def test_inverse_rows_match_float64():
     # the kernels merge the diagonal blocks' inverses with tf32 products (10-bit mantissas): 6.7e-4 measured here
     # (the first limit, 1e-4, had been set for fp32 products and failed on the H200)
     assert torch.isfinite(a).all() and e < 2e-3
+
+
+def test_backward_context_parallelism_matches_float64(monkeypatch):
+    # FLASHQLA_BWD_CP=1 (opt-in): a single sequence with few heads runs both chains through segments (8 of 8
+    # chunks here); its gradients against the float64 explicit backward, no worse than ~1.5x the unsegmented
+    # kernel path's (the segments' L maps go through the bf16 chain, as the forward's Phi do)
+    import flashqla
+    from flashqla import _cp
+    from flashqla.reference import chunk_gdn_bwd_torch
+    d = make([4096], 1, 2, dense_B=1, seed=50)
+    gen = torch.Generator(device=DEV).manual_seed(51)
+    v = torch.randn(d["do"].shape, device=DEV, generator=gen).bfloat16()
+    h0 = torch.randn(1, 2, D, D, device=DEV, generator=gen)
+    calls = []
+    real = _cp.backward_chains
+    monkeypatch.setattr(_cp, "backward_chains", lambda *a, **kw: calls.append(1) or real(*a, **kw))
+    out = {}
+    for mode in ("1", "0"):
+        monkeypatch.setenv("FLASHQLA_BWD_CP", mode)
+        out[mode] = flashqla.chunk_gdn_bwd(d["q"], d["k"], v, d["g"], d["beta"], d["do"], d["dht"], initial_state=h0)
+    assert len(calls) == 1, "the segmented chains did not run"
+    x = lambda t: t.double().cpu()  # noqa: E731
+    ref = chunk_gdn_bwd_torch(x(d["q"]), x(d["k"]), x(v), x(d["g"]), x(d["beta"]), x(d["do"]), x(d["dht"]),
+                              scale=D ** -0.5, initial_state=x(h0))
+    for n, r, a, b in zip(("dq", "dk", "dv", "dg", "dbeta", "dh0"), ref, out["1"], out["0"]):
+        ec, ep = rel_l2(a.cpu(), r), rel_l2(b.cpu(), r)
+        print(f"backward CP {n}: segmented {ec:.2e}, unsegmented {ep:.2e}")
+        assert torch.isfinite(a).all() and ec <= max(1.5 * ep, 6e-3), n
