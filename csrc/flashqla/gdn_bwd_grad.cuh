@@ -198,8 +198,8 @@ __global__ void __launch_bounds__(kGradThreads, 1) gdn_bwd_grad_kernel(const __g
     // ---- phases 1-2. Warps 0-3: K, Q, the gates, l2norm (the aux code; for the group's later heads only the
     // gates: K and Q, normalised, are still in shared memory, which no phase writes), then the raw Gram
     // products, L and the inverse A (ax.la) -- or, given gp.a, A's rows as the dS chain's prep computed them
-    // (the same code on the same inputs: bitwise the same) and Q K^T alone --, P = Q K^T * Gamma to pq,
-    // M = Gamma * A to ax.m. Warps 4-7 meanwhile: dO, and S0, dS' as T with <S0, dS'> in fp32 (128 KB of fp32
+    // (the same code on the same inputs: bitwise the same) and Q K^T alone --, P = Q K^T * Gamma to pq
+    // (M = Gamma * A in phase 3). Warps 4-7 meanwhile: dO, and S0, dS' as T with <S0, dS'> in fp32 (128 KB of fp32
     // reads per head, whose latency the aux work hides)
     if (tid < kAuxThreads) {
       if constexpr (kLoadA) {
@@ -237,11 +237,6 @@ __global__ void __launch_bounds__(kGradThreads, 1) gdn_bwd_grad_kernel(const __g
         const int j = 8 * nt + 2 * al.tq;
         store_pair<T>(&sm.pq[al.i0 * kLdC + j], pv[0], pv[1]);
         store_pair<T>(&sm.pq[al.i1 * kLdC + j], pv[2], pv[3]);
-      }
-      for (int e = tid; e < kChunk * kChunk; e += kAuxThreads) {
-        const int i = e >> 6, j = e & 63;
-        const float val = j <= i ? __expf(sm.ax.G[i] - sm.ax.G[j]) * sm.ax.la[i * kLdF + j] : 0.f;
-        sm.ax.m[i * kLdC + j] = from_f<T>(val);
       }
     } else {
       bar_sync(kBarAuxIssued, kGradThreads);  // the aux warps' copies go first
@@ -297,9 +292,15 @@ __global__ void __launch_bounds__(kGradThreads, 1) gdn_bwd_grad_kernel(const __g
       });
     };
 
-    // ---- phase 3: KS = K S0; R = V - gamma KS; Y = beta R -> y
+    // ---- phase 3: KS = K S0; R = V - gamma KS; Y = beta R -> y. M = Gamma * A -> ax.m (for phase 4) by all
+    // eight warps here: in phases 1-2 it lengthened the aux warps' chain, which bounds those phases
     {
       load_v();
+      for (int e = tid; e < kChunk * kChunk; e += kGradThreads) {
+        const int i = e >> 6, j = e & 63;
+        const float val = j <= i ? __expf(sm.ax.G[i] - sm.ax.G[j]) * sm.ax.la[i * kLdF + j] : 0.f;
+        sm.ax.m[i * kLdC + j] = from_f<T>(val);
+      }
       float ks[8][4];
       zero_acc(ks);
       gemm_rows16<T, 8, false, true>(ks, sm.in.k, kLdK, m0, sm.s0, kLdK, n0, 0, kDimK / 16, ld);
