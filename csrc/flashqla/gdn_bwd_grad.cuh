@@ -33,6 +33,10 @@ namespace gdn_bwd_grad {
 
 using namespace gdn_fwd_mma;
 
+// warps 0-3 -> 4-7 in phases 1-2: the aux warps' copies (K, Q, A) are issued; the loaders' 128 KB start after
+// them, so that the aux chain's inputs are not queued behind the loaders'
+constexpr uint32_t kBarAuxIssued = kBarState + 1;
+static_assert(kBarAuxIssued < 16, "named barrier ids");
 constexpr int kGradWarps = 8;
 constexpr int kGradThreads = kGradWarps * 32;
 enum RowSum { kSumDte, kSumDbeta, kSumDgamma, kSumH, kRowSums };
@@ -194,8 +198,8 @@ __global__ void __launch_bounds__(kGradThreads, 1) gdn_bwd_grad_kernel(const __g
     // ---- phases 1-2. Warps 0-3: K, Q, the gates, l2norm (the aux code; for the group's later heads only the
     // gates: K and Q, normalised, are still in shared memory, which no phase writes), then the raw Gram
     // products, L and the inverse A (ax.la) -- or, given gp.a, A's rows as the dS chain's prep computed them
-    // (the same code on the same inputs: bitwise the same) and Q K^T alone --, P = Q K^T * Gamma to pq,
-    // M = Gamma * A to ax.m. Warps 4-7 meanwhile: dO, and S0, dS' as T with <S0, dS'> in fp32 (128 KB of fp32
+    // (the same code on the same inputs: bitwise the same) and Q K^T alone --, P = Q K^T * Gamma to pq
+    // (M = Gamma * A in phase 3). Warps 4-7 meanwhile: dO, and S0, dS' as T with <S0, dS'> in fp32 (128 KB of fp32
     // reads per head, whose latency the aux work hides)
     if (tid < kAuxThreads) {
       if constexpr (kLoadA) {
@@ -209,10 +213,13 @@ __global__ void __launch_bounds__(kGradThreads, 1) gdn_bwd_grad_kernel(const __g
                 make_float4(j == i ? 1.f : 0.f, j + 1 == i ? 1.f : 0.f, j + 2 == i ? 1.f : 0.f, j + 3 == i ? 1.f : 0.f);
         }
       }
-      if (vh == 0)
-        aux_chunk<T, AuxMode::kInputsOnly>(p, sm.in, sm.ax, wk, c, tid, kBarAux, no_pb, t_mark);
-      else if (w == 0)
-        load_gates<T>(p, sm.in, sm.ax, wk, c, lane);
+      const auto issued = [] { bar_arrive(kBarAuxIssued, kGradThreads); };
+      if (vh == 0) {
+        aux_chunk<T, AuxMode::kInputsOnly>(p, sm.in, sm.ax, wk, c, tid, kBarAux, no_pb, t_mark, issued);
+      } else {
+        issued();
+        if (w == 0) load_gates<T>(p, sm.in, sm.ax, wk, c, lane);
+      }
       cp_async_wait_all();             // A's rows (aux_chunk waited for its own loads)
       bar_sync(kBarAux, kAuxThreads);  // the aux group's closing sync: K, Q, the gates (and A) in shared memory
       float kk[8][4], qk[8][4];
@@ -231,12 +238,8 @@ __global__ void __launch_bounds__(kGradThreads, 1) gdn_bwd_grad_kernel(const __g
         store_pair<T>(&sm.pq[al.i0 * kLdC + j], pv[0], pv[1]);
         store_pair<T>(&sm.pq[al.i1 * kLdC + j], pv[2], pv[3]);
       }
-      for (int e = tid; e < kChunk * kChunk; e += kAuxThreads) {
-        const int i = e >> 6, j = e & 63;
-        const float val = j <= i ? __expf(sm.ax.G[i] - sm.ax.G[j]) * sm.ax.la[i * kLdF + j] : 0.f;
-        sm.ax.m[i * kLdC + j] = from_f<T>(val);
-      }
     } else {
+      bar_sync(kBarAuxIssued, kGradThreads);  // the aux warps' copies go first
       const int u = tid - kAuxThreads;
       const T* dop = static_cast<const T*>(gp.dout) + wk.b * gp.dout_stride_batch + wk.t0 * gp.dout_stride_time +
                      h * gp.dout_stride_head;
@@ -289,9 +292,15 @@ __global__ void __launch_bounds__(kGradThreads, 1) gdn_bwd_grad_kernel(const __g
       });
     };
 
-    // ---- phase 3: KS = K S0; R = V - gamma KS; Y = beta R -> y
+    // ---- phase 3: KS = K S0; R = V - gamma KS; Y = beta R -> y. M = Gamma * A -> ax.m (for phase 4) by all
+    // eight warps here: in phases 1-2 it lengthened the aux warps' chain, which bounds those phases
     {
       load_v();
+      for (int e = tid; e < kChunk * kChunk; e += kGradThreads) {
+        const int i = e >> 6, j = e & 63;
+        const float val = j <= i ? __expf(sm.ax.G[i] - sm.ax.G[j]) * sm.ax.la[i * kLdF + j] : 0.f;
+        sm.ax.m[i * kLdC + j] = from_f<T>(val);
+      }
       float ks[8][4];
       zero_acc(ks);
       gemm_rows16<T, 8, false, true>(ks, sm.in.k, kLdK, m0, sm.s0, kLdK, n0, 0, kDimK / 16, ld);

@@ -452,10 +452,14 @@ CUTLASS_DEVICE void load_gates(const flashqla_gdn_fwd_params_t& p, StageT& S, Au
 
 // One chunk's aux work on `S` by one 128-thread group: loads (K, Q, g, beta; V unless kPrep; X and W when
 // kLoadPrepared), the gates, l2norm, and unless kLoadPrepared the products (aux_products). Ends before the
-// group's closing sync (the callers do it).
-template <typename T, AuxMode kMode, typename StageT>
+// group's closing sync (the callers do it). issued() runs once the tiles' copies are issued (before the gates).
+struct NoHook {
+  CUTLASS_DEVICE void operator()() const {}
+};
+template <typename T, AuxMode kMode, typename StageT, typename Issued = NoHook>
 CUTLASS_DEVICE void aux_chunk(const flashqla_gdn_fwd_params_t& p, StageT& S, AuxScratch<T>& ax, const Work<T>& wk,
-                              int64_t c, int tid, uint32_t bar_aux, const PrepBuffers<T>& pb, long long& t_mark) {
+                              int64_t c, int tid, uint32_t bar_aux, const PrepBuffers<T>& pb, long long& t_mark,
+                              Issued issued = Issued{}) {
   using namespace warp;
   (void)t_mark;
   (void)pb;
@@ -495,6 +499,7 @@ CUTLASS_DEVICE void aux_chunk(const flashqla_gdn_fwd_params_t& p, StageT& S, Aux
       cp_async_16(&S.w[r * kLdC + c8], ok ? ws + int64_t(r) * p.heads_v * kWRow + c8 : ws, ok);
     }
   }
+  issued();
   if (w == 0) load_gates<T>(p, S, ax, wk, c, lane);
   cp_async_wait_all();
   bar_sync(bar_aux, kAuxThreads);
