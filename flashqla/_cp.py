@@ -220,13 +220,42 @@ def _initial_states(fwd, q, k, v, g, beta, scale, initial_state, p: Plan, l2norm
     return init, run
 
 
+def _cp_op():
+    """torch.ops.flashqla.chunk_gdn_cp_fwd where the built extension provides it (the passes and the scan
+    issued from C++), else None; FLASHQLA_CP_CPP=0 keeps the steps in Python."""
+    if os.environ.get("FLASHQLA_CP_CPP", "1").strip() == "0":
+        return None
+    try:
+        has = torch._C._dispatch_has_kernel_for_dispatch_key("flashqla::chunk_gdn_cp_fwd", "CompositeExplicitAutograd")
+    except (AttributeError, RuntimeError):
+        has = False
+    return torch.ops.flashqla.chunk_gdn_cp_fwd if has else None
+
+
 def forward(fwd, q, k, v, g, beta, scale, initial_state, p: Plan, l2norm: bool, index_dtype=torch.int32,
             fwd_pass=None):
     """o and the final states [N, H_v, K, V] through segments. `fwd` has the signature of the chunk_gdn_fwd
     op: (q, k, v, g, beta, scale, initial_state, output_final_state, cu_seqlens, use_qk_l2norm) -> (o, final).
     `fwd_pass`, when given, is the chunk_gdn_fwd_pass op: the first two passes then skip o and all three
-    share one workspace, so the chunk products are computed once. q/k/v/g/beta are packed ([1, T, ...]);
-    returns None when the plan's device copies are unavailable."""
+    share one workspace, so the chunk products are computed once (and with the built extension the steps run
+    as one op, chunk_gdn_cp_fwd). q/k/v/g/beta are packed ([1, T, ...]); returns None when the plan's device
+    copies are unavailable."""
+    op = _cp_op() if fwd_pass is not None else None
+    if op is not None:
+        dp = device_plan(p, q.device, index_dtype)
+        if dp is None:
+            return None
+        from ._library import _state_dtype, fwd_workspace_bytes
+        H, K, V = v.shape[2], k.shape[3], v.shape[3]
+        sd = _state_dtype(q)
+        zero_v = _cached(("zero_v", V, v.dtype, str(v.device)), lambda: v.new_zeros(V), v.device).expand(v.shape)
+        eye = _cached(("eye", p.segments, H, K, sd, str(q.device)),
+                      lambda: torch.eye(K, dtype=sd, device=q.device).expand(p.segments, H, K, K).contiguous(),
+                      q.device)
+        ws = torch.empty(fwd_workspace_bytes(q.shape[0], q.shape[1], H) if q.is_cuda else 0, dtype=torch.uint8,
+                         device=q.device)
+        single_last = p.last_of_seq[0] if len(p.last_of_seq) == 1 else -1
+        return op(q, k, v, g, beta, scale, initial_state, *dp, p.ranks, single_last, l2norm, ws, eye, zero_v)
     got = _initial_states(fwd, q, k, v, g, beta, scale, initial_state, p, l2norm, index_dtype, fwd_pass)
     if got is None:
         return None

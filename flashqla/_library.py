@@ -23,6 +23,12 @@ _lib.define("chunk_gdn_fwd_states(Tensor q, Tensor k, Tensor v, Tensor g, Tensor
 _lib.define("chunk_gdn_fwd_pass(Tensor q, Tensor k, Tensor v, Tensor g, Tensor beta, float scale, "
             "Tensor? initial_state, Tensor? cu_seqlens, bool use_qk_l2norm, Tensor(a!) workspace, bool prep_ready, "
             "bool write_o, bool zero_v) -> (Tensor, Tensor)")
+# The forward's exact context parallelism as one op (csrc/torch/cp.cpp, in the built extension only): the
+# passes of chunk_gdn_fwd_pass and the scan, over the segments and grid indices of _cp.device_plan; (o, final
+# states per sequence). The planning and the caches stay in flashqla/_cp.py.
+_lib.define("chunk_gdn_cp_fwd(Tensor q, Tensor k, Tensor v, Tensor g, Tensor beta, float scale, Tensor? initial_state, "
+            "Tensor seg_cu, Tensor gather, Tensor cell, Tensor last, int ranks, int single_last, bool use_qk_l2norm, "
+            "Tensor(a!) workspace, Tensor eye, Tensor zero_v) -> (Tensor, Tensor)")
 # The backward's reverse chain: (dh [chunk bound, H_v, K, V], dh0 [N, H_v, K, V] or empty, a [B, T, H_v, 64] or
 # empty: the chunk-local inverse's rows, which chunk_gdn_bwd_grad can load instead of recomputing); see
 # reference.chunk_state_grads_torch, reference.chunk_inverse_rows and the C API's flashqla_gdn_bwd_dh.
@@ -71,6 +77,13 @@ def _chunk_gdn_fwd_pass_fake(q, k, v, g, beta, scale, initial_state, cu_seqlens,
     N = cu_seqlens.shape[0] - 1 if cu_seqlens is not None else q.shape[0]
     final = v.new_empty((N, v.shape[2], k.shape[3], v.shape[3]), dtype=_state_dtype(q))
     return (v.new_empty(v.shape) if write_o else v.new_empty((0,))), final
+
+
+@torch.library.register_fake("flashqla::chunk_gdn_cp_fwd")
+def _chunk_gdn_cp_fwd_fake(q, k, v, g, beta, scale, initial_state, seg_cu, gather, cell, last, ranks, single_last,
+                           use_qk_l2norm, workspace, eye, zero_v):
+    N = 1 if single_last >= 0 else last.shape[0]
+    return v.new_empty(v.shape), v.new_empty((N, v.shape[2], k.shape[3], v.shape[3]), dtype=_state_dtype(q))
 
 
 @torch.library.register_fake("flashqla::chunk_gdn_fwd_states")

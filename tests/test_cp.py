@@ -147,3 +147,32 @@ def test_api_backward_takes_the_segmented_chains(monkeypatch):
     assert calls
     for a, b in zip(got, ref):
         assert (a - b).abs().max() < 1e-10
+
+
+@pytest.mark.skipif(not flashqla.extension_loaded(), reason="CUDA extension not built")
+@pytest.mark.parametrize("lengths", [[700, 0, 333, 64], [1000]])
+def test_cp_op_equals_the_python_steps(monkeypatch, lengths):
+    # chunk_gdn_cp_fwd (csrc/torch/cp.cpp: the passes and the scan issued from C++, through the dispatcher, here
+    # to the pass op's CPU reference) against the same steps in Python (FLASHQLA_CP_CPP=0): bitwise equal, and
+    # equal to the plain chunked forward in float64
+    monkeypatch.setattr(_cp, "MIN_SEGMENT_CHUNKS", 1)
+    monkeypatch.setattr(_cp, "RANK_STEP", 0.0)
+    d = make_inputs(1, sum(lengths) + 10, 1, 2, 16, 16, n_seqs=len(lengths), seed=9)
+    cu = torch.tensor([0] + [sum(lengths[:i + 1]) for i in range(len(lengths))])
+    p = _cp.plan(lengths, 2, 64)
+    args = (_op, d["q"], d["k"], d["v"], d["g"], d["beta"], 0.25, d["initial_state"], p, True)
+    kw = dict(index_dtype=torch.int64, fwd_pass=torch.ops.flashqla.chunk_gdn_fwd_pass)
+    assert _cp._cp_op() is not None
+    calls = []
+    real = torch.ops.flashqla.chunk_gdn_cp_fwd
+    monkeypatch.setattr(_cp, "_cp_op", lambda: (lambda *a: calls.append(a) or real(*a)))
+    o, final = _cp.forward(*args, **kw)
+    monkeypatch.setattr(_cp, "_cp_op", lambda: None)   # the Python steps
+    po, pfinal = _cp.forward(*args, **kw)
+    assert calls and torch.equal(o, po) and torch.equal(final, pfinal)
+    res = torch.library.opcheck(real.default, calls[0], test_utils=("test_schema", "test_faketensor"))
+    assert all(v == "SUCCESS" for v in res.values()), res
+    ro, rf = reference.chunk_gdn_torch(d["q"], d["k"], d["v"], d["g"], d["beta"], scale=0.25,
+                                       initial_state=d["initial_state"], output_final_state=True, cu_seqlens=cu,
+                                       use_qk_l2norm_in_kernel=True)
+    assert (o - ro).abs().max() < 1e-10 and (final - rf).abs().max() < 1e-10
