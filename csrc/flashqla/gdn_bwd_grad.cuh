@@ -199,8 +199,8 @@ __global__ void __launch_bounds__(kGradThreads, 1) gdn_bwd_grad_kernel(const __g
     // gates: K and Q, normalised, are still in shared memory, which no phase writes), then the raw Gram
     // products, L and the inverse A (ax.la) -- or, given gp.a, A's rows as the dS chain's prep computed them
     // (the same code on the same inputs: bitwise the same) and Q K^T alone --, P = Q K^T * Gamma to pq
-    // (M = Gamma * A in phase 3). Warps 4-7 meanwhile: dO, and S0, dS' as T with <S0, dS'> in fp32 (128 KB of fp32
-    // reads per head, whose latency the aux work hides)
+    // (M = Gamma * A in phase 3). Warps 4-7 meanwhile: dO, S0 and dS' (T, 64 KB per head, by cp.async), then <S0, dS'>
+    // in fp32 from the copies
     if (tid < kAuxThreads) {
       if constexpr (kLoadA) {
         const float* ag = gp.a + (row0 * p.heads_v + h) * int64_t(kChunk);
@@ -248,36 +248,34 @@ __global__ void __launch_bounds__(kGradThreads, 1) gdn_bwd_grad_kernel(const __g
         const bool ok = r < rows;
         cp_async_16(&sm.dout[r * kLdK + c8], ok ? dop + (c * kChunk + r) * gp.dout_stride_time + c8 : dop, ok);
       }
-      float dot = 0.f;
-      const float* s0g = gp.states + slot;
       // the previous head's bulk copies read dq_st/dk_st (over s0, ds) and y: done before s0, ds are written
       bulk_wait_read();
-      const float* dsg = gp.dh + slot;
-      // 32 float4 of each per thread, kBatch of each in flight before any is used (read-only loads)
-      constexpr int kPer = kDimK * kDimV / 4 / kAuxThreads, kBatch = 8;
-      static_assert(kPer % kBatch == 0, "whole batches");
-      for (int i0 = 0; i0 < kPer; i0 += kBatch) {
-        float4 a[kBatch], b[kBatch];
+      // S0 and dS' arrive in T (the chains round them once on the way out), straight into their tiles
+      const T* s0g = static_cast<const T*>(gp.states) + slot;
+      const T* dsg = static_cast<const T*>(gp.dh) + slot;
+      constexpr int kPieces = kDimK * kDimV / 8;  // 16-byte pieces per tile, 16 per row
+      for (int i = u; i < kPieces; i += kAuxThreads) {
+        const int r = i >> 4, c8 = (i & 15) * 8;
+        cp_async_16(&sm.s0[r * kLdK + c8], s0g + r * kDimV + c8, true);
+        cp_async_16(&sm.ds[r * kLdK + c8], dsg + r * kDimV + c8, true);
+      }
+      cp_async_wait_all();
+      // <S0, dS'> in fp32 over the pieces this thread copied (complete and visible to it), in a fixed order
+      float dot = 0.f;
+      for (int i = u; i < kPieces; i += kAuxThreads) {
+        const int r = i >> 4, c8 = (i & 15) * 8;
+        const uint4 a = *reinterpret_cast<const uint4*>(&sm.s0[r * kLdK + c8]);
+        const uint4 b = *reinterpret_cast<const uint4*>(&sm.ds[r * kLdK + c8]);
+        const uint32_t av[4] = {a.x, a.y, a.z, a.w}, bv[4] = {b.x, b.y, b.z, b.w};
 #pragma unroll
-        for (int e = 0; e < kBatch; ++e) {
-          const int i = u + (i0 + e) * kAuxThreads, r = i >> 5, c4 = (i & 31) * 4;
-          a[e] = __ldg(reinterpret_cast<const float4*>(s0g + r * kDimV + c4));
-          b[e] = __ldg(reinterpret_cast<const float4*>(dsg + r * kDimV + c4));
-        }
-#pragma unroll
-        for (int e = 0; e < kBatch; ++e) {
-          const int i = u + (i0 + e) * kAuxThreads, r = i >> 5, c4 = (i & 31) * 4;
-          dot += a[e].x * b[e].x + a[e].y * b[e].y + a[e].z * b[e].z + a[e].w * b[e].w;
-          store_pair<T>(&sm.s0[r * kLdK + c4], a[e].x, a[e].y);
-          store_pair<T>(&sm.s0[r * kLdK + c4 + 2], a[e].z, a[e].w);
-          store_pair<T>(&sm.ds[r * kLdK + c4], b[e].x, b[e].y);
-          store_pair<T>(&sm.ds[r * kLdK + c4 + 2], b[e].z, b[e].w);
+        for (int e = 0; e < 4; ++e) {
+          const float2 x = unpack2<T>(av[e]), y = unpack2<T>(bv[e]);
+          dot += x.x * y.x + x.y * y.y;
         }
       }
 #pragma unroll
       for (int off = 16; off > 0; off >>= 1) dot += __shfl_xor_sync(0xffffffffu, dot, off);
       if (lane == 0) sm.red[w] = dot;
-      cp_async_wait_all();
     }
     FLASHQLA_GRAD_SYNC(0);
 

@@ -31,6 +31,7 @@
 #include <cutlass/arch/reg_reconfig.h>
 
 #include <cstdlib>
+#include <type_traits>
 
 namespace flashqla {
 namespace gdn_fwd_mma {
@@ -152,11 +153,18 @@ CUTLASS_DEVICE void load_state_tile(float (&acc)[16][4], const float* src, int t
     for (int e = 0; e < 4; ++e)
       acc[j][e] = src != nullptr ? src[int64_t(8 * j + 2 * tq + (e & 1)) * kDimV + v0 + 8 * (e >> 1)] : 0.f;
 }
-CUTLASS_DEVICE void store_state_tile(float* dst, const float (&acc)[16][4], int tq, int v0) {
+// D: float (final states) or the inputs' 16-bit type (the chunk states and dS' the backward's products read
+// rounded to it anyway: half the bytes written by the chains and read by the gradient kernel)
+template <typename D>
+CUTLASS_DEVICE void store_state_tile(D* dst, const float (&acc)[16][4], int tq, int v0) {
 #pragma unroll
   for (int j = 0; j < 16; ++j)
 #pragma unroll
-    for (int e = 0; e < 4; ++e) dst[int64_t(8 * j + 2 * tq + (e & 1)) * kDimV + v0 + 8 * (e >> 1)] = acc[j][e];
+    for (int e = 0; e < 4; ++e) {
+      D& d = dst[int64_t(8 * j + 2 * tq + (e & 1)) * kDimV + v0 + 8 * (e >> 1)];
+      if constexpr (std::is_same_v<D, float>) d = acc[j][e];
+      else d = from_f<D>(acc[j][e]);
+    }
 }
 
 // Per-lane fragment indices of an aux warp w (16 chunk rows each): the two rows of its C fragments.
@@ -602,7 +610,8 @@ CUTLASS_DEVICE void state_role(const flashqla_gdn_fwd_params_t& p, SharedStorage
     const Stage<T>& S = sm.stage[st];
     const int rows = static_cast<int>(wk.len - c * kChunk < kChunk ? wk.len - c * kChunk : kChunk);
     if (p.chunk_states != nullptr && wk.chunk0 + c < chunk_bound(p)) {  // the state at the chunk's start
-      store_state_tile(p.chunk_states + ((wk.chunk0 + c) * p.heads_v + wk.h) * int64_t(kDimK) * kDimV + wk.col0, sacc, tq, v0);
+      store_state_tile(static_cast<T*>(p.chunk_states) + ((wk.chunk0 + c) * p.heads_v + wk.h) * int64_t(kDimK) * kDimV + wk.col0,
+                       sacc, tq, v0);
     }
     bar_sync(kBarFull + st, kHandoffThreads);
     FLASHQLA_ROLE_PHASE(0, kStWaitFull);
