@@ -22,8 +22,9 @@
 // One CTA per (chunk, GVA group) runs the group's value heads in order: dq and dk come out per q/k head,
 // summed over the group in fp32 in a fixed order (the caller applies the l2norm backward); rows past the
 // last sequence are zeroed by zero_tail_rows_kernel. dq, dk and dv leave through shared memory by bulk copies
-// (the group's later heads by bulk fp32 reduce-adds, each after the previous head's completed), issued by the
-// loader warps 4-7, which wait for them to have read shared memory before they next write it (phases 1-2).
+// (the group's later heads by bulk fp32 reduce-adds, each after the previous head's completed), a few per
+// warp (kCopyWarps), each thread waiting for its copies to have read shared memory before the next head's
+// phases 1-2 let anything write there.
 #pragma once
 
 #include "gdn_fwd_mma.cuh"
@@ -39,6 +40,21 @@ constexpr uint32_t kBarAuxIssued = kBarState + 1;
 static_assert(kBarAuxIssued < 16, "named barrier ids");
 constexpr int kGradWarps = 8;
 constexpr int kGradThreads = kGradWarps * 32;
+// The bulk copies out (dv's 64 rows in phase 8, dq's and dk's 128 in phase 13b) are spread over kCopyWarps
+// warps, copy i from lane i / kCopyWarps of warp i % kCopyWarps: a warp issues its lanes' copies one after
+// another (measured: 32 per warp cost its warp ~2k cycles in phase 8), so fewer per warp shorten the phase.
+// Each row keeps its thread across the group's heads (the reduce-adds' order rests on it).
+#ifndef FLASHQLA_GRAD_COPY_WARPS
+#define FLASHQLA_GRAD_COPY_WARPS 8
+#endif
+constexpr int kCopyWarps = FLASHQLA_GRAD_COPY_WARPS;
+static_assert(kCopyWarps >= 1 && kCopyWarps <= kGradWarps && 2 * kChunk / kCopyWarps <= 32, "copies per lane");
+// this thread's copy index i among n (the mapping above), or -1
+CUTLASS_DEVICE int copy_index(int tid, int n) {
+  const int w = tid >> 5, lane = tid & 31;
+  const int i = lane * kCopyWarps + w;
+  return w < kCopyWarps && i < n ? i : -1;
+}
 enum RowSum { kSumDte, kSumDbeta, kSumDgamma, kSumH, kRowSums };
 // fp32 C x 128 staging tiles for dq and dk (rows 16-byte aligned for the bulk copies; 136-float rows put a
 // fragment's float2 stores at two wavefronts per warp) in the S0 and dS' tiles, dead by then
@@ -217,6 +233,9 @@ __global__ void __launch_bounds__(kGradThreads, 1) gdn_bwd_grad_kernel(const __g
       if (vh == 0) {
         aux_chunk<T, AuxMode::kInputsOnly>(p, sm.in, sm.ax, wk, c, tid, kBarAux, no_pb, t_mark, issued);
       } else {
+        // this thread's copies of the previous head read dq_st/dk_st (over s0, ds) and y: done before the
+        // loaders (after the barrier) and phase 3 write them
+        bulk_wait_read();
         issued();
         if (w == 0) load_gates<T>(p, sm.in, sm.ax, wk, c, lane);
       }
@@ -248,7 +267,8 @@ __global__ void __launch_bounds__(kGradThreads, 1) gdn_bwd_grad_kernel(const __g
         const bool ok = r < rows;
         cp_async_16(&sm.dout[r * kLdK + c8], ok ? dop + (c * kChunk + r) * gp.dout_stride_time + c8 : dop, ok);
       }
-      // the previous head's bulk copies read dq_st/dk_st (over s0, ds) and y: done before s0, ds are written
+      // this thread's copies of the previous head read dq_st/dk_st (over s0, ds) and y: done before s0, ds are
+      // written (the aux threads' waited before the barrier above)
       bulk_wait_read();
       // S0 and dS' arrive in T (the chains round them once on the way out), straight into their tiles
       const T* s0g = static_cast<const T*>(gp.states) + slot;
@@ -399,8 +419,8 @@ __global__ void __launch_bounds__(kGradThreads, 1) gdn_bwd_grad_kernel(const __g
     // ---- phase 8: dV out (a bulk store per row from y); dK += -gamma (dR S0^T); dQ = scale gamma (dO S0^T);
     // d_gamma += scale rowsum(Q * dO S0^T)
     {
-      if (tid >= kAuxThreads && tid - kAuxThreads < rows) {
-        const int r = tid - kAuxThreads;
+      const int r = copy_index(tid, kChunk);
+      if (r >= 0 && r < rows) {
         bulk_store(static_cast<T*>(gp.dv) + ((row0 + r) * p.heads_v + h) * int64_t(kDimV), &sm.y[r * kLdK],
                    kDimV * sizeof(T));
         bulk_commit();
@@ -518,7 +538,7 @@ __global__ void __launch_bounds__(kGradThreads, 1) gdn_bwd_grad_kernel(const __g
     FLASHQLA_GRAD_SYNC(22);
 
     // ---- phase 13: dK += (dKK^T + dKK^T^T) K; dq, dk staged in fp32 (over the dead S0 and dS' tiles) and
-    // sent by bulk copies, one row each from a loader thread: stores for the group's first head, fp32
+    // sent by bulk copies, one row per thread (copy_index): stores for the group's first head, fp32
     // reduce-adds for the others (in head order: each thread's previous copies have completed first)
     gemm_rows16<T, 8, false, true>(dk, sm.pq, kLdC, m0, sm.in.k, kLdK, n0, 0, kChunk / 16, ld);
 #pragma unroll
@@ -528,8 +548,8 @@ __global__ void __launch_bounds__(kGradThreads, 1) gdn_bwd_grad_kernel(const __g
       });
     fence_async_smem();
     FLASHQLA_GRAD_SYNC(24);
-    if (tid >= kAuxThreads) {
-      const int which = (tid - kAuxThreads) / kChunk, r = (tid - kAuxThreads) % kChunk;
+    if (const int i = copy_index(tid, 2 * kChunk); i >= 0) {
+      const int which = i / kChunk, r = i % kChunk;
       if (r < rows) {
         float* dst = (which == 0 ? gp.dq : gp.dk) + ((row0 + r) * p.heads_qk + hq) * int64_t(kDimK);
         const float* src = &(which == 0 ? sm.dq_st : sm.dk_st)[r * kLdO];
@@ -580,7 +600,7 @@ __global__ void __launch_bounds__(kGradThreads, 1) gdn_bwd_grad_kernel(const __g
     }
     FLASHQLA_GRAD_SYNC(26);  // the next head's phase 1 rewrites what the gate warp read
   }
-  if (tid >= kAuxThreads) bulk_wait();  // the bulk copies' shared-memory sources live as long as the CTA
+  bulk_wait();  // the bulk copies' shared-memory sources live as long as the CTA
 }
 
 // Token rows past the last sequence (packed inputs with cu_seqlens[-1] < T) get zero gradients, as the
