@@ -149,7 +149,7 @@ CUTLASS_DEVICE void dh_state_role(const flashqla_gdn_fwd_params_t& p, SharedStor
     const Stage<T>& S = sm.stage[st];
     bar_sync(kBarFull + st, kHandoffThreads);
 
-    // dS' of chunk c: the gradient of its end state, [K][V] rows like the states
+    // dS' of chunk c: the gradient of its end state, [K][V] rows like the states, in T
     if (wk.chunk0 + c < chunk_bound(p))  // (malformed cu_seqlens can name more chunks than dh has slots)
       store_state_tile(dh + ((wk.chunk0 + c) * p.heads_v + wk.h) * int64_t(kDimK) * kDimV + wk.col0, sacc, tq, v0);
 

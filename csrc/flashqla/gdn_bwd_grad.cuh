@@ -40,12 +40,14 @@ constexpr uint32_t kBarAuxIssued = kBarState + 1;
 static_assert(kBarAuxIssued < 16, "named barrier ids");
 constexpr int kGradWarps = 8;
 constexpr int kGradThreads = kGradWarps * 32;
-// The bulk copies out (dv's 64 rows in phase 8, dq's and dk's 128 in phase 13b) are spread over kCopyWarps
-// warps, copy i from lane i / kCopyWarps of warp i % kCopyWarps: a warp issues its lanes' copies one after
-// another (measured: 32 per warp cost its warp ~2k cycles in phase 8), so fewer per warp shorten the phase.
-// Each row keeps its thread across the group's heads (the reduce-adds' order rests on it).
+// The bulk copies out (dv's 64 rows in phase 8, dq's and dk's 128 in phase 13b) come from warps
+// 0..kCopyWarps-1, copy i from lane i / kCopyWarps of warp i % kCopyWarps. Their cost is the copy engine's
+// (~20-27 cycles per row copy, however many warps issue them: phase timers with 4 and 8 warps), and the
+// issuing warps wait for it, so the fewest warps that keep it busy: the four aux warps, which wait for the
+// loaders in phase 8 anyway (4: 45.4k cycles per head, 8: 46.3k). Each row keeps its thread across the
+// group's heads (the reduce-adds' order rests on it).
 #ifndef FLASHQLA_GRAD_COPY_WARPS
-#define FLASHQLA_GRAD_COPY_WARPS 8
+#define FLASHQLA_GRAD_COPY_WARPS 4
 #endif
 constexpr int kCopyWarps = FLASHQLA_GRAD_COPY_WARPS;
 static_assert(kCopyWarps >= 1 && kCopyWarps <= kGradWarps && 2 * kChunk / kCopyWarps <= 32, "copies per lane");
