@@ -21,12 +21,14 @@
 #   cmake     libflashqla + the C++ examples through CMake, run by ctest on the GPU
 #   sanitize  compute-sanitizer memcheck + racecheck on small kernel calls
 #   phases    per-phase cycle counts of the forward kernels (benchmarks/profile_fwd_phases.cu)
-#   gradphases  per-phase cycle counts of the backward's gradient kernel (benchmarks/profile_bwd_grad_phases.cu)
+#   gradphases  per-phase cycle counts of the backward's gradient kernel (benchmarks/profile_bwd_grad_phases.cu;
+#             GRAD_PHASE_DEFS="-DX=1;-DX=0" builds and runs it once per flag set)
 #   probe     the state chain with wgmma vs mma.sync, checked against a reference (benchmarks/wgmma_chain_probe.cu)
 #   cumsum    the cumsum kernel record (benchmarks/bench_cumsum.py)
 #   bench     python -m flashqla.bench run --cases $CASES --prewarm $PREWARM $BENCH_ARGS (default anchors; the
 #             competitors' kernels compile first in $PREWARM (16) parallel processes, not case by case)
-#   ktimes    GPU time per kernel of flashqla's forward and backward on a few anchor cases (benchmarks/kernel_times.py)
+#   ktimes    GPU time per kernel of flashqla's forward and backward on a few anchor cases (benchmarks/kernel_times.py
+#             $KTIMES_ARGS, e.g. "--match 'bwd hk16' --launches" for one call's timeline)
 #   ncu       Nsight Compute on the v2 forward kernel of the phase profiler: scheduler and warp-state
 #             sections, and the source lines with the most stall samples (benchmarks/ncu_source_top.py)
 #   ncugrad   the same for the backward's gradient kernel (a 1 x 8192, 16/32-head backward on the torch path)
@@ -53,9 +55,9 @@ has() { [[ ",$STAGES," == *",$1,"* ]]; }
 say() { echo "== $*" | tee -a "$LOG"; }
 status=0
 # A standalone CUDA tool of benchmarks/ (torch-free, sm_90a): source, binary.
-cuda_tool() {
+cuda_tool() {  # source, binary, extra nvcc flags (e.g. -D switches)
   nvcc -O3 -lineinfo -std=c++17 -gencode=arch=compute_90a,code=sm_90a --expt-relaxed-constexpr -Icsrc/include -Icsrc \
-       -I"$(python3 third_party/cutlass.py)" "$1" -o "$2" 2>&1 | tail -5 | tee -a "$LOG"
+       -I"$(python3 third_party/cutlass.py)" ${3:-} "$1" -o "$2" 2>&1 | grep -v "spill" | tail -5 | tee -a "$LOG"
 }
 
 # Nsight Compute on one launch of the kernels matching $1 under the command "${@:3}": scheduler, warp-state,
@@ -146,10 +148,15 @@ if has phases; then
 fi
 
 if has gradphases; then
-  say "gradient kernel phase timers (GRAD_PHASE_ARGS: T hq hv)"
-  cuda_tool benchmarks/profile_bwd_grad_phases.cu /tmp/fq_grad_phases
-  /tmp/fq_grad_phases ${GRAD_PHASE_ARGS:-} 2>&1 | tee -a "$LOG"
-  [ "${PIPESTATUS[0]}" -eq 0 ] || status=1
+  # GRAD_PHASE_DEFS: ';'-separated nvcc flag sets, one build and table each (an A/B of compile-time switches)
+  IFS=';' read -ra defsets <<< "${GRAD_PHASE_DEFS:-}"
+  [ ${#defsets[@]} -eq 0 ] && defsets=("")
+  for defs in "${defsets[@]}"; do
+    say "gradient kernel phase timers (GRAD_PHASE_ARGS: T hq hv [a]) ${defs}"
+    cuda_tool benchmarks/profile_bwd_grad_phases.cu /tmp/fq_grad_phases "$defs"
+    /tmp/fq_grad_phases ${GRAD_PHASE_ARGS:-} 2>&1 | tee -a "$LOG"
+    [ "${PIPESTATUS[0]}" -eq 0 ] || status=1
+  done
 fi
 
 if has probe; then
@@ -178,7 +185,7 @@ if has bench; then
 fi
 if has ktimes; then
   say "kernel times"
-  timeout ${KTIMES_TIMEOUT:-120} python3 benchmarks/kernel_times.py 2>&1 | tee -a "$LOG"
+  timeout ${KTIMES_TIMEOUT:-120} python3 benchmarks/kernel_times.py ${KTIMES_ARGS:-} 2>&1 | tee -a "$LOG"
   [ "${PIPESTATUS[0]}" -eq 0 ] || status=1
 fi
 if has ncu; then

@@ -38,7 +38,7 @@ def kernel_times(fn, reps: int) -> dict:
 
 
 def launches(fn) -> list:
-    """[(kernel, GPU ms)] of one call, in launch order."""
+    """[(kernel, start us, end us, stream)] of one call in start order, times from the first kernel's start."""
     fn()
     torch.cuda.synchronize()
     with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
@@ -46,7 +46,9 @@ def launches(fn) -> list:
         torch.cuda.synchronize()
     evs = [e for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA]
     evs.sort(key=lambda e: e.time_range.start)
-    return [(short(e.name), e.device_time_total / 1e3) for e in evs]
+    t0 = evs[0].time_range.start if evs else 0
+    return [(short(e.name), e.time_range.start - t0, e.time_range.end - t0, getattr(e, "device_resource_id", "?"))
+            for e in evs]
 
 
 def short(name: str) -> str:
@@ -59,7 +61,8 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--match", default=DEFAULT)
     ap.add_argument("--reps", type=int, default=5)
-    ap.add_argument("--launches", action="store_true", help="also list one call's launches in order")
+    ap.add_argument("--launches", action="store_true",
+                    help="also list one call's kernels in start order: start and end (us) and stream")
     args = ap.parse_args()
     if not (torch.cuda.is_available() and torch.cuda.get_device_capability() == (9, 0)):
         print("kernel_times: needs an sm_90 GPU")
@@ -79,9 +82,12 @@ def main() -> int:
         print(f"{label}: {total:.3f} ms of kernel time per call")
         for k, t in sorted(merged.items(), key=lambda kv: -kv[1])[:12]:
             print(f"  {t:8.3f} ms {100 * t / total:5.1f}%  {k}")
-        if args.launches and case.direction == "fwd":
-            print("  launches: " + ", ".join(f"{k or '?'} {t:.3f}" for k, t in
-                                             launches(bench.build_fn("flashqla", libs["flashqla"], case, d))))
+        if args.launches:  # one call's timeline: which kernels overlap (the backward's two chains run on two streams)
+            ls = launches(bench.build_fn("flashqla", libs["flashqla"], case, d))
+            span = max((e for _, _, e, _ in ls), default=0)
+            print(f"  one call: first start to last end {span:.0f} us")
+            for k, a, b, st in ls:
+                print(f"    {a:9.1f} {b:9.1f} us  stream {st}  {k or '?'}")
     return 0
 
 

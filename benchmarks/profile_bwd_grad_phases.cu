@@ -24,8 +24,8 @@ int main(int argc, char** argv) {
   const int64_t chunks = flashqla::chunk_bound(gp.fwd);
   gp.dout = device_random<__nv_bfloat16>(T * hv * D, -1.f, 1.f, 6);
   gp.dout_stride_batch = T * hv * D; gp.dout_stride_time = hv * D; gp.dout_stride_head = D;
-  gp.states = device_random<float>(chunks * hv * D * D, -0.1f, 0.1f, 7);
-  gp.dh = device_random<float>(chunks * hv * D * D, -0.1f, 0.1f, 8);
+  gp.states = device_random<__nv_bfloat16>(chunks * hv * D * D, -0.1f, 0.1f, 7);  // S0 and dS' in q's dtype
+  gp.dh = device_random<__nv_bfloat16>(chunks * hv * D * D, -0.1f, 0.1f, 8);
   CUDA_OK(cudaMalloc(&gp.dq, T * hq * D * 4));
   CUDA_OK(cudaMalloc(&gp.dk, T * hq * D * 4));
   CUDA_OK(cudaMalloc(&gp.dv, T * hv * D * 2));
@@ -43,7 +43,7 @@ int main(int argc, char** argv) {
       "1-2 aux: loads, Gram, inverse, P, M | S0, dS' loads", "3 KS, Y", "4 Vn, dW, U1, dVn", "5 dK = dte Vn dS'^T",
       "6 dP, dM", "7a dVn lo", "7 dY, KS, dV", "8 dKS S0^T, dO S0^T", "9 QK^T, dQK, dA, H, A^T",
       "10 dQK K, dQK^T Q, dA A^T", "11 dL", "12 KK^T, dbeta, dKK^T", "13 dK += .. K, dq/dk staged",
-      "13b dq/dk bulk copies (t128), gates (t0)"};
+      "13b dq/dk bulk copies, then gates (t0)"};
   const double heads = double(chunks) * hv;  // CTA-heads
   int clk_khz = 0;
   CUDA_OK(cudaDeviceGetAttribute(&clk_khz, cudaDevAttrClockRate, 0));

@@ -302,9 +302,9 @@ def backward_chains(ops, q, k, v, g, beta, do, dht, scale, initial_state, p: Pla
     states = ops.chunk_gdn_fwd_states(q, k, v, g, beta, scale, init, cu, l2norm)
     H, K, V = v.shape[2], k.shape[3], v.shape[3]
     N, R, NS = len(p.last_of_seq), p.ranks, p.segments
-    sd = states.dtype
     # B: zero end gradients (dht enters through the scan's first rank, as h0 does in the forward's)
     _, b_start, _ = ops.chunk_gdn_bwd_dh(q, k, g, beta, do, None, scale, cu, l2norm, True, False)
+    sd = b_start.dtype  # the segment maps and the scan in the start gradients' dtype (fp32; the states are q's)
     # dO = 0 for the transition pass, a real zero tensor cached per shape (the dh op reads dO in its prep and
     # chain; a stride-0 one would send every CTA to one L2 line, as the forward's transition pass measured)
     zero_do = _cached(("zero_do", tuple(do.shape), do.dtype, str(do.device)), lambda: torch.zeros_like(do),

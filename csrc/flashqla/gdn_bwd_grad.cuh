@@ -22,8 +22,9 @@
 // One CTA per (chunk, GVA group) runs the group's value heads in order: dq and dk come out per q/k head,
 // summed over the group in fp32 in a fixed order (the caller applies the l2norm backward); rows past the
 // last sequence are zeroed by zero_tail_rows_kernel. dq, dk and dv leave through shared memory by bulk copies
-// (the group's later heads by bulk fp32 reduce-adds, each after the previous head's completed), issued by the
-// loader warps 4-7, which wait for them to have read shared memory before they next write it (phases 1-2).
+// (the group's later heads by bulk fp32 reduce-adds, each after the previous head's completed), a few per
+// warp (kCopyWarps), each thread waiting for its copies to have read shared memory before the next head's
+// phases 1-2 let anything write there.
 #pragma once
 
 #include "gdn_fwd_mma.cuh"
@@ -39,6 +40,23 @@ constexpr uint32_t kBarAuxIssued = kBarState + 1;
 static_assert(kBarAuxIssued < 16, "named barrier ids");
 constexpr int kGradWarps = 8;
 constexpr int kGradThreads = kGradWarps * 32;
+// The bulk copies out (dv's 64 rows in phase 8, dq's and dk's 128 in phase 13b) come from warps
+// 0..kCopyWarps-1, copy i from lane i / kCopyWarps of warp i % kCopyWarps. Their cost is the copy engine's
+// (~20-27 cycles per row copy, however many warps issue them: phase timers with 4 and 8 warps), and the
+// issuing warps wait for it, so the fewest warps that keep it busy: the four aux warps, which wait for the
+// loaders in phase 8 anyway (4: 45.4k cycles per head, 8: 46.3k). Each row keeps its thread across the
+// group's heads (the reduce-adds' order rests on it).
+#ifndef FLASHQLA_GRAD_COPY_WARPS
+#define FLASHQLA_GRAD_COPY_WARPS 4
+#endif
+constexpr int kCopyWarps = FLASHQLA_GRAD_COPY_WARPS;
+static_assert(kCopyWarps >= 1 && kCopyWarps <= kGradWarps && 2 * kChunk / kCopyWarps <= 32, "copies per lane");
+// this thread's copy index i among n (the mapping above), or -1
+CUTLASS_DEVICE int copy_index(int tid, int n) {
+  const int w = tid >> 5, lane = tid & 31;
+  const int i = lane * kCopyWarps + w;
+  return w < kCopyWarps && i < n ? i : -1;
+}
 enum RowSum { kSumDte, kSumDbeta, kSumDgamma, kSumH, kRowSums };
 // fp32 C x 128 staging tiles for dq and dk (rows 16-byte aligned for the bulk copies; 136-float rows put a
 // fragment's float2 stores at two wavefronts per warp) in the S0 and dS' tiles, dead by then
@@ -199,8 +217,8 @@ __global__ void __launch_bounds__(kGradThreads, 1) gdn_bwd_grad_kernel(const __g
     // gates: K and Q, normalised, are still in shared memory, which no phase writes), then the raw Gram
     // products, L and the inverse A (ax.la) -- or, given gp.a, A's rows as the dS chain's prep computed them
     // (the same code on the same inputs: bitwise the same) and Q K^T alone --, P = Q K^T * Gamma to pq
-    // (M = Gamma * A in phase 3). Warps 4-7 meanwhile: dO, and S0, dS' as T with <S0, dS'> in fp32 (128 KB of fp32
-    // reads per head, whose latency the aux work hides)
+    // (M = Gamma * A in phase 3). Warps 4-7 meanwhile: dO, S0 and dS' (T, 64 KB per head, by cp.async), then <S0, dS'>
+    // in fp32 from the copies
     if (tid < kAuxThreads) {
       if constexpr (kLoadA) {
         const float* ag = gp.a + (row0 * p.heads_v + h) * int64_t(kChunk);
@@ -217,6 +235,9 @@ __global__ void __launch_bounds__(kGradThreads, 1) gdn_bwd_grad_kernel(const __g
       if (vh == 0) {
         aux_chunk<T, AuxMode::kInputsOnly>(p, sm.in, sm.ax, wk, c, tid, kBarAux, no_pb, t_mark, issued);
       } else {
+        // this thread's copies of the previous head read dq_st/dk_st (over s0, ds) and y: done before the
+        // loaders (after the barrier) and phase 3 write them
+        bulk_wait_read();
         issued();
         if (w == 0) load_gates<T>(p, sm.in, sm.ax, wk, c, lane);
       }
@@ -248,36 +269,35 @@ __global__ void __launch_bounds__(kGradThreads, 1) gdn_bwd_grad_kernel(const __g
         const bool ok = r < rows;
         cp_async_16(&sm.dout[r * kLdK + c8], ok ? dop + (c * kChunk + r) * gp.dout_stride_time + c8 : dop, ok);
       }
-      float dot = 0.f;
-      const float* s0g = gp.states + slot;
-      // the previous head's bulk copies read dq_st/dk_st (over s0, ds) and y: done before s0, ds are written
+      // this thread's copies of the previous head read dq_st/dk_st (over s0, ds) and y: done before s0, ds are
+      // written (the aux threads' waited before the barrier above)
       bulk_wait_read();
-      const float* dsg = gp.dh + slot;
-      // 32 float4 of each per thread, kBatch of each in flight before any is used (read-only loads)
-      constexpr int kPer = kDimK * kDimV / 4 / kAuxThreads, kBatch = 8;
-      static_assert(kPer % kBatch == 0, "whole batches");
-      for (int i0 = 0; i0 < kPer; i0 += kBatch) {
-        float4 a[kBatch], b[kBatch];
+      // S0 and dS' arrive in T (the chains round them once on the way out), straight into their tiles
+      const T* s0g = static_cast<const T*>(gp.states) + slot;
+      const T* dsg = static_cast<const T*>(gp.dh) + slot;
+      constexpr int kPieces = kDimK * kDimV / 8;  // 16-byte pieces per tile, 16 per row
+      for (int i = u; i < kPieces; i += kAuxThreads) {
+        const int r = i >> 4, c8 = (i & 15) * 8;
+        cp_async_16(&sm.s0[r * kLdK + c8], s0g + r * kDimV + c8, true);
+        cp_async_16(&sm.ds[r * kLdK + c8], dsg + r * kDimV + c8, true);
+      }
+      cp_async_wait_all();
+      // <S0, dS'> in fp32 over the pieces this thread copied (complete and visible to it), in a fixed order
+      float dot = 0.f;
+      for (int i = u; i < kPieces; i += kAuxThreads) {
+        const int r = i >> 4, c8 = (i & 15) * 8;
+        const uint4 a = *reinterpret_cast<const uint4*>(&sm.s0[r * kLdK + c8]);
+        const uint4 b = *reinterpret_cast<const uint4*>(&sm.ds[r * kLdK + c8]);
+        const uint32_t av[4] = {a.x, a.y, a.z, a.w}, bv[4] = {b.x, b.y, b.z, b.w};
 #pragma unroll
-        for (int e = 0; e < kBatch; ++e) {
-          const int i = u + (i0 + e) * kAuxThreads, r = i >> 5, c4 = (i & 31) * 4;
-          a[e] = __ldg(reinterpret_cast<const float4*>(s0g + r * kDimV + c4));
-          b[e] = __ldg(reinterpret_cast<const float4*>(dsg + r * kDimV + c4));
-        }
-#pragma unroll
-        for (int e = 0; e < kBatch; ++e) {
-          const int i = u + (i0 + e) * kAuxThreads, r = i >> 5, c4 = (i & 31) * 4;
-          dot += a[e].x * b[e].x + a[e].y * b[e].y + a[e].z * b[e].z + a[e].w * b[e].w;
-          store_pair<T>(&sm.s0[r * kLdK + c4], a[e].x, a[e].y);
-          store_pair<T>(&sm.s0[r * kLdK + c4 + 2], a[e].z, a[e].w);
-          store_pair<T>(&sm.ds[r * kLdK + c4], b[e].x, b[e].y);
-          store_pair<T>(&sm.ds[r * kLdK + c4 + 2], b[e].z, b[e].w);
+        for (int e = 0; e < 4; ++e) {
+          const float2 x = unpack2<T>(av[e]), y = unpack2<T>(bv[e]);
+          dot += x.x * y.x + x.y * y.y;
         }
       }
 #pragma unroll
       for (int off = 16; off > 0; off >>= 1) dot += __shfl_xor_sync(0xffffffffu, dot, off);
       if (lane == 0) sm.red[w] = dot;
-      cp_async_wait_all();
     }
     FLASHQLA_GRAD_SYNC(0);
 
@@ -401,8 +421,8 @@ __global__ void __launch_bounds__(kGradThreads, 1) gdn_bwd_grad_kernel(const __g
     // ---- phase 8: dV out (a bulk store per row from y); dK += -gamma (dR S0^T); dQ = scale gamma (dO S0^T);
     // d_gamma += scale rowsum(Q * dO S0^T)
     {
-      if (tid >= kAuxThreads && tid - kAuxThreads < rows) {
-        const int r = tid - kAuxThreads;
+      const int r = copy_index(tid, kChunk);
+      if (r >= 0 && r < rows) {
         bulk_store(static_cast<T*>(gp.dv) + ((row0 + r) * p.heads_v + h) * int64_t(kDimV), &sm.y[r * kLdK],
                    kDimV * sizeof(T));
         bulk_commit();
@@ -520,7 +540,7 @@ __global__ void __launch_bounds__(kGradThreads, 1) gdn_bwd_grad_kernel(const __g
     FLASHQLA_GRAD_SYNC(22);
 
     // ---- phase 13: dK += (dKK^T + dKK^T^T) K; dq, dk staged in fp32 (over the dead S0 and dS' tiles) and
-    // sent by bulk copies, one row each from a loader thread: stores for the group's first head, fp32
+    // sent by bulk copies, one row per thread (copy_index): stores for the group's first head, fp32
     // reduce-adds for the others (in head order: each thread's previous copies have completed first)
     gemm_rows16<T, 8, false, true>(dk, sm.pq, kLdC, m0, sm.in.k, kLdK, n0, 0, kChunk / 16, ld);
 #pragma unroll
@@ -530,8 +550,8 @@ __global__ void __launch_bounds__(kGradThreads, 1) gdn_bwd_grad_kernel(const __g
       });
     fence_async_smem();
     FLASHQLA_GRAD_SYNC(24);
-    if (tid >= kAuxThreads) {
-      const int which = (tid - kAuxThreads) / kChunk, r = (tid - kAuxThreads) % kChunk;
+    if (const int i = copy_index(tid, 2 * kChunk); i >= 0) {
+      const int which = i / kChunk, r = i % kChunk;
       if (r < rows) {
         float* dst = (which == 0 ? gp.dq : gp.dk) + ((row0 + r) * p.heads_qk + hq) * int64_t(kDimK);
         const float* src = &(which == 0 ? sm.dq_st : sm.dk_st)[r * kLdO];
@@ -582,7 +602,7 @@ __global__ void __launch_bounds__(kGradThreads, 1) gdn_bwd_grad_kernel(const __g
     }
     FLASHQLA_GRAD_SYNC(26);  // the next head's phase 1 rewrites what the gate warp read
   }
-  if (tid >= kAuxThreads) bulk_wait();  // the bulk copies' shared-memory sources live as long as the CTA
+  bulk_wait();  // the bulk copies' shared-memory sources live as long as the CTA
 }
 
 // Token rows past the last sequence (packed inputs with cu_seqlens[-1] < T) get zero gradients, as the

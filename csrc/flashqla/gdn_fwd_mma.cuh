@@ -159,6 +159,34 @@ CUTLASS_DEVICE void store_state_tile(float* dst, const float (&acc)[16][4], int 
     for (int e = 0; e < 4; ++e) dst[int64_t(8 * j + 2 * tq + (e & 1)) * kDimV + v0 + 8 * (e >> 1)] = acc[j][e];
 }
 
+// The same tile in T (the chunk states and dS', which the backward's products read rounded to T anyway), from
+// the chain's A-operand form of it (c_to_a: sa[kk][r] packs K rows 16 kk + 8 (r / 2) + 2 tq and the next one,
+// V column v0 + 8 (r % 2)) or from the accumulator, each pair of K rows packed by one conversion as c_to_a
+// does; either way stored as two 16-bit halves. Converting value by value cost the chains ~8% (measured).
+// Which form: the one that adds no live registers where the kernel stores (ptxas spill counts).
+CUTLASS_DEVICE void store_packed_pair(uint16_t* d, uint32_t x) {  // K rows k, k + 1 of one V column
+  d[0] = static_cast<uint16_t>(x & 0xffffu);
+  d[kDimV] = static_cast<uint16_t>(x >> 16);
+}
+template <typename T>
+CUTLASS_DEVICE void store_state_tile(T* dst, const uint32_t (&sa)[8][4], int tq, int v0) {
+#pragma unroll
+  for (int kk = 0; kk < 8; ++kk)
+#pragma unroll
+    for (int r = 0; r < 4; ++r)
+      store_packed_pair(reinterpret_cast<uint16_t*>(dst) + int64_t(16 * kk + 8 * (r >> 1) + 2 * tq) * kDimV + v0 + 8 * (r & 1),
+                        sa[kk][r]);
+}
+template <typename T>
+CUTLASS_DEVICE void store_state_tile(T* dst, const float (&acc)[16][4], int tq, int v0) {
+#pragma unroll
+  for (int j = 0; j < 16; ++j)
+#pragma unroll
+    for (int h = 0; h < 2; ++h)
+      store_packed_pair(reinterpret_cast<uint16_t*>(dst) + int64_t(8 * j + 2 * tq) * kDimV + v0 + 8 * h,
+                        warp::pack2<T>(acc[j][2 * h], acc[j][2 * h + 1]));
+}
+
 // Per-lane fragment indices of an aux warp w (16 chunk rows each): the two rows of its C fragments.
 struct AuxLane {
   int w, lane, gq, tq, i0, i1;
@@ -601,9 +629,6 @@ CUTLASS_DEVICE void state_role(const flashqla_gdn_fwd_params_t& p, SharedStorage
     const int st = static_cast<int>(c % kStages);
     const Stage<T>& S = sm.stage[st];
     const int rows = static_cast<int>(wk.len - c * kChunk < kChunk ? wk.len - c * kChunk : kChunk);
-    if (p.chunk_states != nullptr && wk.chunk0 + c < chunk_bound(p)) {  // the state at the chunk's start
-      store_state_tile(p.chunk_states + ((wk.chunk0 + c) * p.heads_v + wk.h) * int64_t(kDimK) * kDimV + wk.col0, sacc, tq, v0);
-    }
     bar_sync(kBarFull + st, kHandoffThreads);
     FLASHQLA_ROLE_PHASE(0, kStWaitFull);
 
@@ -612,6 +637,10 @@ CUTLASS_DEVICE void state_role(const flashqla_gdn_fwd_params_t& p, SharedStorage
     uint32_t sa[8][4];
 #pragma unroll
     for (int kk = 0; kk < 8; ++kk) c_to_a<T>(sa[kk], sacc[2 * kk], sacc[2 * kk + 1]);
+    if (p.chunk_states != nullptr && wk.chunk0 + c < chunk_bound(p)) {  // the state at the chunk's start, in T
+      store_state_tile(static_cast<T*>(p.chunk_states) + ((wk.chunk0 + c) * p.heads_v + wk.h) * int64_t(kDimK) * kDimV + wk.col0,
+                       sa, tq, v0);
+    }
     // KS^T and QS^T (16 V rows x 64 chunk columns)
     float ks[8][4], os[8][4];
     zero_acc(ks);

@@ -124,9 +124,11 @@ typedef struct flashqla_gdn_fwd_params {
   int64_t num_seqs;
   float scale;
   int32_t use_qk_l2norm;                 /* 1: l2-normalise q and k rows first (eps 1e-6) */
-  float* chunk_states;                   /* NULL: not written; else the state at the start of every 64-token
-                                            chunk (the backward's recompute), fp32 [flashqla_gdn_chunk_bound,
-                                            heads_v, K, V], chunks of all sequences in order */
+  void* chunk_states;                    /* NULL: not written; else the state at the start of every 64-token
+                                            chunk (the backward's recompute) in q's dtype (the chain keeps
+                                            fp32; the backward's products read it rounded anyway),
+                                            [flashqla_gdn_chunk_bound, heads_v, K, V], chunks of all
+                                            sequences in order */
   void* workspace;                       /* device scratch of at least flashqla_gdn_fwd_workspace_bytes (or, for
                                             the backward, flashqla_gdn_bwd_dh_workspace_bytes); NULL or too small:
                                             the call allocates it stream-ordered (cudaMallocAsync) and frees it */
@@ -146,7 +148,7 @@ FLASHQLA_API size_t flashqla_gdn_fwd_workspace_bytes(const flashqla_gdn_fwd_para
  * `fwd` describes the forward's inputs as for flashqla_gdn_fwd (q, k, g, beta, shapes, cu_seqlens, scale,
  * use_qk_l2norm); its v, o, initial_state and final_state are ignored. dout (the gradient of o) has v's
  * layout and dtype. Writes dh[c, h] = the gradient of the state at the end of chunk c (chunks of all
- * sequences in order, each sequence's last one possibly partial), fp32 [num_chunks, heads_v, K, V]; dh must
+ * sequences in order, each sequence's last one possibly partial), in q's dtype (the chain carries fp32) [num_chunks, heads_v, K, V]; dh must
  * hold flashqla_gdn_chunk_bound(fwd) chunks (entries past the last chunk are not written). dh0 (NULL: not
  * written) gets the gradient of the initial state, [num_seqs, heads_v, K, V]; dht (NULL: zeros) is the
  * gradient of the final state, same layout. a (NULL: not written; else 16-byte aligned) gets the chunk-local
@@ -159,7 +161,7 @@ typedef struct flashqla_gdn_bwd_dh_params {
   const void* dout;
   int64_t dout_stride_batch, dout_stride_time, dout_stride_head;
   const float* dht;
-  float* dh;
+  void* dh;
   float* dh0;
   float* a;
 } flashqla_gdn_bwd_dh_params_t;
@@ -174,7 +176,8 @@ FLASHQLA_API size_t flashqla_gdn_bwd_dh_workspace_bytes(const flashqla_gdn_bwd_d
  * Backward, step 2 of 2: the chunk-parallel gradient step. `fwd` describes the forward's inputs as for
  * flashqla_gdn_fwd (q, k, v, g, beta, shapes, cu_seqlens, scale, use_qk_l2norm; o, states and workspace are
  * ignored). states: the chunk-start states (flashqla_gdn_fwd with chunk_states), dh: the chunk-end state
- * gradients (flashqla_gdn_bwd_dh), both fp32 [flashqla_gdn_chunk_bound(fwd), heads_v, K, V]. Writes, for
+ * gradients (flashqla_gdn_bwd_dh), both in q's dtype, [flashqla_gdn_chunk_bound(fwd), heads_v, K, V], 16-byte
+ * aligned. Writes, for
  * every token row r < batch * seqlen (zeros in the rows past the last sequence; nothing at all when
  * num_seqs is 0), contiguous:
  * dq, dk fp32 [rows, heads_qk, K], the gradients with respect to the (normalised) q and k rows, summed
@@ -188,8 +191,8 @@ typedef struct flashqla_gdn_bwd_grad_params {
   flashqla_gdn_fwd_params_t fwd;
   const void* dout;
   int64_t dout_stride_batch, dout_stride_time, dout_stride_head;
-  const float* states;
-  const float* dh;
+  const void* states;
+  const void* dh;
   float* dq;
   float* dk;
   void* dv;
