@@ -34,8 +34,8 @@ namespace gdn_bwd_grad {
 
 using namespace gdn_fwd_mma;
 
-// warps 0-3 -> 4-7 in phases 1-2: the aux warps' copies (K, Q, A) are issued; the loaders' 128 KB start after
-// them, so that the aux chain's inputs are not queued behind the loaders'
+// warps 0-3 -> 4-7 in phases 1-2: the aux warps' copies (K, Q, A) are issued; the loaders' (dO, S0, dS': 80 KB)
+// start after them, so that the aux chain's inputs are not queued behind the loaders'
 constexpr uint32_t kBarAuxIssued = kBarState + 1;
 static_assert(kBarAuxIssued < 16, "named barrier ids");
 constexpr int kGradWarps = 8;
