@@ -11,7 +11,7 @@
 //    W' and U (reverse chunk order), and the state warps keep dS^T (64 V x 128 K per CTA) in registers:
 //      KdS^T = dS'^T K^T,  Z^T = KdS^T diag(rho) + U^T,
 //      dS^T  = gamma_C dS'^T + (scale dO^T diag(gamma)) Q - Z^T W'      (Z^T as hi + lo),
-//    writing dS' of every chunk (fp32, [chunks, heads_v, K, V]) for the chunk-parallel gradient step, and
+//    writing dS' of every chunk (in T, [chunks, heads_v, K, V]) for the chunk-parallel gradient step, and
 //    the initial state's gradient at the end.
 // The forward's parameter struct carries the problem: v = dO, initial_state = dht, final_state = dh0.
 #pragma once
