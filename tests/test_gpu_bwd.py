@@ -230,3 +230,19 @@ def test_backward_context_parallelism_matches_float64(monkeypatch):
         ec, ep = rel_l2(a.cpu(), r), rel_l2(b.cpu(), r)
         print(f"backward CP {n}: segmented {ec:.2e}, unsegmented {ep:.2e}")
         assert torch.isfinite(a).all() and ec <= max(1.5 * ep, 6e-3), n
+
+
+def test_gradient_step_names_the_tiles_it_needs():
+    # the chunk-indexed tiles in the wrong dtype (e.g. fp32 states from an older caller) or of too few chunks:
+    # a clear error naming them, not a kernel reading garbage
+    d = make([130, 70], 2, 4, seed=12)
+    v = torch.randn(d["do"].shape, device=DEV).to(d["do"].dtype)
+    args = (d["q"], d["k"], v, d["g"], d["beta"], D ** -0.5, None, d["cu"], False)
+    states = torch.ops.flashqla.chunk_gdn_fwd_states(*args)
+    dh, _, _ = torch.ops.flashqla.chunk_gdn_bwd_dh(d["q"], d["k"], d["g"], d["beta"], d["do"], None, D ** -0.5,
+                                                   d["cu"], False, False)
+    assert states.dtype == d["q"].dtype
+    base = (d["q"], d["k"], v, d["g"], d["beta"], d["do"])
+    for bad_states, bad_dh in ((states.float(), dh), (states, dh[:1]), (states.transpose(2, 3), dh)):
+        with pytest.raises(RuntimeError, match="states .* must be contiguous"):
+            torch.ops.flashqla.chunk_gdn_bwd_grad(*base, bad_states, bad_dh, D ** -0.5, d["cu"], False)
