@@ -24,8 +24,8 @@ int main(int argc, char** argv) {
   const int64_t chunks = flashqla::chunk_bound(gp.fwd);
   gp.dout = device_random<__nv_bfloat16>(T * hv * D, -1.f, 1.f, 6);
   gp.dout_stride_batch = T * hv * D; gp.dout_stride_time = hv * D; gp.dout_stride_head = D;
-  gp.states = device_random<__nv_bfloat16>(chunks * hv * D * D, -0.1f, 0.1f, 7);  // S0 and dS' in q's dtype
-  gp.dh = device_random<__nv_bfloat16>(chunks * hv * D * D, -0.1f, 0.1f, 8);
+  gp.states = device_random<__nv_bfloat16>(chunks * hv * D * D, -0.1f, 0.1f, 7);  // S0 in q's dtype, dS' fp32
+  gp.dh = device_random<float>(chunks * hv * D * D, -0.1f, 0.1f, 8);
   CUDA_OK(cudaMalloc(&gp.dq, T * hq * D * 4));
   CUDA_OK(cudaMalloc(&gp.dk, T * hq * D * 4));
   CUDA_OK(cudaMalloc(&gp.dv, T * hv * D * 2));

@@ -29,7 +29,7 @@ _lib.define("chunk_gdn_fwd_pass(Tensor q, Tensor k, Tensor v, Tensor g, Tensor b
 _lib.define("chunk_gdn_cp_fwd(Tensor q, Tensor k, Tensor v, Tensor g, Tensor beta, float scale, Tensor? initial_state, "
             "Tensor seg_cu, Tensor gather, Tensor cell, Tensor last, int ranks, int single_last, bool use_qk_l2norm, "
             "Tensor(a!) workspace, Tensor eye, Tensor zero_v) -> (Tensor, Tensor)")
-# The backward's reverse chain: (dh [chunk bound, H_v, K, V] in q's dtype, dh0 [N, H_v, K, V] or empty, a [B, T, H_v, 64] or
+# The backward's reverse chain: (dh [chunk bound, H_v, K, V] fp32, dh0 [N, H_v, K, V] or empty, a [B, T, H_v, 64] or
 # empty: the chunk-local inverse's rows, which chunk_gdn_bwd_grad can load instead of recomputing); see
 # reference.chunk_state_grads_torch, reference.chunk_inverse_rows and the C API's flashqla_gdn_bwd_dh.
 _lib.define("chunk_gdn_bwd_dh(Tensor q, Tensor k, Tensor g, Tensor beta, Tensor dout, Tensor? dht, float scale, "
@@ -57,9 +57,9 @@ def _state_dtype(q):
 
 
 def _tile_dtype(q):
-    """The chunk-indexed states and state gradients (chunk_gdn_fwd_states, chunk_gdn_bwd_dh's dh) come in q's
-    dtype: the chains carry fp32 and round each chunk's tile once on the way out, as the gradient step's
-    products read it."""
+    """The chunk-start states (chunk_gdn_fwd_states) come in q's dtype: the chain carries fp32 and rounds each
+    chunk's tile once on the way out, as the gradient step's products read it. chunk_gdn_bwd_dh's dh stays
+    fp32 (the gradient step's <S0, dS'> reads it unrounded)."""
     return q.dtype
 
 
@@ -113,7 +113,7 @@ def _chunk_gdn_bwd_dh_fake(q, k, g, beta, dout, dht, scale, cu_seqlens, use_qk_l
     N = cu_seqlens.shape[0] - 1 if cu_seqlens is not None else q.shape[0]
     sd = _state_dtype(q)
     H, K, V = dout.shape[2], q.shape[3], dout.shape[3]
-    dh = dout.new_empty((chunk_bound(q.shape[0], q.shape[1], cu_seqlens), H, K, V), dtype=_tile_dtype(q))
+    dh = dout.new_empty((chunk_bound(q.shape[0], q.shape[1], cu_seqlens), H, K, V), dtype=sd)
     return (dh, (dout.new_empty((N, H, K, V), dtype=sd) if output_dh0 else dout.new_empty((0,), dtype=sd)),
             dout.new_empty((q.shape[0], q.shape[1], H, 64) if output_a else (0,), dtype=sd))
 
@@ -155,7 +155,7 @@ def _chunk_gdn_bwd_dh_cpu(q, k, g, beta, dout, dht, scale, cu_seqlens, use_qk_l2
     dh, dh0 = reference.chunk_state_grads_torch(q, k, g, beta, dout, dht, scale=scale, cu_seqlens=cu_seqlens,
                                                 use_qk_l2norm_in_kernel=use_qk_l2norm)
     sd = _state_dtype(q)
-    dh = dh[: chunk_bound(q.shape[0], q.shape[1], cu_seqlens)].to(_tile_dtype(q))
+    dh = dh[: chunk_bound(q.shape[0], q.shape[1], cu_seqlens)].to(sd)
     a = (reference.chunk_inverse_rows(q, k, g, beta, cu_seqlens=cu_seqlens, use_qk_l2norm_in_kernel=use_qk_l2norm).to(sd)
          if output_a else dout.new_empty((0,), dtype=sd))
     return dh, (dh0.to(sd) if output_dh0 else dout.new_empty((0,), dtype=sd)), a

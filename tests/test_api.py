@@ -186,13 +186,13 @@ def test_bwd_dh_op_cpu_and_fake_shapes():
         fdh, fdh0, fa = torch.ops.flashqla.chunk_gdn_bwd_dh(f(q), f(k), f(g), f(beta), f(do), None, 0.25, f(cu),
                                                             False, False)
         assert fdh.shape == dh.shape and fdh0.shape == (0,) and fa.shape == (0,)
-        # 16-bit inputs: the chunk-indexed tiles (dh, the forward's chunk states) in q's dtype, dh0 and a fp32
+        # 16-bit inputs: the forward's chunk states in q's dtype, dh, dh0 and a fp32
         b = lambda t: f(t).bfloat16()  # noqa: E731
         bdh, bdh0, ba = torch.ops.flashqla.chunk_gdn_bwd_dh(b(q), b(k), f(g).float(), f(beta).float(), b(do),
                                                             f(dht).float(), 0.25, f(cu), False, True, True)
         st = torch.ops.flashqla.chunk_gdn_fwd_states(b(q), b(k), b(do), f(g).float(), f(beta).float(), 0.25, None,
                                                      f(cu), False)
-        assert (bdh.dtype, bdh0.dtype, ba.dtype, st.dtype) == (torch.bfloat16, torch.float32, torch.float32,
+        assert (bdh.dtype, bdh0.dtype, ba.dtype, st.dtype) == (torch.float32, torch.float32, torch.float32,
                                                                torch.bfloat16)
         assert st.shape == dh.shape
 

@@ -36,7 +36,7 @@ def run_kernel(d):
     """Poison the block dh will reuse: every chunk's entry must be written."""
     n_total = (d["q"].shape[0] * -(-d["q"].shape[1] // 64) if d["cu"] is None
                else -(-d["q"].shape[1] // 64) + d["cu"].numel() - 1)
-    poison = torch.full((n_total, d["do"].shape[2], D, D), float("nan"), device=DEV, dtype=d["q"].dtype)  # dh: q's dtype
+    poison = torch.full((n_total, d["do"].shape[2], D, D), float("nan"), device=DEV)
     ptr = poison.data_ptr()
     del poison
     dh, dh0, _ = torch.ops.flashqla.chunk_gdn_bwd_dh(d["q"], d["k"], d["g"], d["beta"], d["do"], d["dht"], D ** -0.5,

@@ -59,7 +59,7 @@ inline double rel_l2(const std::vector<double>& ref, const std::vector<F>& got) 
 // The dS chain's own fields of flashqla_gdn_bwd_dh_params_t for a packed [1, T, Hv, D] dO (its fwd part is
 // the caller's): dO with its strides, dht in, dh and dh0 out.
 inline void set_bwd_dh_io(flashqla_gdn_bwd_dh_params_t& p, const void* dout, int64_t T, int64_t Hv, int64_t D,
-                          const float* dht, void* dh, float* dh0) {
+                          const float* dht, float* dh, float* dh0) {
   p.dout = dout;
   p.dout_stride_batch = T * Hv * D;
   p.dout_stride_time = Hv * D;

@@ -93,18 +93,18 @@ int main() {
   if (!pr.upload()) return 1;
   const size_t rowsK = size_t(T) * Hq * D;  // dq, dk: per q/k head
   void *d_out, *d_dout, *d_dv;
-  float *d_dht, *d_dh0, *d_dq, *d_dk, *d_dg, *d_db;
-  void *d_states, *d_dh;  // bf16, as q
+  float *d_dht, *d_dh, *d_dh0, *d_dq, *d_dk, *d_dg, *d_db;
+  void* d_states;  // bf16, as q (dh: fp32)
   flashqla_gdn_fwd_params_t f = pr.params(nullptr);
   const int64_t bound = flashqla_gdn_chunk_bound(&f);
-  const size_t state_bytes = size_t(bound) * Hv * D * D * 2;
+  const size_t state_bytes = size_t(bound) * Hv * D * D * 2, dh_bytes = 2 * state_bytes;
   CUDA_OK(cudaMalloc(&d_out, pr.v.size() * 2));
   CUDA_OK(cudaMalloc(&d_dout, dout.size() * 2));
   CUDA_OK(cudaMalloc(&d_dv, pr.v.size() * 2));
   CUDA_OK(cudaMalloc(reinterpret_cast<void**>(&d_dht), dht.size() * 4));
   CUDA_OK(cudaMalloc(reinterpret_cast<void**>(&d_dh0), dht.size() * 4));
   CUDA_OK(cudaMalloc(&d_states, state_bytes));
-  CUDA_OK(cudaMalloc(&d_dh, state_bytes));
+  CUDA_OK(cudaMalloc(reinterpret_cast<void**>(&d_dh), dh_bytes));
   CUDA_OK(cudaMalloc(reinterpret_cast<void**>(&d_dq), rowsK * 4));
   CUDA_OK(cudaMalloc(reinterpret_cast<void**>(&d_dk), rowsK * 4));
   CUDA_OK(cudaMalloc(reinterpret_cast<void**>(&d_dg), size_t(T) * Hv * 4));

@@ -133,7 +133,7 @@ __global__ void __launch_bounds__(kAuxThreads, kBwdPrepCtasPerSm)
 // ---- the reverse chain
 template <typename T>
 CUTLASS_DEVICE void dh_state_role(const flashqla_gdn_fwd_params_t& p, SharedStorage<T>& sm, const Work<T>& wk,
-                                  T* dh) {
+                                  float* dh) {
   using namespace warp;
   const int tid = threadIdx.x, s = tid >> 5, lane = tid & 31;
   const int gq = lane >> 2, tq = lane & 3;
@@ -149,7 +149,8 @@ CUTLASS_DEVICE void dh_state_role(const flashqla_gdn_fwd_params_t& p, SharedStor
     const Stage<T>& S = sm.stage[st];
     bar_sync(kBarFull + st, kHandoffThreads);
 
-    // dS' of chunk c: the gradient of its end state, [K][V] rows like the states, in T
+    // dS' of chunk c: the gradient of its end state, [K][V] rows like the states, fp32 (the gradient kernel's
+    // <S0, dS'> reads it unrounded)
     if (wk.chunk0 + c < chunk_bound(p))  // (malformed cu_seqlens can name more chunks than dh has slots)
       store_state_tile(dh + ((wk.chunk0 + c) * p.heads_v + wk.h) * int64_t(kDimK) * kDimV + wk.col0, sacc, tq, v0);
 
@@ -204,7 +205,7 @@ CUTLASS_DEVICE void dh_state_role(const flashqla_gdn_fwd_params_t& p, SharedStor
 
 template <typename T, typename IndexT>
 __global__ void __launch_bounds__(kThreads, 1) gdn_bwd_dh_kernel(const __grid_constant__ flashqla_gdn_fwd_params_t p,
-                                                                 const PrepBuffers<T> pb, T* dh) {
+                                                                 const PrepBuffers<T> pb, float* dh) {
   extern __shared__ __align__(128) unsigned char smem_raw[];
   auto& sm = *reinterpret_cast<SharedStorage<T>*>(smem_raw);
   const CtaTile ct = decode_cta<IndexT>(p, blockIdx.x, kVBlocks, kBlockV);
@@ -221,10 +222,10 @@ __global__ void __launch_bounds__(kThreads, 1) gdn_bwd_dh_kernel(const __grid_co
 }
 
 // p: the forward's struct with v = dO (and its strides), initial_state = dht or NULL, final_state = dh0 or
-// NULL; o unused. dh: [chunk_bound(p), heads_v, 128, 128] as T (entries past the last chunk untouched). a: NULL
+// NULL; o unused. dh: [chunk_bound(p), heads_v, 128, 128] fp32 (entries past the last chunk untouched). a: NULL
 // or [batch * seqlen, heads_v, 64] fp32, the inverse's rows (flashqla_gdn_bwd_dh_params_t::a).
 template <typename T>
-cudaError_t launch(const flashqla_gdn_fwd_params_t& p, T* dh, float* a, cudaStream_t stream) {
+cudaError_t launch(const flashqla_gdn_fwd_params_t& p, float* dh, float* a, cudaStream_t stream) {
   const int64_t ctas = p.num_seqs * p.heads_v * kVBlocks;
   if (ctas == 0) return cudaSuccess;
   const int64_t chunks = chunk_bound(p);

@@ -3,7 +3,7 @@
 #include "kernels.h"
 
 namespace flashqla {
-cudaError_t launch_gdn_bwd_dh_bf16(const flashqla_gdn_fwd_params_t& p, void* dh, float* a, cudaStream_t stream) {
-  return gdn_bwd_dh::launch<__nv_bfloat16>(p, static_cast<__nv_bfloat16*>(dh), a, stream);
+cudaError_t launch_gdn_bwd_dh_bf16(const flashqla_gdn_fwd_params_t& p, float* dh, float* a, cudaStream_t stream) {
+  return gdn_bwd_dh::launch<__nv_bfloat16>(p, dh, a, stream);
 }
 }  // namespace flashqla

@@ -34,7 +34,7 @@ namespace gdn_bwd_grad {
 
 using namespace gdn_fwd_mma;
 
-// warps 0-3 -> 4-7 in phases 1-2: the aux warps' copies (K, Q, A) are issued; the loaders' (dO, S0, dS': 80 KB)
+// warps 0-3 -> 4-7 in phases 1-2: the aux warps' copies (K, Q, A) are issued; the loaders' (dO, S0, dS': 112 KB)
 // start after them, so that the aux chain's inputs are not queued behind the loaders'
 constexpr uint32_t kBarAuxIssued = kBarState + 1;
 static_assert(kBarAuxIssued < 16, "named barrier ids");
@@ -50,6 +50,12 @@ constexpr int kGradThreads = kGradWarps * 32;
 #define FLASHQLA_GRAD_COPY_WARPS 4
 #endif
 constexpr int kCopyWarps = FLASHQLA_GRAD_COPY_WARPS;
+// FLASHQLA_GRAD_DV_STORES=1 (unmeasured, for the phase profiler's A/B): dv leaves by plain coalesced stores
+// from all warps instead of 64 row copies (dq and dk keep the copies: their reduce-adds need the copy engine's
+// ordering after the earlier head's store)
+#ifndef FLASHQLA_GRAD_DV_STORES
+#define FLASHQLA_GRAD_DV_STORES 0
+#endif
 static_assert(kCopyWarps >= 1 && kCopyWarps <= kGradWarps && 2 * kChunk / kCopyWarps <= 32, "copies per lane");
 // this thread's copy index i among n (the mapping above), or -1
 CUTLASS_DEVICE int copy_index(int tid, int n) {
@@ -217,8 +223,8 @@ __global__ void __launch_bounds__(kGradThreads, 1) gdn_bwd_grad_kernel(const __g
     // gates: K and Q, normalised, are still in shared memory, which no phase writes), then the raw Gram
     // products, L and the inverse A (ax.la) -- or, given gp.a, A's rows as the dS chain's prep computed them
     // (the same code on the same inputs: bitwise the same) and Q K^T alone --, P = Q K^T * Gamma to pq
-    // (M = Gamma * A in phase 3). Warps 4-7 meanwhile: dO, S0 and dS' (T, 64 KB per head, by cp.async), then <S0, dS'>
-    // in fp32 from the copies
+    // (M = Gamma * A in phase 3). Warps 4-7 meanwhile: dO (cp.async), S0 (T) and dS' (fp32) through registers into
+    // their T tiles with <S0, dS'> in fp32 (96 KB per head, whose latency the aux work hides)
     if (tid < kAuxThreads) {
       if constexpr (kLoadA) {
         const float* ag = gp.a + (row0 * p.heads_v + h) * int64_t(kChunk);
@@ -272,32 +278,38 @@ __global__ void __launch_bounds__(kGradThreads, 1) gdn_bwd_grad_kernel(const __g
       // this thread's copies of the previous head read dq_st/dk_st (over s0, ds) and y: done before s0, ds are
       // written (the aux threads' waited before the barrier above)
       bulk_wait_read();
-      // S0 and dS' arrive in T (the chains round them once on the way out), straight into their tiles
+      // S0 arrives in T (the states chain rounds it once on the way out), dS' in fp32: <S0, dS'> (dG_C's term)
+      // sums dS' unrounded (both rounded raised dg's error 2.1e-3 -> 3.3e-3 on the harness case), and the
+      // products read both in T. 8 bytes of S0 and 16 of dS' per item, kBatch items in flight per thread
+      // before any is used (read-only loads)
       const T* s0g = static_cast<const T*>(gp.states) + slot;
-      const T* dsg = static_cast<const T*>(gp.dh) + slot;
-      constexpr int kPieces = kDimK * kDimV / 8;  // 16-byte pieces per tile, 16 per row
-      for (int i = u; i < kPieces; i += kAuxThreads) {
-        const int r = i >> 4, c8 = (i & 15) * 8;
-        cp_async_16(&sm.s0[r * kLdK + c8], s0g + r * kDimV + c8, true);
-        cp_async_16(&sm.ds[r * kLdK + c8], dsg + r * kDimV + c8, true);
-      }
-      cp_async_wait_all();
-      // <S0, dS'> in fp32 over the pieces this thread copied (complete and visible to it), in a fixed order
+      const float* dsg = gp.dh + slot;
+      constexpr int kPer = kDimK * kDimV / 4 / kAuxThreads, kBatch = 8;
+      static_assert(kPer % kBatch == 0, "whole batches");
       float dot = 0.f;
-      for (int i = u; i < kPieces; i += kAuxThreads) {
-        const int r = i >> 4, c8 = (i & 15) * 8;
-        const uint4 a = *reinterpret_cast<const uint4*>(&sm.s0[r * kLdK + c8]);
-        const uint4 b = *reinterpret_cast<const uint4*>(&sm.ds[r * kLdK + c8]);
-        const uint32_t av[4] = {a.x, a.y, a.z, a.w}, bv[4] = {b.x, b.y, b.z, b.w};
+      for (int i0 = 0; i0 < kPer; i0 += kBatch) {
+        uint2 a[kBatch];
+        float4 b[kBatch];
 #pragma unroll
-        for (int e = 0; e < 4; ++e) {
-          const float2 x = unpack2<T>(av[e]), y = unpack2<T>(bv[e]);
-          dot += x.x * y.x + x.y * y.y;
+        for (int e = 0; e < kBatch; ++e) {
+          const int i = u + (i0 + e) * kAuxThreads, r = i >> 5, c4 = (i & 31) * 4;
+          a[e] = __ldg(reinterpret_cast<const uint2*>(s0g + r * kDimV + c4));
+          b[e] = __ldg(reinterpret_cast<const float4*>(dsg + r * kDimV + c4));
+        }
+#pragma unroll
+        for (int e = 0; e < kBatch; ++e) {
+          const int i = u + (i0 + e) * kAuxThreads, r = i >> 5, c4 = (i & 31) * 4;
+          const float2 s01 = unpack2<T>(a[e].x), s23 = unpack2<T>(a[e].y);
+          dot += s01.x * b[e].x + s01.y * b[e].y + s23.x * b[e].z + s23.y * b[e].w;
+          *reinterpret_cast<uint2*>(&sm.s0[r * kLdK + c4]) = a[e];
+          store_pair<T>(&sm.ds[r * kLdK + c4], b[e].x, b[e].y);
+          store_pair<T>(&sm.ds[r * kLdK + c4 + 2], b[e].z, b[e].w);
         }
       }
 #pragma unroll
       for (int off = 16; off > 0; off >>= 1) dot += __shfl_xor_sync(0xffffffffu, dot, off);
       if (lane == 0) sm.red[w] = dot;
+      cp_async_wait_all();  // dO
     }
     FLASHQLA_GRAD_SYNC(0);
 
@@ -421,12 +433,23 @@ __global__ void __launch_bounds__(kGradThreads, 1) gdn_bwd_grad_kernel(const __g
     // ---- phase 8: dV out (a bulk store per row from y); dK += -gamma (dR S0^T); dQ = scale gamma (dO S0^T);
     // d_gamma += scale rowsum(Q * dO S0^T)
     {
+#if FLASHQLA_GRAD_DV_STORES
+      // dv by plain 16-byte stores, all eight warps, a row's 256 bytes from 16 consecutive threads (no copy
+      // engine: its ~20-27 cycles per row copy held the issuing aux warps ~1.1k cycles here)
+      T* dvg = static_cast<T*>(gp.dv) + (row0 * p.heads_v + h) * int64_t(kDimV);
+      for (int i = tid; i < rows * (kDimV / 8); i += kGradThreads) {
+        const int r = i >> 4, c8 = (i & 15) * 8;
+        *reinterpret_cast<uint4*>(dvg + int64_t(r) * p.heads_v * kDimV + c8) =
+            *reinterpret_cast<const uint4*>(&sm.y[r * kLdK + c8]);
+      }
+#else
       const int r = copy_index(tid, kChunk);
       if (r >= 0 && r < rows) {
         bulk_store(static_cast<T*>(gp.dv) + ((row0 + r) * p.heads_v + h) * int64_t(kDimV), &sm.y[r * kLdK],
                    kDimV * sizeof(T));
         bulk_commit();
       }
+#endif
       row_scaled_abt<false>(dk, sm.y, sm.s0, sm.in.gamma, m0, n0, lane, ld);
       float t[8][4];
       zero_acc(t);

@@ -495,12 +495,14 @@ CUTLASS_DEVICE void aux_chunk(const flashqla_gdn_fwd_params_t& p, StageT& S, Aux
   const int64_t t0 = wk.t0 + c * kChunk;
   const int rows = static_cast<int>(wk.len - c * kChunk < kChunk ? wk.len - c * kChunk : kChunk);
 
-  // ---- loads: K, Q, V rows (zero past the end), g and beta (0 past the end)
+  // ---- loads: K, Q, V rows (zero past the end), g and beta (0 past the end). The prepared recurrent kernel
+  // without o (summaries: the CP passes, the backward's states) reads Q only for Q S^T and O: not loaded
+  const bool want_q = !(kMode == AuxMode::kLoadPrepared && wk.o == nullptr);
   for (int i = tid; i < kChunk * kDimK / 8; i += kAuxThreads) {
     const int r = i >> 4, c8 = (i & 15) * 8;
     const bool ok = r < rows;
     cp_async_16(&S.k[r * kLdK + c8], ok ? wk.k + (t0 - wk.t0 + r) * p.k_stride_time + c8 : wk.k, ok);
-    cp_async_16(&S.q[r * kLdK + c8], ok ? wk.q + (t0 - wk.t0 + r) * p.q_stride_time + c8 : wk.q, ok);
+    if (want_q) cp_async_16(&S.q[r * kLdK + c8], ok ? wk.q + (t0 - wk.t0 + r) * p.q_stride_time + c8 : wk.q, ok);
   }
   if constexpr (kMode == AuxMode::kFused || kMode == AuxMode::kLoadPrepared || kMode == AuxMode::kLoadBwd) {
     for (int i = tid; i < kChunk * kBlockV / 8; i += kAuxThreads) {
@@ -535,30 +537,32 @@ CUTLASS_DEVICE void aux_chunk(const flashqla_gdn_fwd_params_t& p, StageT& S, Aux
 
 #if FLASHQLA_V2_EXPERIMENT != 1
   if (p.use_qk_l2norm) {
-    // one thread per row: 64 K rows, then 64 Q rows
+    // one thread per row: 64 K rows, then 64 Q rows (Q's threads idle when Q was not loaded)
     T* row = tid < kChunk ? &S.k[tid * kLdK] : &S.q[(tid - kChunk) * kLdK];
-    float ss = 0.f;
+    if (tid < kChunk || want_q) {
+      float ss = 0.f;
 #pragma unroll 4
-    for (int j = 0; j < kDimK; j += 8) {
-      const uint4 u = *reinterpret_cast<const uint4*>(row + j);
-      const uint32_t* pw = reinterpret_cast<const uint32_t*>(&u);
+      for (int j = 0; j < kDimK; j += 8) {
+        const uint4 u = *reinterpret_cast<const uint4*>(row + j);
+        const uint32_t* pw = reinterpret_cast<const uint32_t*>(&u);
 #pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        const float2 f = unpack2<T>(pw[e]);
-        ss += f.x * f.x + f.y * f.y;
+        for (int e = 0; e < 4; ++e) {
+          const float2 f = unpack2<T>(pw[e]);
+          ss += f.x * f.x + f.y * f.y;
+        }
       }
-    }
-    const float rn = rsqrtf(ss + 1e-6f);
+      const float rn = rsqrtf(ss + 1e-6f);
 #pragma unroll 4
-    for (int j = 0; j < kDimK; j += 8) {
-      uint4 u = *reinterpret_cast<const uint4*>(row + j);
-      uint32_t* pw = reinterpret_cast<uint32_t*>(&u);
+      for (int j = 0; j < kDimK; j += 8) {
+        uint4 u = *reinterpret_cast<const uint4*>(row + j);
+        uint32_t* pw = reinterpret_cast<uint32_t*>(&u);
 #pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        const float2 f = unpack2<T>(pw[e]);
-        pw[e] = pack2<T>(f.x * rn, f.y * rn);
+        for (int e = 0; e < 4; ++e) {
+          const float2 f = unpack2<T>(pw[e]);
+          pw[e] = pack2<T>(f.x * rn, f.y * rn);
+        }
+        *reinterpret_cast<uint4*>(row + j) = u;
       }
-      *reinterpret_cast<uint4*>(row + j) = u;
     }
     bar_sync(bar_aux, kAuxThreads);
   }

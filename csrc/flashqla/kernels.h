@@ -48,8 +48,8 @@ cudaError_t launch_gdn_fwd_simple_bf16(const flashqla_gdn_fwd_params_t& p, cudaS
 cudaError_t launch_gdn_fwd_simple_fp16(const flashqla_gdn_fwd_params_t& p, cudaStream_t stream);
 // backward, the reverse state-gradient chain (gdn_bwd_dh.cuh); p.v = dO, p.initial_state = dht, p.final_state = dh0;
 // a: the chunk-local inverse rows (flashqla_gdn_bwd_dh_params_t::a) or NULL
-cudaError_t launch_gdn_bwd_dh_bf16(const flashqla_gdn_fwd_params_t& p, void* dh, float* a, cudaStream_t stream);
-cudaError_t launch_gdn_bwd_dh_fp16(const flashqla_gdn_fwd_params_t& p, void* dh, float* a, cudaStream_t stream);
+cudaError_t launch_gdn_bwd_dh_bf16(const flashqla_gdn_fwd_params_t& p, float* dh, float* a, cudaStream_t stream);
+cudaError_t launch_gdn_bwd_dh_fp16(const flashqla_gdn_fwd_params_t& p, float* dh, float* a, cudaStream_t stream);
 // backward, the chunk-parallel gradient step (gdn_bwd_grad.cuh)
 cudaError_t launch_gdn_bwd_grad_bf16(const flashqla_gdn_bwd_grad_params_t& p, cudaStream_t stream);
 cudaError_t launch_gdn_bwd_grad_fp16(const flashqla_gdn_bwd_grad_params_t& p, cudaStream_t stream);

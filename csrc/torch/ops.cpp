@@ -199,9 +199,9 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> chunk_gdn_bwd_dh_cuda(
     p.dht = dht->data_ptr<float>();
   }
   auto fopts = dout.options().dtype(at::kFloat);
-  at::Tensor dh = at::empty({flashqla_gdn_chunk_bound(&f), f.heads_v, f.head_dim_k, f.head_dim_v}, q.options());
+  at::Tensor dh = at::empty({flashqla_gdn_chunk_bound(&f), f.heads_v, f.head_dim_k, f.head_dim_v}, fopts);
   at::Tensor dh0 = output_dh0 ? at::empty({N, f.heads_v, f.head_dim_k, f.head_dim_v}, fopts) : at::empty({0}, fopts);
-  p.dh = dh.data_ptr();
+  p.dh = dh.data_ptr<float>();
   p.dh0 = output_dh0 ? dh0.data_ptr<float>() : nullptr;
   // the inverse's rows for chunk_gdn_bwd_grad (rows past the sequences are not written)
   at::Tensor a = output_a ? at::empty({q.size(0), q.size(1), f.heads_v, 64}, fopts) : at::empty({0}, fopts);
@@ -227,14 +227,15 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> chunk_gdn
               "flashqla.chunk_gdn_bwd_grad: dout must have v's shape and dtype, last dimension contiguous");
   const int64_t bound = flashqla_gdn_chunk_bound(&p.fwd), H = v.size(2), K = k.size(3), V = v.size(3);
   for (const at::Tensor* t : {&states, &dh})
-    TORCH_CHECK(t->is_contiguous() && t->scalar_type() == q.scalar_type() && t->device() == q.device() && t->dim() == 4 &&
-                    t->size(0) >= bound && t->size(1) == H && t->size(2) == K && t->size(3) == V,
-                "flashqla.chunk_gdn_bwd_grad: states and dh must be contiguous [>= chunk bound, H_v, K, V] in q's dtype "
-                "on q's device (chunk_gdn_fwd_states and chunk_gdn_bwd_dh give them)");
+    TORCH_CHECK(t->is_contiguous() && t->scalar_type() == (t == &states ? q.scalar_type() : at::kFloat) &&
+                    t->device() == q.device() && t->dim() == 4 && t->size(0) >= bound && t->size(1) == H &&
+                    t->size(2) == K && t->size(3) == V,
+                "flashqla.chunk_gdn_bwd_grad: states (in q's dtype) and dh (float32) must be contiguous [>= chunk "
+                "bound, H_v, K, V] on q's device (chunk_gdn_fwd_states and chunk_gdn_bwd_dh give them)");
   p.dout = dout.data_ptr();
   p.dout_stride_batch = dout.stride(0); p.dout_stride_time = dout.stride(1); p.dout_stride_head = dout.stride(2);
   p.states = states.data_ptr();
-  p.dh = dh.data_ptr();
+  p.dh = dh.data_ptr<float>();
   if (a.has_value() && a->numel() > 0) {
     TORCH_CHECK(a->is_contiguous() && a->scalar_type() == at::kFloat && a->device() == q.device() &&
                     a->sizes() == at::IntArrayRef({q.size(0), q.size(1), H, 64}),

@@ -148,7 +148,7 @@ FLASHQLA_API size_t flashqla_gdn_fwd_workspace_bytes(const flashqla_gdn_fwd_para
  * `fwd` describes the forward's inputs as for flashqla_gdn_fwd (q, k, g, beta, shapes, cu_seqlens, scale,
  * use_qk_l2norm); its v, o, initial_state and final_state are ignored. dout (the gradient of o) has v's
  * layout and dtype. Writes dh[c, h] = the gradient of the state at the end of chunk c (chunks of all
- * sequences in order, each sequence's last one possibly partial), in q's dtype (the chain carries fp32) [num_chunks, heads_v, K, V]; dh must
+ * sequences in order, each sequence's last one possibly partial), fp32 [num_chunks, heads_v, K, V]; dh must
  * hold flashqla_gdn_chunk_bound(fwd) chunks (entries past the last chunk are not written). dh0 (NULL: not
  * written) gets the gradient of the initial state, [num_seqs, heads_v, K, V]; dht (NULL: zeros) is the
  * gradient of the final state, same layout. a (NULL: not written; else 16-byte aligned) gets the chunk-local
@@ -161,7 +161,7 @@ typedef struct flashqla_gdn_bwd_dh_params {
   const void* dout;
   int64_t dout_stride_batch, dout_stride_time, dout_stride_head;
   const float* dht;
-  void* dh;
+  float* dh;
   float* dh0;
   float* a;
 } flashqla_gdn_bwd_dh_params_t;
@@ -176,8 +176,8 @@ FLASHQLA_API size_t flashqla_gdn_bwd_dh_workspace_bytes(const flashqla_gdn_bwd_d
  * Backward, step 2 of 2: the chunk-parallel gradient step. `fwd` describes the forward's inputs as for
  * flashqla_gdn_fwd (q, k, v, g, beta, shapes, cu_seqlens, scale, use_qk_l2norm; o, states and workspace are
  * ignored). states: the chunk-start states (flashqla_gdn_fwd with chunk_states), dh: the chunk-end state
- * gradients (flashqla_gdn_bwd_dh), both in q's dtype, [flashqla_gdn_chunk_bound(fwd), heads_v, K, V], 16-byte
- * aligned. Writes, for
+ * gradients (flashqla_gdn_bwd_dh), [flashqla_gdn_chunk_bound(fwd), heads_v, K, V], 16-byte aligned, states in
+ * q's dtype and dh in fp32. Writes, for
  * every token row r < batch * seqlen (zeros in the rows past the last sequence; nothing at all when
  * num_seqs is 0), contiguous:
  * dq, dk fp32 [rows, heads_qk, K], the gradients with respect to the (normalised) q and k rows, summed
@@ -192,7 +192,7 @@ typedef struct flashqla_gdn_bwd_grad_params {
   const void* dout;
   int64_t dout_stride_batch, dout_stride_time, dout_stride_head;
   const void* states;
-  const void* dh;
+  const float* dh;
   float* dq;
   float* dk;
   void* dv;
