@@ -50,12 +50,6 @@ constexpr int kGradThreads = kGradWarps * 32;
 #define FLASHQLA_GRAD_COPY_WARPS 4
 #endif
 constexpr int kCopyWarps = FLASHQLA_GRAD_COPY_WARPS;
-// FLASHQLA_GRAD_DV_STORES=1 (unmeasured, for the phase profiler's A/B): dv leaves by plain coalesced stores
-// from all warps instead of 64 row copies (dq and dk keep the copies: their reduce-adds need the copy engine's
-// ordering after the earlier head's store)
-#ifndef FLASHQLA_GRAD_DV_STORES
-#define FLASHQLA_GRAD_DV_STORES 0
-#endif
 static_assert(kCopyWarps >= 1 && kCopyWarps <= kGradWarps && 2 * kChunk / kCopyWarps <= 32, "copies per lane");
 // this thread's copy index i among n (the mapping above), or -1
 CUTLASS_DEVICE int copy_index(int tid, int n) {
@@ -433,23 +427,12 @@ __global__ void __launch_bounds__(kGradThreads, 1) gdn_bwd_grad_kernel(const __g
     // ---- phase 8: dV out (a bulk store per row from y); dK += -gamma (dR S0^T); dQ = scale gamma (dO S0^T);
     // d_gamma += scale rowsum(Q * dO S0^T)
     {
-#if FLASHQLA_GRAD_DV_STORES
-      // dv by plain 16-byte stores, all eight warps, a row's 256 bytes from 16 consecutive threads (no copy
-      // engine: its ~20-27 cycles per row copy held the issuing aux warps ~1.1k cycles here)
-      T* dvg = static_cast<T*>(gp.dv) + (row0 * p.heads_v + h) * int64_t(kDimV);
-      for (int i = tid; i < rows * (kDimV / 8); i += kGradThreads) {
-        const int r = i >> 4, c8 = (i & 15) * 8;
-        *reinterpret_cast<uint4*>(dvg + int64_t(r) * p.heads_v * kDimV + c8) =
-            *reinterpret_cast<const uint4*>(&sm.y[r * kLdK + c8]);
-      }
-#else
       const int r = copy_index(tid, kChunk);
       if (r >= 0 && r < rows) {
         bulk_store(static_cast<T*>(gp.dv) + ((row0 + r) * p.heads_v + h) * int64_t(kDimV), &sm.y[r * kLdK],
                    kDimV * sizeof(T));
         bulk_commit();
       }
-#endif
       row_scaled_abt<false>(dk, sm.y, sm.s0, sm.in.gamma, m0, n0, lane, ld);
       float t[8][4];
       zero_acc(t);
