@@ -1,7 +1,7 @@
 """Where flashqla's time goes: GPU time per kernel (torch.profiler) of one forward and one backward call on
 a few anchor cases, so a change can be aimed at the kernel that costs most.
 
-    python benchmarks/kernel_times.py [--match REGEX] [--reps N]
+    python benchmarks/kernel_times.py [--match REGEX] [--reps N] [--launches] [--host]
 
 Prints, per case, each kernel's summed GPU time per call (ms) and its share; the case's total is the sum of
 kernel times (launch gaps excluded). Needs an sm_90 GPU.
@@ -51,6 +51,32 @@ def launches(fn) -> list:
             for e in evs]
 
 
+def host_cost(fn, calls: int = 20) -> tuple:
+    """(host us per call, [(op, self CPU us per call)]): the CPU time of enqueueing `calls` calls after a sync
+    (no sync inside, few enough calls that the launch queue never blocks the host), the median of 5 such
+    loops; and one profiled call's CPU ops by self time. An eager call is host-bound where the first figure
+    exceeds its GPU time."""
+    import statistics
+    import time
+    fn()
+    torch.cuda.synchronize()
+    per = []
+    for _ in range(5):
+        torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        for _ in range(calls):
+            fn()
+        per.append((time.perf_counter() - t0) * 1e6 / calls)
+        torch.cuda.synchronize()
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
+        for _ in range(calls):
+            fn()
+        torch.cuda.synchronize()
+    ops = sorted(((e.key, e.self_cpu_time_total / calls, e.count // calls) for e in prof.key_averages()),
+                 key=lambda x: -x[1])
+    return statistics.median(per), ops
+
+
 def short(name: str) -> str:
     name = re.sub(r"<.*", "", name)            # template arguments
     name = re.sub(r"\(.*", "", name)
@@ -63,6 +89,8 @@ def main() -> int:
     ap.add_argument("--reps", type=int, default=5)
     ap.add_argument("--launches", action="store_true",
                     help="also list one call's kernels in start order: start and end (us) and stream")
+    ap.add_argument("--host", action="store_true",
+                    help="also the host time per eager call and its CPU ops by self time (is the call host-bound?)")
     args = ap.parse_args()
     if not (torch.cuda.is_available() and torch.cuda.get_device_capability() == (9, 0)):
         print("kernel_times: needs an sm_90 GPU")
@@ -88,6 +116,12 @@ def main() -> int:
             print(f"  one call: first start to last end {span:.0f} us")
             for k, a, b, st in ls:
                 print(f"    {a:9.1f} {b:9.1f} us  stream {st}  {k or '?'}")
+        if args.host:
+            us, ops = host_cost(bench.build_fn("flashqla", libs["flashqla"], case, d))
+            print(f"  host: {us:.1f} us per call (GPU kernel time {1e3 * total:.1f} us); CPU ops by self time per call "
+                  f"(sum {sum(t for _, t, _ in ops):.1f} us, under the profiler; the rest of the host time is Python):")
+            for name, t, n in ops[:14]:
+                print(f"    {t:8.1f} us  x{n:<3d} {name[:70]}")
     return 0
 
 
