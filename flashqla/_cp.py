@@ -37,8 +37,16 @@ GAIN = 0.75           # run CP when its predicted time is below this fraction of
 # 4); as one batched GEMM per rank 5.3 us of kernel time (session 5, TP8 1 x 32768: 0.037 ms for 7 ranks),
 # ~6-7 us with the launch gap in a graph: ~3 chunk steps (unmeasured as a plan input: with it the TP8/TP4
 # 1 x 8192 rows and TP4 28672+4096 get plans, which the next H200 run must confirm against FLASHQLA_CP=0).
+# Since session 8 the scan is one kernel for all ranks (chunk_gdn_cp_scan), predicted ~1.5-2 us per rank:
+# FLASHQLA_CP_RANK_STEP overrides the constant for the A/B that will set it (a lower one gives the 1 x 2048
+# rows plans).
 SUMMARY_STEP = 0.7
 RANK_STEP = 3.0       # in chunk steps
+
+
+def _rank_step() -> float:
+    e = os.environ.get("FLASHQLA_CP_RANK_STEP", "").strip()
+    return float(e) if e else RANK_STEP
 
 
 def mode() -> str:
@@ -76,11 +84,12 @@ def plan(lengths, heads_v: int, sms: int, chunk: int = CHUNK):
     plain = longest * _waves(len(lengths) * per_seq, sms)
     best = None
     seg = MIN_SEGMENT_CHUNKS
+    rank_step = _rank_step()
     while seg < longest:
         segs = sum(max(1, -(-c // seg)) for c in chunks)
         # B and Phi: two summaries-only calls of `segs` segments; then one full call; the scan per rank
         ranks = max(-(-c // seg) for c in chunks)
-        t = seg * _waves(segs * per_seq, sms) * (2 * SUMMARY_STEP + 1) + RANK_STEP * ranks
+        t = seg * _waves(segs * per_seq, sms) * (2 * SUMMARY_STEP + 1) + rank_step * ranks
         if best is None or t <= best[0]:  # ties: the longer segments (fewer of them)
             best = (t, seg)
         seg *= 2
@@ -159,16 +168,10 @@ def _as_long(x, device):
 
 
 def device_plan(p: Plan, device: torch.device, index_dtype=torch.int32):
-    """Device tensors of a plan (cached; None during capture without a cached copy): the segments'
-    cu_seqlens; `gather`, for the rank-major grid [ranks, sequences], the segment at each cell (a sequence
-    with fewer segments repeats its last one there, whose results are never read); `cell` of each segment
-    (rank * sequences + sequence); each sequence's last segment."""
+    """Device tensors of a plan (cached; None during capture without a cached copy): the segments' cu_seqlens
+    and each sequence's last segment (int64; chunk_gdn_cp_scan and the final states read it)."""
     def make():
-        N, first = len(p.last_of_seq), _first_segments(p)
-        gather = [min(first[s] + r, p.last_of_seq[s]) for r in range(p.ranks) for s in range(N)]
-        cell = [p.rank_of[i] * N + p.seq_of[i] for i in range(p.segments)]
-        return (torch.tensor(p.cu, dtype=index_dtype).to(device), _as_long(gather, device), _as_long(cell, device),
-                _as_long(p.last_of_seq, device))
+        return torch.tensor(p.cu, dtype=index_dtype).to(device), _as_long(p.last_of_seq, device)
     return _plan_tensors((p, str(device), index_dtype), device, make)
 
 
@@ -179,14 +182,12 @@ def _initial_states(fwd, q, k, v, g, beta, scale, initial_state, p: Plan, l2norm
     dp = device_plan(p, q.device, index_dtype)
     if dp is None:
         return None
-    cu, gather, cell, last = dp
-    H, K, V = v.shape[2], k.shape[3], v.shape[3]
+    cu, last = dp
+    H, K = v.shape[2], k.shape[3]
     NS = p.segments
-    # one sequence: its segments are already in the scan grid's rank-major order, so the gathers below are
-    # identities (each would be a launch and a copy; a CP call is host-bound enough for them to matter)
-    single = len(p.last_of_seq) == 1
     # v = 0 for the transition pass: one zero row broadcast over tokens and heads (stride 0; the kernels' pass
     # op reads none of it)
+    V = v.shape[3]
     zero_v = _cached(("zero_v", V, v.dtype, str(v.device)), lambda: v.new_zeros(V), v.device).expand(v.shape)
     if fwd_pass is not None:
         from ._library import fwd_workspace_bytes
@@ -202,22 +203,9 @@ def _initial_states(fwd, q, k, v, g, beta, scale, initial_state, p: Plan, l2norm
     eye = _cached(("eye", NS, H, K, sd, str(q.device)),
                   lambda: torch.eye(K, dtype=sd, device=q.device).expand(NS, H, K, K).contiguous(), q.device)
     _, phi = run(zero_v, eye, True, False)
-    # the scan over each sequence's segments, S_{r+1} = Phi_r S_r + B_r, rank by rank on a [ranks, sequences]
-    # grid: one batched GEMM per rank (measured before: ~25 us per rank as eight small launches)
-    N, R = len(p.last_of_seq), p.ranks
-    grid = torch.empty(R, N * H, K, V, dtype=sd, device=q.device)
-    if initial_state is not None:
-        grid[0].copy_(initial_state.reshape(N * H, K, V))
-    else:
-        grid[0].zero_()
-    phi_g = (phi if single else phi.index_select(0, gather)).view(R, N * H, K, K)
-    b_g = (b_end if single else b_end.index_select(0, gather)).view(R, N * H, K, V)
-    for r in range(R - 1):
-        torch.baddbmm(b_g[r], phi_g[r], grid[r], out=grid[r + 1])
-    init = grid.view(R * N, H, K, V)
-    if not single:
-        init = init.index_select(0, cell)
-    return init, run
+    # the scan along each sequence's segments, S_{i+1} = Phi_i S_i + B_i (one kernel on the GPU)
+    h0 = None if initial_state is None else initial_state.to(sd).contiguous()
+    return torch.ops.flashqla.chunk_gdn_cp_scan(phi, b_end, h0, last), run
 
 
 def _cp_op():
@@ -255,7 +243,7 @@ def forward(fwd, q, k, v, g, beta, scale, initial_state, p: Plan, l2norm: bool, 
         ws = torch.empty(fwd_workspace_bytes(q.shape[0], q.shape[1], H) if q.is_cuda else 0, dtype=torch.uint8,
                          device=q.device)
         single_last = p.last_of_seq[0] if len(p.last_of_seq) == 1 else -1
-        return op(q, k, v, g, beta, scale, initial_state, *dp, p.ranks, single_last, l2norm, ws, eye, zero_v)
+        return op(q, k, v, g, beta, scale, initial_state, *dp, single_last, l2norm, ws, eye, zero_v)
     got = _initial_states(fwd, q, k, v, g, beta, scale, initial_state, p, l2norm, index_dtype, fwd_pass)
     if got is None:
         return None
@@ -263,7 +251,7 @@ def forward(fwd, q, k, v, g, beta, scale, initial_state, p: Plan, l2norm: bool, 
     o, final = run(v, init, True, True)
     if len(p.last_of_seq) == 1:
         return o, final[p.last_of_seq[0]:]
-    return o, final.index_select(0, device_plan(p, q.device, index_dtype)[3])
+    return o, final.index_select(0, device_plan(p, q.device, index_dtype)[1])
 
 
 def _reverse_plan(p: Plan, device: torch.device):

@@ -23,12 +23,17 @@ _lib.define("chunk_gdn_fwd_states(Tensor q, Tensor k, Tensor v, Tensor g, Tensor
 _lib.define("chunk_gdn_fwd_pass(Tensor q, Tensor k, Tensor v, Tensor g, Tensor beta, float scale, "
             "Tensor? initial_state, Tensor? cu_seqlens, bool use_qk_l2norm, Tensor(a!) workspace, bool prep_ready, "
             "bool write_o, bool zero_v) -> (Tensor, Tensor)")
+# Exact context parallelism's scan: every segment's initial state [segments, H_v, K, V] from the segments' maps
+# S_end = Phi S_start + B (phi [segments, H_v, K, K], b [segments, H_v, K, V]), the sequences' initial states
+# [N, H_v, K, V] (None: zeros) and each sequence's last segment (int64 [N]; sequence s owns segments
+# last[s - 1] + 1 .. last[s]); see the C API's flashqla_gdn_cp_scan.
+_lib.define("chunk_gdn_cp_scan(Tensor phi, Tensor b, Tensor? initial_state, Tensor last) -> Tensor")
 # The forward's exact context parallelism as one op (csrc/torch/cp.cpp, in the built extension only): the
-# passes of chunk_gdn_fwd_pass and the scan, over the segments and grid indices of _cp.device_plan; (o, final
-# states per sequence). The planning and the caches stay in flashqla/_cp.py.
+# passes of chunk_gdn_fwd_pass and chunk_gdn_cp_scan over the segments of _cp.device_plan; (o, final states per
+# sequence). The planning and the caches stay in flashqla/_cp.py.
 _lib.define("chunk_gdn_cp_fwd(Tensor q, Tensor k, Tensor v, Tensor g, Tensor beta, float scale, Tensor? initial_state, "
-            "Tensor seg_cu, Tensor gather, Tensor cell, Tensor last, int ranks, int single_last, bool use_qk_l2norm, "
-            "Tensor(a!) workspace, Tensor eye, Tensor zero_v) -> (Tensor, Tensor)")
+            "Tensor seg_cu, Tensor last, int single_last, bool use_qk_l2norm, Tensor(a!) workspace, Tensor eye, "
+            "Tensor zero_v) -> (Tensor, Tensor)")
 # The backward's reverse chain: (dh [chunk bound, H_v, K, V] fp32, dh0 [N, H_v, K, V] or empty, a [B, T, H_v, 64] or
 # empty: the chunk-local inverse's rows, which chunk_gdn_bwd_grad can load instead of recomputing); see
 # reference.chunk_state_grads_torch, reference.chunk_inverse_rows and the C API's flashqla_gdn_bwd_dh.
@@ -86,9 +91,14 @@ def _chunk_gdn_fwd_pass_fake(q, k, v, g, beta, scale, initial_state, cu_seqlens,
     return (v.new_empty(v.shape) if write_o else v.new_empty((0,))), final
 
 
+@torch.library.register_fake("flashqla::chunk_gdn_cp_scan")
+def _chunk_gdn_cp_scan_fake(phi, b, initial_state, last):
+    return b.new_empty(b.shape)
+
+
 @torch.library.register_fake("flashqla::chunk_gdn_cp_fwd")
-def _chunk_gdn_cp_fwd_fake(q, k, v, g, beta, scale, initial_state, seg_cu, gather, cell, last, ranks, single_last,
-                           use_qk_l2norm, workspace, eye, zero_v):
+def _chunk_gdn_cp_fwd_fake(q, k, v, g, beta, scale, initial_state, seg_cu, last, single_last, use_qk_l2norm,
+                           workspace, eye, zero_v):
     N = 1 if single_last >= 0 else last.shape[0]
     return v.new_empty(v.shape), v.new_empty((N, v.shape[2], k.shape[3], v.shape[3]), dtype=_state_dtype(q))
 
@@ -141,6 +151,20 @@ def _chunk_gdn_fwd_pass_cpu(q, k, v, g, beta, scale, initial_state, cu_seqlens, 
                                          output_final_state=True, cu_seqlens=cu_seqlens,
                                          use_qk_l2norm_in_kernel=use_qk_l2norm)
     return (o if write_o else v.new_empty((0,))), final.to(_state_dtype(q))
+
+
+@torch.library.impl("flashqla::chunk_gdn_cp_scan", "cpu")
+def _chunk_gdn_cp_scan_cpu(phi, b, initial_state, last):
+    init = torch.empty_like(b)
+    first = 0
+    for s, end in enumerate(last.tolist()):  # a CPU tensor: no device sync
+        state = initial_state[s] if initial_state is not None else b.new_zeros(b.shape[1:])
+        for i in range(first, end + 1):
+            init[i] = state
+            if i < end:
+                state = torch.baddbmm(b[i], phi[i], state)
+        first = end + 1
+    return init
 
 
 @torch.library.impl("flashqla::chunk_gdn_fwd_states", "cpu")

@@ -176,3 +176,38 @@ def test_cp_op_equals_the_python_steps(monkeypatch, lengths):
                                        initial_state=d["initial_state"], output_final_state=True, cu_seqlens=cu,
                                        use_qk_l2norm_in_kernel=True)
     assert (o - ro).abs().max() < 1e-10 and (final - rf).abs().max() < 1e-10
+
+
+def _scan_inputs(seg_counts, H=2, K=8, seed=10, dtype=torch.float64, device="cpu"):
+    gen = torch.Generator().manual_seed(seed)
+    S = sum(seg_counts)
+    phi = (torch.randn(S, H, K, K, generator=gen, dtype=dtype) / K ** 0.5).to(device)
+    b = torch.randn(S, H, K, K, generator=gen, dtype=dtype).to(device)
+    h0 = torch.randn(len(seg_counts), H, K, K, generator=gen, dtype=dtype).to(device)
+    last = (torch.tensor(seg_counts).cumsum(0) - 1).to(device)
+    return phi, b, h0, last
+
+
+def _scan_by_hand(phi, b, h0, seg_counts):
+    out, i = [], 0
+    for s, n in enumerate(seg_counts):
+        state = h0[s] if h0 is not None else torch.zeros_like(b[0])
+        for r in range(n):
+            out.append(state)
+            state = phi[i] @ state + b[i]
+            i += 1
+    return torch.stack(out)
+
+
+@pytest.mark.parametrize("h0", [True, False])
+def test_cp_scan_op_walks_each_sequence(h0):
+    # chunk_gdn_cp_scan's CPU implementation: init[first] = h0 (or zeros), init[i + 1] = Phi_i init[i] + B_i
+    # along each sequence's own segments, never across sequences (one-segment sequences take h0 unchanged)
+    counts = [3, 1, 4, 2]
+    phi, b, h, last = _scan_inputs(counts)
+    h = h if h0 else None
+    got = torch.ops.flashqla.chunk_gdn_cp_scan(phi, b, h, last)
+    assert (got - _scan_by_hand(phi, b, h, counts)).abs().max() < 1e-12
+    res = torch.library.opcheck(torch.ops.flashqla.chunk_gdn_cp_scan.default, (phi, b, h, last),
+                                test_utils=("test_schema", "test_faketensor"))
+    assert all(v == "SUCCESS" for v in res.values()), res

@@ -282,6 +282,28 @@ def test_split_and_fused_forward_agree_bitwise(monkeypatch, case, prep_heads):
     assert rel_l2(out["1"][0], ro) < 5e-3 and rel_l2(out["1"][1], rs) < 5e-3
 
 
+@pytest.mark.parametrize("h0", [True, False])
+def test_cp_scan_kernel_against_float64(h0):
+    # the scan kernel (chunk_gdn_cp_scan on the GPU) against the same recursion in float64 on the CPU: sequences
+    # of 1 to 9 segments, 3 heads; every entry of the output compared (a missed write would show as garbage)
+    counts = [9, 1, 4, 2]
+    S, H = sum(counts), 3
+    gen = torch.Generator(device=DEV).manual_seed(31)
+    # maps of norm ~1 (decayed transitions), as the summaries passes give them
+    phi = torch.linalg.qr(torch.randn(S, H, D, D, device=DEV, generator=gen))[0] * 0.9
+    b = torch.randn(S, H, D, D, device=DEV, generator=gen)
+    h = torch.randn(len(counts), H, D, D, device=DEV, generator=gen) if h0 else None
+    last = torch.tensor(counts, device=DEV).cumsum(0) - 1
+    got = torch.ops.flashqla.chunk_gdn_cp_scan(phi.contiguous(), b, h, last)
+    ref = torch.ops.flashqla.chunk_gdn_cp_scan(phi.double().cpu(), b.double().cpu(), None if h is None else h.double().cpu(),
+                                               last.cpu())
+    err = rel_l2(got, ref)
+    print(f"cp scan: rel. L2 {err:.2e}")
+    assert torch.isfinite(got).all() and err < 1e-5
+    with pytest.raises(RuntimeError, match="last must be a contiguous int64"):
+        torch.ops.flashqla.chunk_gdn_cp_scan(phi.contiguous(), b, h, last.int())
+
+
 @pytest.mark.parametrize("split", ["1", "0"])
 def test_cp_pass_summaries_and_shared_chunk_products(monkeypatch, split):
     # exact parallelism's pass op: summaries only (no o) leaves the state chain bitwise unchanged, zero_v equals

@@ -271,6 +271,29 @@ flashqla_status_t flashqla_gdn_bwd_dh(const flashqla_gdn_bwd_dh_params_t* p, cud
   return from_cuda(err, "gdn_bwd_dh launch");
 }
 
+flashqla_status_t flashqla_gdn_cp_scan(const flashqla_gdn_cp_scan_params_t* p, cudaStream_t stream) {
+  if (p == nullptr) return fail(FLASHQLA_ERROR_INVALID_ARGUMENT, "params is NULL");
+  if (p->num_seqs < 0 || p->segments < 0 || p->heads < 0)
+    return fail(FLASHQLA_ERROR_INVALID_ARGUMENT, "negative size: num_seqs=%lld segments=%lld heads=%lld",
+                (long long)p->num_seqs, (long long)p->segments, (long long)p->heads);
+  if (p->head_dim_k != 128 || p->head_dim_v != 128)
+    return fail(FLASHQLA_ERROR_UNSUPPORTED, "head dims K=%lld, V=%lld are not supported; supported: K = V = 128",
+                (long long)p->head_dim_k, (long long)p->head_dim_v);
+  if (p->last_dtype != FLASHQLA_INT64) return fail(FLASHQLA_ERROR_UNSUPPORTED, "last must be int64");
+  if (p->num_seqs * p->heads > 0x7fffffffLL)
+    return fail(FLASHQLA_ERROR_UNSUPPORTED, "too many sequences x heads for one launch");
+  if (p->num_seqs == 0 || p->heads == 0 || p->segments == 0) return ok();
+  const void* ptrs[] = {p->phi, p->b, p->init};
+  for (const void* ptr : ptrs)
+    if (ptr == nullptr || reinterpret_cast<uintptr_t>(ptr) % 16 != 0)
+      return fail(FLASHQLA_ERROR_INVALID_ARGUMENT, "phi, b and init must be non-NULL and 16-byte aligned");
+  if (reinterpret_cast<uintptr_t>(p->h0) % 16 != 0) return fail(FLASHQLA_ERROR_INVALID_ARGUMENT, "h0 must be 16-byte aligned");
+  if (p->last == nullptr) return fail(FLASHQLA_ERROR_INVALID_ARGUMENT, "last must not be NULL");
+  flashqla_status_t st = check_current_device();
+  if (st != FLASHQLA_SUCCESS) return st;
+  return from_cuda(flashqla::launch_gdn_cp_scan(*p, stream), "gdn_cp_scan launch");
+}
+
 size_t flashqla_gdn_fwd_workspace_bytes(const flashqla_gdn_fwd_params_t* p) {
   if (p == nullptr || !flashqla::fwd_split_mode()) return 0;
   return flashqla::prep_workspace_bytes(*p, flashqla::kFwdPrepCols);

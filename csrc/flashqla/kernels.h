@@ -54,4 +54,7 @@ cudaError_t launch_gdn_bwd_dh_fp16(const flashqla_gdn_fwd_params_t& p, float* dh
 cudaError_t launch_gdn_bwd_grad_bf16(const flashqla_gdn_bwd_grad_params_t& p, cudaStream_t stream);
 cudaError_t launch_gdn_bwd_grad_fp16(const flashqla_gdn_bwd_grad_params_t& p, cudaStream_t stream);
 
+// exact context parallelism's scan over segment summaries (cp_scan.cu)
+cudaError_t launch_gdn_cp_scan(const flashqla_gdn_cp_scan_params_t& p, cudaStream_t stream);
+
 }  // namespace flashqla

@@ -6,6 +6,7 @@
 
 #include <ATen/core/Tensor.h>
 #include <ATen/ops/empty.h>
+#include <ATen/ops/empty_like.h>
 #include <ATen/ops/zeros.h>
 #include <c10/cuda/CUDAGuard.h>
 #include <c10/cuda/CUDAStream.h>
@@ -263,6 +264,38 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> chunk_gdn
   return {dq, dk, dv, dg, dbeta};
 }
 
+// Exact context parallelism's scan: every segment's initial state [segments, H_v, K, V] from the summaries
+// phi [segments, H_v, K, K] and b [segments, H_v, K, V] (fp32), h0 [N, H_v, K, V] or None, and each
+// sequence's last segment (int64 [N]); see flashqla_gdn_cp_scan.
+at::Tensor chunk_gdn_cp_scan_cuda(const at::Tensor& phi, const at::Tensor& b, const std::optional<at::Tensor>& initial_state,
+                                  const at::Tensor& last) {
+  c10::cuda::CUDAGuard guard(b.device());
+  TORCH_CHECK(b.is_cuda() && b.dim() == 4 && b.scalar_type() == at::kFloat && b.is_contiguous(),
+              "flashqla.chunk_gdn_cp_scan: b must be a contiguous float32 CUDA tensor [segments, H_v, K, V]");
+  const int64_t S = b.size(0), H = b.size(1), K = b.size(2), V = b.size(3), N = last.numel();
+  TORCH_CHECK(phi.device() == b.device() && phi.scalar_type() == at::kFloat && phi.is_contiguous() &&
+                  phi.sizes() == at::IntArrayRef({S, H, K, K}),
+              "flashqla.chunk_gdn_cp_scan: phi must be contiguous float32 [segments, H_v, K, K] on b's device");
+  TORCH_CHECK(last.device() == b.device() && last.scalar_type() == at::kLong && last.dim() == 1 && last.is_contiguous(),
+              "flashqla.chunk_gdn_cp_scan: last must be a contiguous int64 [N] tensor on b's device");
+  flashqla_gdn_cp_scan_params_t p{};
+  if (initial_state.has_value()) {
+    TORCH_CHECK(initial_state->device() == b.device() && initial_state->scalar_type() == at::kFloat &&
+                    initial_state->is_contiguous() && initial_state->sizes() == at::IntArrayRef({N, H, K, V}),
+                "flashqla.chunk_gdn_cp_scan: initial_state must be contiguous float32 [N, H_v, K, V] on b's device");
+    p.h0 = initial_state->data_ptr<float>();
+  }
+  at::Tensor init = at::empty_like(b);
+  p.phi = phi.data_ptr<float>();
+  p.b = b.data_ptr<float>();
+  p.init = init.data_ptr<float>();
+  p.last = last.data_ptr();
+  p.last_dtype = FLASHQLA_INT64;
+  p.num_seqs = N; p.segments = S; p.heads = H; p.head_dim_k = K; p.head_dim_v = V;
+  check_status(flashqla_gdn_cp_scan(&p, c10::cuda::getCurrentCUDAStream(b.device().index()).stream()), "chunk_gdn_cp_scan");
+  return init;
+}
+
 }  // namespace
 
 // Schemas are defined in Python (flashqla/_library.py) so that fake-tensor and
@@ -274,6 +307,7 @@ TORCH_LIBRARY_IMPL(flashqla, CUDA, m) {
   m.impl("chunk_gdn_fwd_pass", &chunk_gdn_fwd_pass_cuda);
   m.impl("chunk_gdn_bwd_dh", &chunk_gdn_bwd_dh_cuda);
   m.impl("chunk_gdn_bwd_grad", &chunk_gdn_bwd_grad_cuda);
+  m.impl("chunk_gdn_cp_scan", &chunk_gdn_cp_scan_cuda);
 }
 
 // `import flashqla._C` loads the library, which runs the registrations above.

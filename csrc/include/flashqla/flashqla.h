@@ -203,6 +203,33 @@ typedef struct flashqla_gdn_bwd_grad_params {
 
 FLASHQLA_API flashqla_status_t flashqla_gdn_bwd_grad(const flashqla_gdn_bwd_grad_params_t* params, cudaStream_t stream);
 
+/*
+ * Exact context parallelism's scan over segment summaries (the PyTorch op chunk_gdn_cp_fwd's third step). A
+ * sequence cut into segments first..last (consecutive, in order) has per segment the affine map
+ * S_end = Phi S_start + B of its state chain (B: the segment's final state from zeros; Phi: from the identity
+ * with v = 0, K = V); this writes every segment's true initial state:
+ *   init[first] = h0 (zeros when h0 is NULL),   init[i + 1] = Phi_i init[i] + B_i   (fp32 FMAs).
+ * phi [segments, heads, K, K], b and init [segments, heads, K, V], h0 [num_seqs, heads, K, V]: contiguous fp32,
+ * 16-byte aligned. last [num_seqs], int64, ascending: each sequence's last segment (sequence s owns segments
+ * last[s - 1] + 1 .. last[s]). K = V = 128. Malformed `last` values give wrong states, never an out-of-bounds
+ * access.
+ */
+typedef struct flashqla_gdn_cp_scan_params {
+  const float* phi;
+  const float* b;
+  const float* h0;
+  float* init;
+  const void* last;
+  flashqla_dtype_t last_dtype; /* INT64 */
+  int64_t num_seqs;
+  int64_t segments;
+  int64_t heads;
+  int64_t head_dim_k;
+  int64_t head_dim_v;
+} flashqla_gdn_cp_scan_params_t;
+
+FLASHQLA_API flashqla_status_t flashqla_gdn_cp_scan(const flashqla_gdn_cp_scan_params_t* params, cudaStream_t stream);
+
 #ifdef __cplusplus
 } /* extern "C" */
 #endif

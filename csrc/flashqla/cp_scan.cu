@@ -1,0 +1,116 @@
+// Exact context parallelism's scan (gdn-algorithm.md section 3, flashqla/_cp.py): a sequence cut into
+// segments first..last has, per segment, the affine map S_end = Phi S_start + B (from the summaries passes);
+// every segment's true initial state follows along the sequence,
+//   init[first] = h0 (zeros without one),   init[i + 1] = Phi_i init[i] + B_i,
+// in fp32 FMAs. One CTA per (sequence, value head, kCols-column slice of V) walks its sequence's segments,
+// so the whole scan is one launch. (It was two launches per rank, a copy and a cuBLAS GEMM, issued by the
+// host one after the other: on TP8 1 x 8192, ~50 us of a 0.21 ms graph and ~130 us of host time per eager
+// call.) Phi_{i+1} streams into shared memory (cp.async, double-buffered) while Phi_i is applied.
+#include "common.h"
+#include "kernels.h"
+#include "warp_mma.cuh"
+
+namespace flashqla {
+namespace {
+
+constexpr int kDim = 128;           // K = V
+constexpr int kCols = 16;           // V columns per CTA: 8 CTAs per (sequence, head)
+constexpr int kThreads = 256;       // thread t: row t / 2, columns 8 (t % 2) .. + 8
+constexpr int kLdPhi = kDim + 4;    // padded Phi rows: a warp's 16 rows fall on distinct bank quads in pairs
+constexpr int kPhiChunks = kDim * kDim / 4 / kThreads;  // 16-byte copies per thread per Phi
+static_assert(kDim * kCols == 8 * kThreads, "eight outputs per thread");
+
+struct ScanSmem {
+  float phi[2][kDim * kLdPhi];      // Phi_i and Phi_{i+1}
+  float s[kDim * kCols];            // the running state's slice, [K][kCols]
+};
+
+CUTLASS_DEVICE void cp_commit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
+CUTLASS_DEVICE void cp_wait_prior1() { asm volatile("cp.async.wait_group 1;\n" ::: "memory"); }
+
+CUTLASS_DEVICE void load_phi(float* dst, const float* src, int tid) {
+#pragma unroll
+  for (int j = 0; j < kPhiChunks; ++j) {
+    const int e = (tid + j * kThreads) * 4, r = e / kDim, c = e % kDim;
+    warp::cp_async_16(dst + r * kLdPhi + c, src + e, true);
+  }
+}
+
+__global__ void __launch_bounds__(kThreads, 1)
+cp_scan_kernel(const flashqla_gdn_cp_scan_params_t p) {
+  extern __shared__ __align__(16) unsigned char smem_raw[];
+  auto& sm = *reinterpret_cast<ScanSmem*>(smem_raw);
+  const int tid = threadIdx.x;
+  const int64_t seq = blockIdx.x / p.heads, h = blockIdx.x % p.heads;
+  const int col0 = blockIdx.y * kCols;
+  const int64_t* last = static_cast<const int64_t*>(p.last);
+  // segments first..end of this sequence, clamped so a malformed `last` cannot send a read or write out of
+  // bounds (it can only give wrong states)
+  int64_t first = seq == 0 ? 0 : last[seq - 1] + 1, end = last[seq];
+  first = first < 0 ? 0 : first;
+  end = end >= p.segments ? p.segments - 1 : end;
+  if (first > end) return;
+  const int row = tid >> 1, c8 = (tid & 1) * 8;
+  const int64_t head_kv = int64_t(kDim) * kDim;  // elements of one (segment, head) tile
+  auto tile = [&](int64_t seg) { return (seg * p.heads + h) * head_kv; };
+
+  if (first < end) load_phi(sm.phi[0], p.phi + tile(first), tid);
+  cp_commit();
+  // init[first] = h0 (or zeros); this thread's eight values in registers
+  float acc[8];
+  {
+    const float4* src = p.h0 != nullptr
+        ? reinterpret_cast<const float4*>(p.h0 + (seq * p.heads + h) * head_kv + int64_t(row) * kDim + col0 + c8)
+        : nullptr;
+    const float4 a = src ? src[0] : make_float4(0.f, 0.f, 0.f, 0.f), b = src ? src[1] : make_float4(0.f, 0.f, 0.f, 0.f);
+    acc[0] = a.x; acc[1] = a.y; acc[2] = a.z; acc[3] = a.w; acc[4] = b.x; acc[5] = b.y; acc[6] = b.z; acc[7] = b.w;
+  }
+  for (int64_t i = first;; ++i) {
+    float4* out = reinterpret_cast<float4*>(p.init + tile(i) + int64_t(row) * kDim + col0 + c8);
+    out[0] = make_float4(acc[0], acc[1], acc[2], acc[3]);
+    out[1] = make_float4(acc[4], acc[5], acc[6], acc[7]);
+    if (i == end) break;
+    *reinterpret_cast<float4*>(&sm.s[row * kCols + c8]) = make_float4(acc[0], acc[1], acc[2], acc[3]);
+    *reinterpret_cast<float4*>(&sm.s[row * kCols + c8 + 4]) = make_float4(acc[4], acc[5], acc[6], acc[7]);
+    // acc = B_i + Phi_i S_i (B_i's loads in flight across the wait)
+    const float4* bsrc = reinterpret_cast<const float4*>(p.b + tile(i) + int64_t(row) * kDim + col0 + c8);
+    const float4 b0 = bsrc[0], b1 = bsrc[1];
+    const int buf = static_cast<int>((i - first) & 1);
+    if (i + 1 < end) load_phi(sm.phi[buf ^ 1], p.phi + tile(i + 1), tid);  // the next Phi, while this one is applied
+    cp_commit();
+    cp_wait_prior1();  // Phi_i has landed (this thread's copies), then everyone's, and the state slice
+    __syncthreads();
+    acc[0] = b0.x; acc[1] = b0.y; acc[2] = b0.z; acc[3] = b0.w; acc[4] = b1.x; acc[5] = b1.y; acc[6] = b1.z; acc[7] = b1.w;
+    const float* ph = &sm.phi[buf][row * kLdPhi];
+#pragma unroll 4
+    for (int k = 0; k < kDim; k += 4) {
+      const float4 a = *reinterpret_cast<const float4*>(ph + k);
+      const float av[4] = {a.x, a.y, a.z, a.w};
+#pragma unroll
+      for (int kk = 0; kk < 4; ++kk) {
+        const float4 s0 = *reinterpret_cast<const float4*>(&sm.s[(k + kk) * kCols + c8]);
+        const float4 s1 = *reinterpret_cast<const float4*>(&sm.s[(k + kk) * kCols + c8 + 4]);
+        acc[0] = fmaf(av[kk], s0.x, acc[0]); acc[1] = fmaf(av[kk], s0.y, acc[1]);
+        acc[2] = fmaf(av[kk], s0.z, acc[2]); acc[3] = fmaf(av[kk], s0.w, acc[3]);
+        acc[4] = fmaf(av[kk], s1.x, acc[4]); acc[5] = fmaf(av[kk], s1.y, acc[5]);
+        acc[6] = fmaf(av[kk], s1.z, acc[6]); acc[7] = fmaf(av[kk], s1.w, acc[7]);
+      }
+    }
+    __syncthreads();  // every read of the state slice and of Phi_i is done before they are rewritten
+  }
+  warp::cp_async_wait_all();
+}
+
+}  // namespace
+
+cudaError_t launch_gdn_cp_scan(const flashqla_gdn_cp_scan_params_t& p, cudaStream_t stream) {
+  if (p.num_seqs == 0 || p.heads == 0 || p.segments == 0) return cudaSuccess;
+  const int smem = static_cast<int>(sizeof(ScanSmem));
+  cudaError_t err = cudaFuncSetAttribute(cp_scan_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
+  if (err != cudaSuccess) return err;
+  const dim3 grid(static_cast<unsigned>(p.num_seqs * p.heads), kDim / kCols);
+  cp_scan_kernel<<<grid, kThreads, smem, stream>>>(p);
+  return cudaGetLastError();
+}
+
+}  // namespace flashqla
