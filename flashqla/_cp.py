@@ -37,9 +37,10 @@ GAIN = 0.75           # run CP when its predicted time is below this fraction of
 # 4); as one batched GEMM per rank 5.3 us of kernel time (session 5, TP8 1 x 32768: 0.037 ms for 7 ranks),
 # ~6-7 us with the launch gap in a graph: ~3 chunk steps (unmeasured as a plan input: with it the TP8/TP4
 # 1 x 8192 rows and TP4 28672+4096 get plans, which the next H200 run must confirm against FLASHQLA_CP=0).
-# Since session 8 the scan is one kernel for all ranks (chunk_gdn_cp_scan), predicted ~1.5-2 us per rank:
-# FLASHQLA_CP_RANK_STEP overrides the constant for the A/B that will set it (a lower one gives the 1 x 2048
-# rows plans).
+# Since session 8 the scan is one kernel for all ranks (chunk_gdn_cp_scan): measured ~3.7 us per rank plus ~7 us
+# per launch (TP8/TP4 1 x 8192), i.e. still ~1.5 chunk steps per rank, and with a lower constant (1) the 1 x 2048
+# rows get plans that measured no better (TP8 0.094 -> 0.091 ms, TP4 0.107 -> 0.113): the constant stays.
+# FLASHQLA_CP_RANK_STEP overrides it for such A/Bs.
 SUMMARY_STEP = 0.7
 RANK_STEP = 3.0       # in chunk steps
 

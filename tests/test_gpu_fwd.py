@@ -282,11 +282,11 @@ def test_split_and_fused_forward_agree_bitwise(monkeypatch, case, prep_heads):
     assert rel_l2(out["1"][0], ro) < 5e-3 and rel_l2(out["1"][1], rs) < 5e-3
 
 
+@pytest.mark.parametrize("counts", [[9, 1, 4, 2], [6]])  # 16 and 8 columns per CTA (few sequences x heads)
 @pytest.mark.parametrize("h0", [True, False])
-def test_cp_scan_kernel_against_float64(h0):
+def test_cp_scan_kernel_against_float64(h0, counts):
     # the scan kernel (chunk_gdn_cp_scan on the GPU) against the same recursion in float64 on the CPU: sequences
     # of 1 to 9 segments, 3 heads; every entry of the output compared (a missed write would show as garbage)
-    counts = [9, 1, 4, 2]
     S, H = sum(counts), 3
     gen = torch.Generator(device=DEV).manual_seed(31)
     # maps of norm ~1 (decayed transitions), as the summaries passes give them

@@ -14,12 +14,13 @@ namespace flashqla {
 namespace {
 
 constexpr int kDim = 128;           // K = V
-constexpr int kCols = 16;           // V columns per CTA: 8 CTAs per (sequence, head)
-constexpr int kThreads = 256;       // thread t: row t / 2, columns 8 (t % 2) .. + 8
+constexpr int kThreads = 256;       // thread t: row t / 2, columns kCols / 2 * (t % 2) .. + kCols / 2
 constexpr int kLdPhi = kDim + 4;    // padded Phi rows: a warp's 16 rows fall on distinct bank quads in pairs
 constexpr int kPhiChunks = kDim * kDim / 4 / kThreads;  // 16-byte copies per thread per Phi
-static_assert(kDim * kCols == 8 * kThreads, "eight outputs per thread");
 
+// kCols V columns per CTA: 16 (8 CTAs per sequence and head), or 8 where twice the CTAs still fit on the
+// SMs (the per-step work halves; every CTA still streams the whole Phi_i)
+template <int kCols>
 struct ScanSmem {
   float phi[2][kDim * kLdPhi];      // Phi_i and Phi_{i+1}
   float s[kDim * kCols];            // the running state's slice, [K][kCols]
@@ -36,10 +37,13 @@ CUTLASS_DEVICE void load_phi(float* dst, const float* src, int tid) {
   }
 }
 
+template <int kCols>
 __global__ void __launch_bounds__(kThreads, 1)
 cp_scan_kernel(const flashqla_gdn_cp_scan_params_t p) {
+  constexpr int kPer = kCols / 2;  // outputs per thread
+  static_assert(kDim * kCols == kPer * kThreads && kPer % 4 == 0, "whole float4s per thread");
   extern __shared__ __align__(16) unsigned char smem_raw[];
-  auto& sm = *reinterpret_cast<ScanSmem*>(smem_raw);
+  auto& sm = *reinterpret_cast<ScanSmem<kCols>*>(smem_raw);
   const int tid = threadIdx.x;
   const int64_t seq = blockIdx.x / p.heads, h = blockIdx.x % p.heads;
   const int col0 = blockIdx.y * kCols;
@@ -50,67 +54,78 @@ cp_scan_kernel(const flashqla_gdn_cp_scan_params_t p) {
   first = first < 0 ? 0 : first;
   end = end >= p.segments ? p.segments - 1 : end;
   if (first > end) return;
-  const int row = tid >> 1, c8 = (tid & 1) * 8;
+  const int row = tid >> 1, c8 = (tid & 1) * kPer;
   const int64_t head_kv = int64_t(kDim) * kDim;  // elements of one (segment, head) tile
   auto tile = [&](int64_t seg) { return (seg * p.heads + h) * head_kv; };
 
   if (first < end) load_phi(sm.phi[0], p.phi + tile(first), tid);
   cp_commit();
   // init[first] = h0 (or zeros); this thread's eight values in registers
-  float acc[8];
+  float4 acc[kPer / 4];
   {
     const float4* src = p.h0 != nullptr
         ? reinterpret_cast<const float4*>(p.h0 + (seq * p.heads + h) * head_kv + int64_t(row) * kDim + col0 + c8)
         : nullptr;
-    const float4 a = src ? src[0] : make_float4(0.f, 0.f, 0.f, 0.f), b = src ? src[1] : make_float4(0.f, 0.f, 0.f, 0.f);
-    acc[0] = a.x; acc[1] = a.y; acc[2] = a.z; acc[3] = a.w; acc[4] = b.x; acc[5] = b.y; acc[6] = b.z; acc[7] = b.w;
+#pragma unroll
+    for (int j = 0; j < kPer / 4; ++j) acc[j] = src ? src[j] : make_float4(0.f, 0.f, 0.f, 0.f);
   }
   for (int64_t i = first;; ++i) {
     float4* out = reinterpret_cast<float4*>(p.init + tile(i) + int64_t(row) * kDim + col0 + c8);
-    out[0] = make_float4(acc[0], acc[1], acc[2], acc[3]);
-    out[1] = make_float4(acc[4], acc[5], acc[6], acc[7]);
+#pragma unroll
+    for (int j = 0; j < kPer / 4; ++j) out[j] = acc[j];
     if (i == end) break;
-    *reinterpret_cast<float4*>(&sm.s[row * kCols + c8]) = make_float4(acc[0], acc[1], acc[2], acc[3]);
-    *reinterpret_cast<float4*>(&sm.s[row * kCols + c8 + 4]) = make_float4(acc[4], acc[5], acc[6], acc[7]);
+#pragma unroll
+    for (int j = 0; j < kPer / 4; ++j) *reinterpret_cast<float4*>(&sm.s[row * kCols + c8 + 4 * j]) = acc[j];
     // acc = B_i + Phi_i S_i (B_i's loads in flight across the wait)
     const float4* bsrc = reinterpret_cast<const float4*>(p.b + tile(i) + int64_t(row) * kDim + col0 + c8);
-    const float4 b0 = bsrc[0], b1 = bsrc[1];
+    float4 bv[kPer / 4];
+#pragma unroll
+    for (int j = 0; j < kPer / 4; ++j) bv[j] = bsrc[j];
     const int buf = static_cast<int>((i - first) & 1);
     if (i + 1 < end) load_phi(sm.phi[buf ^ 1], p.phi + tile(i + 1), tid);  // the next Phi, while this one is applied
     cp_commit();
     cp_wait_prior1();  // Phi_i has landed (this thread's copies), then everyone's, and the state slice
     __syncthreads();
-    acc[0] = b0.x; acc[1] = b0.y; acc[2] = b0.z; acc[3] = b0.w; acc[4] = b1.x; acc[5] = b1.y; acc[6] = b1.z; acc[7] = b1.w;
+#pragma unroll
+    for (int j = 0; j < kPer / 4; ++j) acc[j] = bv[j];
     const float* ph = &sm.phi[buf][row * kLdPhi];
 #pragma unroll 4
     for (int k = 0; k < kDim; k += 4) {
       const float4 a = *reinterpret_cast<const float4*>(ph + k);
       const float av[4] = {a.x, a.y, a.z, a.w};
 #pragma unroll
-      for (int kk = 0; kk < 4; ++kk) {
-        const float4 s0 = *reinterpret_cast<const float4*>(&sm.s[(k + kk) * kCols + c8]);
-        const float4 s1 = *reinterpret_cast<const float4*>(&sm.s[(k + kk) * kCols + c8 + 4]);
-        acc[0] = fmaf(av[kk], s0.x, acc[0]); acc[1] = fmaf(av[kk], s0.y, acc[1]);
-        acc[2] = fmaf(av[kk], s0.z, acc[2]); acc[3] = fmaf(av[kk], s0.w, acc[3]);
-        acc[4] = fmaf(av[kk], s1.x, acc[4]); acc[5] = fmaf(av[kk], s1.y, acc[5]);
-        acc[6] = fmaf(av[kk], s1.z, acc[6]); acc[7] = fmaf(av[kk], s1.w, acc[7]);
-      }
+      for (int kk = 0; kk < 4; ++kk)
+#pragma unroll
+        for (int j = 0; j < kPer / 4; ++j) {
+          const float4 sv = *reinterpret_cast<const float4*>(&sm.s[(k + kk) * kCols + c8 + 4 * j]);
+          acc[j].x = fmaf(av[kk], sv.x, acc[j].x); acc[j].y = fmaf(av[kk], sv.y, acc[j].y);
+          acc[j].z = fmaf(av[kk], sv.z, acc[j].z); acc[j].w = fmaf(av[kk], sv.w, acc[j].w);
+        }
     }
     __syncthreads();  // every read of the state slice and of Phi_i is done before they are rewritten
   }
   warp::cp_async_wait_all();
 }
 
+template <int kCols>
+cudaError_t launch_cols(const flashqla_gdn_cp_scan_params_t& p, cudaStream_t stream) {
+  const int smem = static_cast<int>(sizeof(ScanSmem<kCols>));
+  cudaError_t err = cudaFuncSetAttribute(cp_scan_kernel<kCols>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
+  if (err != cudaSuccess) return err;
+  const dim3 grid(static_cast<unsigned>(p.num_seqs * p.heads), kDim / kCols);
+  cp_scan_kernel<kCols><<<grid, kThreads, smem, stream>>>(p);
+  return cudaGetLastError();
+}
+
 }  // namespace
 
 cudaError_t launch_gdn_cp_scan(const flashqla_gdn_cp_scan_params_t& p, cudaStream_t stream) {
   if (p.num_seqs == 0 || p.heads == 0 || p.segments == 0) return cudaSuccess;
-  const int smem = static_cast<int>(sizeof(ScanSmem));
-  cudaError_t err = cudaFuncSetAttribute(cp_scan_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
+  int dev = 0, sms = 0;
+  cudaError_t err = cudaGetDevice(&dev);
+  if (err == cudaSuccess) err = cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev);
   if (err != cudaSuccess) return err;
-  const dim3 grid(static_cast<unsigned>(p.num_seqs * p.heads), kDim / kCols);
-  cp_scan_kernel<<<grid, kThreads, smem, stream>>>(p);
-  return cudaGetLastError();
+  return p.num_seqs * p.heads * (kDim / 8) <= sms ? launch_cols<8>(p, stream) : launch_cols<16>(p, stream);
 }
 
 }  // namespace flashqla
