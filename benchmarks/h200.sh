@@ -31,6 +31,7 @@
 #             $KTIMES_ARGS, e.g. "--match 'bwd hk16' --launches" for one call's timeline)
 #   ncu       Nsight Compute on the v2 forward kernel of the phase profiler: scheduler and warp-state
 #             sections, and the source lines with the most stall samples (benchmarks/ncu_source_top.py)
+#   ncuscan   the same for exact parallelism's scan kernel (cp_scan_kernel) on a TP8 1 x 8192 forward
 #   ncugrad   the same for the backward's gradient kernel (a 1 x 8192, 16/32-head backward on the torch path)
 #   ncuflow   Nsight Compute speed-of-light and memory sections of the split forward's prep and recurrent
 #             kernels on the torch path (TP1 1 x 8192): is the recurrent kernel L2-bound? (see NOTES)
@@ -194,6 +195,18 @@ if has ncu; then
   ncu_stalls gdn_fwd_mma_kernel ncu /tmp/fq_phases
 fi
 
+if has ncuscan; then
+  say "ncu: exact parallelism's scan kernel (TP8 1 x 8192: 2/8 heads, 8 segments)"
+  ncu_stalls cp_scan_kernel ncuscan python3 -c "
+import torch, torch.nn.functional as F, flashqla
+T, hq, hv = 8192, 2, 8
+q, k = (F.normalize(torch.randn(1, T, hq, 128, device='cuda'), dim=-1).bfloat16() for _ in range(2))
+v = torch.randn(1, T, hv, 128, device='cuda').bfloat16()
+g = F.logsigmoid(torch.randn(1, T, hv, device='cuda')) / 16
+beta = torch.rand(1, T, hv, device='cuda')
+flashqla.chunk_gdn(q, k, v, g, beta, output_final_state=True)
+torch.cuda.synchronize()"
+fi
 if has ncugrad; then
   say "ncu: the backward's gradient kernel (1 x 8192 tokens, 16/32 heads)"
   ncu_stalls gdn_bwd_grad_kernel ncugrad python3 -c "

@@ -38,6 +38,19 @@ for cu in ([0, 0, 65, 65, 200, 260], [0, 900, 20, 300], [-5, 3, 1 << 30]):
 torch.cuda.synchronize()
 print("forward sanitize cases ran")
 
+# exact parallelism's scan, 8 and 16 columns per CTA (2 and 9 heads), well-formed and malformed `last`
+# (non-ascending, past the segments, negative): clamped, never out of bounds
+S = 5
+for H in (2, 9):
+    phi = torch.randn(S, H, D, D, device=dev) / D ** 0.5
+    bs = torch.randn(S, H, D, D, device=dev)
+    for last in ([1, 4], [4], [3, 1, 9], [-2, 2]):
+        lt = torch.tensor(last, device=dev)
+        torch.ops.flashqla.chunk_gdn_cp_scan(phi, bs, torch.randn(len(last), H, D, D, device=dev), lt)
+        torch.ops.flashqla.chunk_gdn_cp_scan(phi, bs, None, lt)
+        torch.cuda.synchronize()
+        print("cp scan ran", H, last, flush=True)
+
 # backward: the reverse state-gradient chain (prep + recurrent kernels) and the forward's chunk states, on the
 # same inputs and malformed cu_seqlens values
 do = torch.randn(1, T, 2, D, device=dev).bfloat16()
