@@ -60,7 +60,7 @@ cp_scan_kernel(const flashqla_gdn_cp_scan_params_t p) {
 
   if (first < end) load_phi(sm.phi[0], p.phi + tile(first), tid);
   cp_commit();
-  // init[first] = h0 (or zeros); this thread's eight values in registers
+  // init[first] = h0 (or zeros); this thread's kPer values in registers
   float4 acc[kPer / 4];
   {
     const float4* src = p.h0 != nullptr
@@ -69,6 +69,13 @@ cp_scan_kernel(const flashqla_gdn_cp_scan_params_t p) {
 #pragma unroll
     for (int j = 0; j < kPer / 4; ++j) acc[j] = src ? src[j] : make_float4(0.f, 0.f, 0.f, 0.f);
   }
+  float4 bnext[kPer / 4];
+  auto load_b = [&](int64_t seg) {
+    const float4* src = reinterpret_cast<const float4*>(p.b + tile(seg) + int64_t(row) * kDim + col0 + c8);
+#pragma unroll
+    for (int j = 0; j < kPer / 4; ++j) bnext[j] = src[j];
+  };
+  if (first < end) load_b(first);
   for (int64_t i = first;; ++i) {
     float4* out = reinterpret_cast<float4*>(p.init + tile(i) + int64_t(row) * kDim + col0 + c8);
 #pragma unroll
@@ -76,11 +83,12 @@ cp_scan_kernel(const flashqla_gdn_cp_scan_params_t p) {
     if (i == end) break;
 #pragma unroll
     for (int j = 0; j < kPer / 4; ++j) *reinterpret_cast<float4*>(&sm.s[row * kCols + c8 + 4 * j]) = acc[j];
-    // acc = B_i + Phi_i S_i (B_i's loads in flight across the wait)
-    const float4* bsrc = reinterpret_cast<const float4*>(p.b + tile(i) + int64_t(row) * kDim + col0 + c8);
+    // acc = B_i + Phi_i S_i. B_i was loaded a step ahead, and B_{i+1}'s loads are issued now: ncu measured the
+    // first FMA waiting on B_i's load (long scoreboard, 36% of the stalls) when it was issued here
     float4 bv[kPer / 4];
 #pragma unroll
-    for (int j = 0; j < kPer / 4; ++j) bv[j] = bsrc[j];
+    for (int j = 0; j < kPer / 4; ++j) bv[j] = bnext[j];
+    if (i + 1 < end) load_b(i + 1);
     const int buf = static_cast<int>((i - first) & 1);
     if (i + 1 < end) load_phi(sm.phi[buf ^ 1], p.phi + tile(i + 1), tid);  // the next Phi, while this one is applied
     cp_commit();
