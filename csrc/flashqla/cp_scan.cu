@@ -54,7 +54,7 @@ cp_scan_kernel(const flashqla_gdn_cp_scan_params_t p) {
   first = first < 0 ? 0 : first;
   end = end >= p.segments ? p.segments - 1 : end;
   if (first > end) return;
-  const int row = tid >> 1, c8 = (tid & 1) * kPer;
+  const int row = tid >> 1, cs = (tid & 1) * kPer;  // this thread's row and first column in the slice
   const int64_t head_kv = int64_t(kDim) * kDim;  // elements of one (segment, head) tile
   auto tile = [&](int64_t seg) { return (seg * p.heads + h) * head_kv; };
 
@@ -64,25 +64,25 @@ cp_scan_kernel(const flashqla_gdn_cp_scan_params_t p) {
   float4 acc[kPer / 4];
   {
     const float4* src = p.h0 != nullptr
-        ? reinterpret_cast<const float4*>(p.h0 + (seq * p.heads + h) * head_kv + int64_t(row) * kDim + col0 + c8)
+        ? reinterpret_cast<const float4*>(p.h0 + (seq * p.heads + h) * head_kv + int64_t(row) * kDim + col0 + cs)
         : nullptr;
 #pragma unroll
     for (int j = 0; j < kPer / 4; ++j) acc[j] = src ? src[j] : make_float4(0.f, 0.f, 0.f, 0.f);
   }
   float4 bnext[kPer / 4];
   auto load_b = [&](int64_t seg) {
-    const float4* src = reinterpret_cast<const float4*>(p.b + tile(seg) + int64_t(row) * kDim + col0 + c8);
+    const float4* src = reinterpret_cast<const float4*>(p.b + tile(seg) + int64_t(row) * kDim + col0 + cs);
 #pragma unroll
     for (int j = 0; j < kPer / 4; ++j) bnext[j] = src[j];
   };
   if (first < end) load_b(first);
   for (int64_t i = first;; ++i) {
-    float4* out = reinterpret_cast<float4*>(p.init + tile(i) + int64_t(row) * kDim + col0 + c8);
+    float4* out = reinterpret_cast<float4*>(p.init + tile(i) + int64_t(row) * kDim + col0 + cs);
 #pragma unroll
     for (int j = 0; j < kPer / 4; ++j) out[j] = acc[j];
     if (i == end) break;
 #pragma unroll
-    for (int j = 0; j < kPer / 4; ++j) *reinterpret_cast<float4*>(&sm.s[row * kCols + c8 + 4 * j]) = acc[j];
+    for (int j = 0; j < kPer / 4; ++j) *reinterpret_cast<float4*>(&sm.s[row * kCols + cs + 4 * j]) = acc[j];
     // acc = B_i + Phi_i S_i. B_i was loaded a step ahead, and B_{i+1}'s loads are issued now: ncu measured the
     // first FMA waiting on B_i's load (long scoreboard, 36% of the stalls) when it was issued here
     float4 bv[kPer / 4];
@@ -105,7 +105,7 @@ cp_scan_kernel(const flashqla_gdn_cp_scan_params_t p) {
       for (int kk = 0; kk < 4; ++kk)
 #pragma unroll
         for (int j = 0; j < kPer / 4; ++j) {
-          const float4 sv = *reinterpret_cast<const float4*>(&sm.s[(k + kk) * kCols + c8 + 4 * j]);
+          const float4 sv = *reinterpret_cast<const float4*>(&sm.s[(k + kk) * kCols + cs + 4 * j]);
           acc[j].x = fmaf(av[kk], sv.x, acc[j].x); acc[j].y = fmaf(av[kk], sv.y, acc[j].y);
           acc[j].z = fmaf(av[kk], sv.z, acc[j].z); acc[j].w = fmaf(av[kk], sv.w, acc[j].w);
         }
