@@ -281,8 +281,8 @@ __global__ void __launch_bounds__(kGradThreads, 1) gdn_bwd_grad_kernel(const __g
       // products read both in T. 8 bytes of S0 and 16 of dS' per item, kBatch items in flight per thread
       // before any is used (read-only loads). With dS' in fp32 the loaders' phases 1-2 grew to 12.7k cycles
       // (7a41b4f), the aux warps waiting ~4k for them: 16 items per round trip instead of 8 halves the round
-      // trips (FLASHQLA_GRAD_LOAD_BATCH, a compile-time switch for the phase profiler's A/B; no spills at 8, 16
-      // or 32)
+      // trips (FLASHQLA_GRAD_LOAD_BATCH, a compile-time switch for the phase profiler's A/B; ptxas: the same
+      // 12 bytes of spills at 16 as at 8, in the kLoadA instantiations)
       const T* s0g = static_cast<const T*>(gp.states) + slot;
       const float* dsg = gp.dh + slot;
       constexpr int kPer = kDimK * kDimV / 4 / kAuxThreads, kBatch = FLASHQLA_GRAD_LOAD_BATCH;
