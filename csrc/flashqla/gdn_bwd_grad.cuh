@@ -50,6 +50,10 @@ constexpr int kGradThreads = kGradWarps * 32;
 #define FLASHQLA_GRAD_COPY_WARPS 4
 #endif
 constexpr int kCopyWarps = FLASHQLA_GRAD_COPY_WARPS;
+// items (8 bytes of S0 and 16 of dS') each loader thread has in flight in phases 1-2 (see there)
+#ifndef FLASHQLA_GRAD_LOAD_BATCH
+#define FLASHQLA_GRAD_LOAD_BATCH 16
+#endif
 static_assert(kCopyWarps >= 1 && kCopyWarps <= kGradWarps && 2 * kChunk / kCopyWarps <= 32, "copies per lane");
 // this thread's copy index i among n (the mapping above), or -1
 CUTLASS_DEVICE int copy_index(int tid, int n) {
@@ -275,10 +279,13 @@ __global__ void __launch_bounds__(kGradThreads, 1) gdn_bwd_grad_kernel(const __g
       // S0 arrives in T (the states chain rounds it once on the way out), dS' in fp32: <S0, dS'> (dG_C's term)
       // sums dS' unrounded (both rounded raised dg's error 2.1e-3 -> 3.3e-3 on the harness case), and the
       // products read both in T. 8 bytes of S0 and 16 of dS' per item, kBatch items in flight per thread
-      // before any is used (read-only loads)
+      // before any is used (read-only loads). With dS' in fp32 the loaders' phases 1-2 grew to 12.7k cycles
+      // (7a41b4f), the aux warps waiting ~4k for them: 16 items per round trip instead of 8 halves the round
+      // trips (FLASHQLA_GRAD_LOAD_BATCH, a compile-time switch for the phase profiler's A/B; ptxas: the same
+      // 12 bytes of spills at 16 as at 8, in the kLoadA instantiations)
       const T* s0g = static_cast<const T*>(gp.states) + slot;
       const float* dsg = gp.dh + slot;
-      constexpr int kPer = kDimK * kDimV / 4 / kAuxThreads, kBatch = 8;
+      constexpr int kPer = kDimK * kDimV / 4 / kAuxThreads, kBatch = FLASHQLA_GRAD_LOAD_BATCH;
       static_assert(kPer % kBatch == 0, "whole batches");
       float dot = 0.f;
       for (int i0 = 0; i0 < kPer; i0 += kBatch) {
