@@ -24,15 +24,18 @@ namespace gdn_bwd_dh {
 using namespace gdn_fwd_mma;
 
 // ---- prep: W' and U per (chunk, value head)
+// Two 64 x 128 tiles (~67 KB with the aux scratch: three CTAs per SM, as the forward's prep): dO arrives in
+// Q's space once Q K^T is in registers, so its load overlaps only the inverse's epilogue, not the Gram, and the
+// outputs are staged over the dead inputs.
 template <typename T>
 struct alignas(128) BwdPrepStage {
-  T k[kChunk * kLdK];
-  union {                 // W' overwrites Q (dead once Q K^T is in registers)
-    T q[kChunk * kLdK];
+  union {                 // W' staged over K (dead once W' is in registers)
+    T k[kChunk * kLdK];
     T x[kChunk * kLdK];
   };
-  union {                 // U overwrites dO (dead once U is in registers)
-    T v[kChunk * kLdK];   // dO, all 128 columns of the head
+  union {                 // Q, then dO (all 128 columns of the head; Q is dead once Q K^T is in registers),
+    T q[kChunk * kLdK];   // then U staged over dO (dead once U is in registers)
+    T v[kChunk * kLdK];
     T w[kChunk * kLdK];
   };
   float gamma[kChunk];
@@ -44,7 +47,7 @@ struct BwdPrepStorage {
   AuxScratch<T> aux;
   int64_t seq, chunk;
 };
-constexpr int kBwdPrepCtasPerSm = 2;
+constexpr int kBwdPrepCtasPerSm = 3;
 
 template <typename T, typename IndexT>
 __global__ void __launch_bounds__(kAuxThreads, kBwdPrepCtasPerSm)
@@ -52,7 +55,7 @@ __global__ void __launch_bounds__(kAuxThreads, kBwdPrepCtasPerSm)
   using namespace warp;
   extern __shared__ __align__(128) unsigned char smem_raw[];
   auto& sm = *reinterpret_cast<BwdPrepStorage<T>*>(smem_raw);
-  static_assert(kBwdPrepCtasPerSm * sizeof(BwdPrepStorage<T>) <= 227 * 1024, "two backward prep CTAs per SM");
+  static_assert(kBwdPrepCtasPerSm * sizeof(BwdPrepStorage<T>) <= 227 * 1024, "three backward prep CTAs per SM");
   const int tid = threadIdx.x, w = tid >> 5, lane = tid & 31;
   CtaTile ct;
   int64_t c;
@@ -64,17 +67,18 @@ __global__ void __launch_bounds__(kAuxThreads, kBwdPrepCtasPerSm)
   BwdPrepStage<T>& S = sm.stage;
   AuxScratch<T>& ax = sm.aux;
 
-  // dO rows, all 128 columns (the wait inside aux_chunk covers them)
-  for (int i = tid; i < kChunk * kDimV / 8; i += kAuxThreads) {
-    const int r = i >> 4, c8 = (i & 15) * 8;
-    const bool ok = r < rows;
-    cp_async_16(&S.v[r * kLdK + c8], ok ? wk.v + (c * kChunk + r) * p.v_stride_time + c8 : wk.v, ok);
-  }
   long long t_mark = 0;
   aux_chunk<T, AuxMode::kInputsOnly>(p, S, ax, wk, c, tid, kBarAux, pb, t_mark);
   bar_sync(kBarAux, kAuxThreads);
   float qk[8][4];
   aux_gram_inverse<T>(S, ax, tid, kBarAux, t_mark, qk);
+  // dO rows, all 128 columns, into Q's space: every thread read Q for the Gram products before the inverse's
+  // first barrier, which this thread has passed (waited for before U's product)
+  for (int i = tid; i < kChunk * kDimV / 8; i += kAuxThreads) {
+    const int r = i >> 4, c8 = (i & 15) * 8;
+    const bool ok = r < rows;
+    cp_async_16(&S.v[r * kLdK + c8], ok ? wk.v + (c * kChunk + r) * p.v_stride_time + c8 : wk.v, ok);
+  }
 
   if (pb.a != nullptr) {  // A's rows for the gradient kernel, zeros above the diagonal (la holds stale values there)
     float* ad = pb.a + ((wk.flat0 + c * kChunk) * p.heads_v + h) * kChunk;
@@ -102,6 +106,7 @@ __global__ void __launch_bounds__(kAuxThreads, kBwdPrepCtasPerSm)
   for (int nt = 0; nt < 8; ++nt)
 #pragma unroll
     for (int e = 0; e < 4; ++e) pt[(8 * nt + 2 * tq + (e & 1)) * kLdC + (e < 2 ? i0 : i1)] = from_f<T>(qk[nt][e]);
+  cp_async_wait_all();             // this thread's dO copies; the barrier makes everyone's visible
   bar_sync(kBarAux, kAuxThreads);
 
   const LdsmOffsets ld(lane);
@@ -116,7 +121,7 @@ __global__ void __launch_bounds__(kAuxThreads, kBwdPrepCtasPerSm)
   for (int nt = 0; nt < 16; ++nt)
 #pragma unroll
     for (int e = 0; e < 4; ++e) ua[nt][e] *= p.scale;
-  bar_sync(kBarAux, kAuxThreads);  // dO and Q are dead: U and W' go there
+  bar_sync(kBarAux, kAuxThreads);  // dO and K are dead: U and W' go there
   store_c_tiles<T>(&S.w[16 * w * kLdK], kLdK, ua, lane);
   store_c_tiles<T>(&S.x[16 * w * kLdK], kLdK, wa, lane);
   bar_sync(kBarAux, kAuxThreads);
