@@ -282,6 +282,23 @@ def test_split_and_fused_forward_agree_bitwise(monkeypatch, case, prep_heads):
     assert rel_l2(out["1"][0], ro) < 5e-3 and rel_l2(out["1"][1], rs) < 5e-3
 
 
+@pytest.mark.parametrize("l2norm", [False, True])
+def test_states_recompute_prep_agrees_bitwise(monkeypatch, l2norm):
+    # the backward's state recompute (chunk_gdn_fwd_states: chunk states, no o) runs a prep kernel that computes
+    # X alone (no Q, Q K^T, M or W); its chunk states and final states equal, bit for bit, the fused mode's,
+    # whose aux warps compute every product
+    d = make([64, 191, 1500, 0, 77], 2, 8, dtype=torch.float16, seed=26)
+    if l2norm:
+        d["q"], d["k"] = d["q"] * 3, d["k"] * 0.5
+    args = (d["q"], d["k"], d["v"], d["g"], d["beta"], D ** -0.5, d["initial_state"], d["cu_seqlens"], l2norm)
+    out = {}
+    for mode in ("0", "1"):
+        monkeypatch.setenv("FLASHQLA_FWD_SPLIT", mode)
+        out[mode] = torch.ops.flashqla.chunk_gdn_fwd_states(*args)
+    n = sum(-(-x // 64) for x in (64, 191, 1500, 0, 77))
+    assert torch.equal(out["0"][:n], out["1"][:n]) and torch.isfinite(out["1"][:n].float()).all()
+
+
 @pytest.mark.parametrize("counts", [[9, 1, 4, 2], [6]])  # 16 and 8 columns per CTA (few sequences x heads)
 @pytest.mark.parametrize("h0", [True, False])
 def test_cp_scan_kernel_against_float64(h0, counts):

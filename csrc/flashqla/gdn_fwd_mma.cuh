@@ -224,35 +224,40 @@ CUTLASS_DEVICE Work<T> make_work(const flashqla_gdn_fwd_params_t& p, const CtaTi
 // kPrep: load K, Q and compute (the prep kernel); kInputsOnly: load K, Q, gates and l2norm only (the backward's prep).
 // kLoadBwd (gdn_bwd_dh.cuh): the backward's recurrent loader, chunks in reverse: K, Q, dO (in v), W' (in x) and
 // U (in w, this CTA's columns).
-enum class AuxMode { kFused, kLoadPrepared, kPrep, kInputsOnly, kLoadBwd };
+// kPrepStates: the prep kernel for a recurrence without o (the backward's state recompute): X only (no Q, no
+// Q K^T, no M, no W: they serve O alone).
+enum class AuxMode { kFused, kLoadPrepared, kPrep, kInputsOnly, kLoadBwd, kPrepStates };
 
 // ---- The chunk's products (K K^T, Q K^T, L, P, the inverse A, M, W, X) from the loaded K, Q, G and beta.
 
 // The raw Gram products (no gates): K K^T for row block 3 - w in kk, Q K^T for row block w in qk, column tiles
 // up to the diagonal: 4 - w plus w + 1 tiles, five per warp (one row block for both gave warp 3 four times
 // warp 0's work). The value heads of a GVA group share them (gdn_prep_kernel).
-// (kKK false: Q K^T only, kk untouched)
-template <typename T, bool kKK = true, typename StageT>
+// (kKK false: Q K^T only, kk untouched; kQK false: K K^T only, qk untouched and Q not read)
+template <typename T, bool kKK = true, bool kQK = true, typename StageT>
 CUTLASS_DEVICE void aux_gram_raw(const StageT& S, int tid, float (&kk)[8][4], float (&qk)[8][4]) {
   using namespace warp;
+  static_assert(kKK || kQK, "at least one product");
   const AuxLane al(tid);
   const int w = al.w;
   const LdsmOffsets& ld = al.ld;
   const int r = kKK ? 3 - w : -1;
+  const int wq = kQK ? w : -1;
   if constexpr (kKK) zero_acc(kk);
-  zero_acc(qk);
+  if constexpr (kQK) zero_acc(qk);
 #pragma unroll
   for (int ks = 0; ks < kDimK / 16; ++ks) {
     uint32_t ak[4], aq[4];
     if constexpr (kKK) ldsm_x4(ak, &S.k[(16 * r + ld.a_row) * kLdK + 16 * ks + ld.a_col]);
-    ldsm_x4(aq, &S.q[(16 * w + ld.a_row) * kLdK + 16 * ks + ld.a_col]);
+    if constexpr (kQK) ldsm_x4(aq, &S.q[(16 * w + ld.a_row) * kLdK + 16 * ks + ld.a_col]);
 #pragma unroll
     for (int np = 0; np < 4; ++np) {
-      if (np > r && np > w) continue;
+      if (np > r && np > wq) continue;
       uint32_t b[4];
       ldsm_x4(b, &S.k[(16 * np + ld.b_row) * kLdK + 16 * ks + ld.b_col]);
       if (kKK && np <= r) mma_pair<T>(kk, np, ak, b);
-      if (np <= w) mma_pair<T>(qk, np, aq, b);
+      if constexpr (kQK)
+        if (np <= w) mma_pair<T>(qk, np, aq, b);
     }
   }
 }
@@ -359,8 +364,9 @@ CUTLASS_DEVICE void aux_gram_inverse(StageT& S, AuxScratch<T>& ax, int tid, uint
 }
 
 // The forward's products after the inverse: M, W = P M and X into the stage. qk holds P, or with kRawQK the
-// raw Q K^T, gated here tile by tile (the prep kernel keeps it for all heads of a GVA group).
-template <typename T, bool kRawQK = false, typename StageT>
+// raw Q K^T, gated here tile by tile (the prep kernel keeps it for all heads of a GVA group). kW false: X
+// alone (M and W serve O only; qk is not read).
+template <typename T, bool kRawQK = false, bool kW = true, typename StageT>
 CUTLASS_DEVICE void aux_mwx(StageT& S, AuxScratch<T>& ax, int tid, uint32_t bar_aux, long long& t_mark,
                             const float (&qk)[8][4]) {
   using namespace warp;
@@ -368,6 +374,7 @@ CUTLASS_DEVICE void aux_mwx(StageT& S, AuxScratch<T>& ax, int tid, uint32_t bar_
   const AuxLane al(tid);
   const int w = al.w, lane = al.lane, tq = al.tq, i0 = al.i0, i1 = al.i1;
   const LdsmOffsets& ld = al.ld;
+  if constexpr (kW) {
 
   // ---- M = (Gamma * A) diag(beta) (shared, T)
 #pragma unroll 4
@@ -405,6 +412,7 @@ CUTLASS_DEVICE void aux_mwx(StageT& S, AuxScratch<T>& ax, int tid, uint32_t bar_
     }
     store_c_tiles<T>(&S.w[16 * w * kLdC], kLdC, wa, lane);
   }
+  }  // kW
   // ---- X = diag(beta) A^T K, rows [16w, 16w + 16): A operand (i, m) = beta_i A[m][i], m >= 16w
   {
     const float b0 = ax.beta[i0], b1 = ax.beta[i1];
@@ -434,12 +442,19 @@ CUTLASS_DEVICE void aux_mwx(StageT& S, AuxScratch<T>& ax, int tid, uint32_t bar_
   FLASHQLA_ROLE_PHASE(1, kAuxW);
 }
 
-// The forward's products: the inverse (aux_gram_inverse), then M, W and X into the stage.
-template <typename T, typename StageT>
+// The forward's products: the inverse (aux_gram_inverse), then M, W and X into the stage; kW false (no o):
+// K K^T, the inverse and X alone.
+template <typename T, bool kW = true, typename StageT>
 CUTLASS_DEVICE void aux_products(StageT& S, AuxScratch<T>& ax, int tid, uint32_t bar_aux, long long& t_mark) {
   float qk[8][4];
-  aux_gram_inverse<T>(S, ax, tid, bar_aux, t_mark, qk);
-  aux_mwx<T>(S, ax, tid, bar_aux, t_mark, qk);
+  if constexpr (kW) {
+    aux_gram_inverse<T>(S, ax, tid, bar_aux, t_mark, qk);
+  } else {
+    float kk[8][4];
+    aux_gram_raw<T, true, false>(S, tid, kk, qk);
+    aux_gates_inverse<T>(ax, tid, bar_aux, t_mark, kk);
+  }
+  aux_mwx<T, false, kW>(S, ax, tid, bar_aux, t_mark, qk);
 }
 
 // Warp 0: chunk c's gates for value head wk.h: the chunk-local cumsum G and beta (ax), gamma = e^G and
@@ -497,7 +512,7 @@ CUTLASS_DEVICE void aux_chunk(const flashqla_gdn_fwd_params_t& p, StageT& S, Aux
 
   // ---- loads: K, Q, V rows (zero past the end), g and beta (0 past the end). The prepared recurrent kernel
   // without o (summaries: the CP passes, the backward's states) reads Q only for Q S^T and O: not loaded
-  const bool want_q = !(kMode == AuxMode::kLoadPrepared && wk.o == nullptr);
+  const bool want_q = !(kMode == AuxMode::kLoadPrepared && wk.o == nullptr) && kMode != AuxMode::kPrepStates;
   for (int i = tid; i < kChunk * kDimK / 8; i += kAuxThreads) {
     const int r = i >> 4, c8 = (i & 15) * 8;
     const bool ok = r < rows;
@@ -568,6 +583,7 @@ CUTLASS_DEVICE void aux_chunk(const flashqla_gdn_fwd_params_t& p, StageT& S, Aux
   }
   FLASHQLA_ROLE_PHASE(1, kAuxL2norm);
   if constexpr (kMode == AuxMode::kFused || kMode == AuxMode::kPrep) aux_products<T>(S, ax, tid, bar_aux, t_mark);
+  if constexpr (kMode == AuxMode::kPrepStates) aux_products<T, false>(S, ax, tid, bar_aux, t_mark);
 #endif
 }
 
@@ -861,18 +877,18 @@ CUTLASS_DEVICE bool prep_tile(const flashqla_gdn_fwd_params_t& p, int64_t& seq_s
   return true;
 }
 
-// The prep kernel's X and W of value head h for the chunk's rows (rows past the sequence's end are not
-// written: the recurrent kernel zero-fills them on load).
+// The prep kernel's X and W (with_w) of value head h for the chunk's rows (rows past the sequence's end are
+// not written: the recurrent kernel zero-fills them on load).
 template <typename T>
 CUTLASS_DEVICE void store_prep(const flashqla_gdn_fwd_params_t& p, const PrepBuffers<T>& pb, const PrepStage<T>& S,
-                               int64_t row0, int rows, int64_t h, int tid) {
+                               int64_t row0, int rows, int64_t h, int tid, bool with_w = true) {
   T* xd = pb.x + row0 * p.heads_v * kDimK + h * kDimK;
   T* wd = pb.w + row0 * p.heads_v * kChunk + h * kChunk;
   for (int i = tid; i < rows * (kDimK / 8); i += kPrepThreads) {
     const int r = i >> 4, c8 = (i & 15) * 8;
     *reinterpret_cast<uint4*>(xd + int64_t(r) * p.heads_v * kDimK + c8) = *reinterpret_cast<const uint4*>(&S.x[r * kLdK + c8]);
   }
-  for (int i = tid; i < rows * (kChunk / 8); i += kPrepThreads) {
+  for (int i = tid; with_w && i < rows * (kChunk / 8); i += kPrepThreads) {
     const int r = i >> 3, c8 = (i & 7) * 8;
     *reinterpret_cast<uint4*>(wd + int64_t(r) * p.heads_v * kChunk + c8) = *reinterpret_cast<const uint4*>(&S.w[r * kLdC + c8]);
   }
@@ -883,9 +899,11 @@ CUTLASS_DEVICE void store_prep(const flashqla_gdn_fwd_params_t& p, const PrepBuf
 // its gates, the inverse and M, W, X. No recurrence, so the whole GPU works on them at once. The per-head
 // form is its own instantiation: the group loop keeps the raw products live across heads (156 bytes of spills)
 // and measured 5-11% slower per head, which the sharing only won back (NOTES, session 5).
-template <typename T, typename IndexT, bool kGroup>
+// kStatesOnly (per-head form only): for a recurrence without o (the backward's state recompute), X alone.
+template <typename T, typename IndexT, bool kGroup, bool kStatesOnly = false>
 __global__ void __launch_bounds__(kPrepThreads, kPrepCtasPerSm) gdn_prep_kernel(const __grid_constant__ flashqla_gdn_fwd_params_t p,
                                                                 const PrepBuffers<T> pb, int hpc) {
+  static_assert(!(kGroup && kStatesOnly), "the group form computes W");
   extern __shared__ __align__(128) unsigned char smem_raw[];
   auto& sm = *reinterpret_cast<PrepStorage<T>*>(smem_raw);
   static_assert(3 * sizeof(PrepStorage<T>) <= 227 * 1024, "three prep CTAs per SM");
@@ -898,9 +916,10 @@ __global__ void __launch_bounds__(kPrepThreads, kPrepCtasPerSm) gdn_prep_kernel(
   const int rows = static_cast<int>(wk.len - c * kChunk < kChunk ? wk.len - c * kChunk : kChunk);
   const int64_t row0 = wk.flat0 + c * kChunk;
   if constexpr (!kGroup) {
-    aux_chunk<T, AuxMode::kPrep>(p, sm.stage, sm.aux, wk, c, tid, kBarAux, pb, t_mark);
+    aux_chunk<T, kStatesOnly ? AuxMode::kPrepStates : AuxMode::kPrep>(p, sm.stage, sm.aux, wk, c, tid, kBarAux, pb,
+                                                                       t_mark);
     __syncthreads();
-    store_prep<T>(p, pb, sm.stage, row0, rows, ct.h, tid);
+    store_prep<T>(p, pb, sm.stage, row0, rows, ct.h, tid, !kStatesOnly);
   } else {
     aux_chunk<T, AuxMode::kInputsOnly>(p, sm.stage, sm.aux, wk, c, tid, kBarAux, pb, t_mark);  // gates of head ct.h
     float kk[8][4], qk[8][4];
@@ -990,9 +1009,13 @@ cudaError_t launch(const flashqla_gdn_fwd_params_t& p, cudaStream_t stream) {
   PrepBuffers<T> pb{static_cast<T*>(ws.ptr), static_cast<T*>(ws.ptr) + rows * p.heads_v * kDimK};
   if (p.prep_ready && !ws.owned) return launch_recurrent<T, AuxMode::kLoadPrepared>(p, pb, stream);  // X, W in place
   const bool ix64 = p.cu_seqlens != nullptr && p.cu_seqlens_dtype == FLASHQLA_INT64;
-  const int hpc = prep_heads_per_cta(p, chunks);
-  auto prep = hpc > 1 ? (ix64 ? gdn_prep_kernel<T, int64_t, true> : gdn_prep_kernel<T, int32_t, true>)
-                      : (ix64 ? gdn_prep_kernel<T, int64_t, false> : gdn_prep_kernel<T, int32_t, false>);
+  // the backward's state recompute (chunk states, no o) needs X alone; its workspace then holds no W (a later
+  // prep_ready call with o needs a workspace filled by a call with o)
+  const bool states_only = p.o == nullptr && p.chunk_states != nullptr;
+  const int hpc = states_only ? 1 : prep_heads_per_cta(p, chunks);
+  auto prep = states_only ? (ix64 ? gdn_prep_kernel<T, int64_t, false, true> : gdn_prep_kernel<T, int32_t, false, true>)
+              : hpc > 1   ? (ix64 ? gdn_prep_kernel<T, int64_t, true> : gdn_prep_kernel<T, int32_t, true>)
+                          : (ix64 ? gdn_prep_kernel<T, int64_t, false> : gdn_prep_kernel<T, int32_t, false>);
   const size_t smem = sizeof(PrepStorage<T>);
   err = cudaFuncSetAttribute(prep, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem));
   if (err == cudaSuccess) {

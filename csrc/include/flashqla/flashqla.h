@@ -136,7 +136,10 @@ typedef struct flashqla_gdn_fwd_params {
   int32_t prep_ready;                    /* 1: the workspace already holds the chunk products (X, W) of an
                                             earlier call on this stream with the same q, k, g, beta, cu_seqlens,
                                             scale and use_qk_l2norm (v and initial_state may differ), so the
-                                            prep kernel is skipped; needs a caller workspace. 0: computed. */
+                                            prep kernel is skipped; needs a caller workspace. 0: computed.
+                                            A call with chunk_states set and o = NULL (the backward's
+                                            recompute) computes X alone: its workspace cannot serve a later
+                                            prep_ready call that writes o. */
 } flashqla_gdn_fwd_params_t;
 
 FLASHQLA_API flashqla_status_t flashqla_gdn_fwd(const flashqla_gdn_fwd_params_t* params, cudaStream_t stream);
