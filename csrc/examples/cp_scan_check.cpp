@@ -60,17 +60,8 @@ int main() {
   CUDA_OK(cudaMemcpy(d_h0, h0.data(), h0.size() * sizeof(float), cudaMemcpyHostToDevice));
   CUDA_OK(cudaMemcpy(d_last, last.data(), last.size() * sizeof(int64_t), cudaMemcpyHostToDevice));
 
-  flashqla_gdn_cp_scan_params_t p{};
-  p.phi = d_phi;
-  p.b = d_b;
-  p.init = d_init;
-  p.last = d_last;
-  p.last_dtype = FLASHQLA_INT64;
-  p.num_seqs = N;
-  p.segments = S;
-  p.heads = H;
-  p.head_dim_k = kD;
-  p.head_dim_v = kD;
+  // phi, b, h0 (set below), init, last, last_dtype, num_seqs, segments, heads, head_dim_k, head_dim_v
+  flashqla_gdn_cp_scan_params_t p{d_phi, d_b, nullptr, d_init, d_last, FLASHQLA_INT64, N, S, H, kD, kD};
   int fails = 0;
   for (int with_h0 = 0; with_h0 < 2; ++with_h0) {
     p.h0 = with_h0 ? d_h0 : nullptr;
