@@ -62,7 +62,6 @@ class Plan:
     seq_of: tuple         # sequence of each segment
     rank_of: tuple        # position of each segment within its sequence
     last_of_seq: tuple    # each sequence's last segment
-    ranks: int            # most segments of one sequence
     segment_chunks: int
 
     @property
@@ -108,7 +107,7 @@ def plan(lengths, heads_v: int, sms: int, chunk: int = CHUNK):
             rank_of.append(r)
         last.append(len(seq_of) - 1)
         start += n
-    return Plan(tuple(cu), tuple(seq_of), tuple(rank_of), tuple(last), max(rank_of) + 1, seg)
+    return Plan(tuple(cu), tuple(seq_of), tuple(rank_of), tuple(last), seg)
 
 
 _DEVICE_PLANS: dict = {}
@@ -160,8 +159,8 @@ def _plan_tensors(key, device, make):
 
 
 def _first_segments(p: Plan) -> list:
-    return [p.last_of_seq[s] - max(r for i, r in enumerate(p.rank_of) if p.seq_of[i] == s)
-            for s in range(len(p.last_of_seq))]
+    """Each sequence's first segment (a sequence's segments follow the previous sequence's last one)."""
+    return [0] + [last + 1 for last in p.last_of_seq[:-1]]
 
 
 def _as_long(x, device):
@@ -256,15 +255,13 @@ def forward(fwd, q, k, v, g, beta, scale, initial_state, p: Plan, l2norm: bool, 
 
 
 def _reverse_plan(p: Plan, device: torch.device):
-    """Device indices of the backward's reverse scan, cached like device_plan: `gather` for the grid
-    [ranks counted from each sequence's end, sequences] (a sequence with fewer segments repeats its first one
-    past them, whose results are never read), `cell` of each segment in that grid, and each sequence's first
-    segment."""
+    """Device indices of the backward's reverse scan, cached like device_plan: `rev`, the permutation that reverses
+    each sequence's segments in place (an involution: segment i of sequence s and first[s] + last[s] - i trade
+    places), and each sequence's first segment."""
     def make():
-        N, first = len(p.last_of_seq), _first_segments(p)
-        gather = [max(p.last_of_seq[s] - j, first[s]) for j in range(p.ranks) for s in range(N)]
-        cell = [(p.last_of_seq[p.seq_of[i]] - i) * N + p.seq_of[i] for i in range(p.segments)]
-        return _as_long(gather, device), _as_long(cell, device), _as_long(first, device)
+        first = _first_segments(p)
+        rev = [first[s] + p.last_of_seq[s] - i for i, s in enumerate(p.seq_of)]
+        return _as_long(rev, device), _as_long(first, device)
     return _plan_tensors(("reverse", p, str(device)), device, make)
 
 
@@ -286,11 +283,10 @@ def backward_chains(ops, q, k, v, g, beta, do, dht, scale, initial_state, p: Pla
     # passes 1-2 summaries only, sharing one prep (the chunk_gdn_fwd_pass op), as the forward's CP does
     init, _ = _initial_states(ops.chunk_gdn_fwd, q, k, v, g, beta, scale, initial_state, p, l2norm, index_dtype,
                               ops.chunk_gdn_fwd_pass)
-    cu = dp[0]
-    rgather, rcell, first = rp
+    cu, last = dp
+    rev, first = rp
     states = ops.chunk_gdn_fwd_states(q, k, v, g, beta, scale, init, cu, l2norm)
-    H, K, V = v.shape[2], k.shape[3], v.shape[3]
-    N, R, NS = len(p.last_of_seq), p.ranks, p.segments
+    H, K, NS = v.shape[2], k.shape[3], p.segments
     # B: zero end gradients (dht enters through the scan's first rank, as h0 does in the forward's)
     _, b_start, _ = ops.chunk_gdn_bwd_dh(q, k, g, beta, do, None, scale, cu, l2norm, True, False)
     sd = b_start.dtype  # the segment maps and the scan in the start gradients' dtype (fp32; the states are q's)
@@ -301,18 +297,11 @@ def backward_chains(ops, q, k, v, g, beta, do, dht, scale, initial_state, p: Pla
     eye = _cached(("eye", NS, H, K, sd, str(q.device)),
                   lambda: torch.eye(K, dtype=sd, device=q.device).expand(NS, H, K, K).contiguous(), q.device)
     _, l_map, _ = ops.chunk_gdn_bwd_dh(q, k, g, beta, zero_do, eye, scale, cu, l2norm, True, False)
-    # the reverse scan on a [ranks from the end, sequences] grid: E_0 = dht, E_{j+1} = L_j E_j + B_j
-    grid = torch.empty(R, N * H, K, V, dtype=sd, device=q.device)
-    if dht is not None:
-        grid[0].copy_(dht.to(sd).reshape(N * H, K, V))
-    else:
-        grid[0].zero_()
-    # (one sequence's grid is its segments reversed: a gather as costly as the general one, so no special case)
-    l_g = l_map.index_select(0, rgather).view(R, N * H, K, K)
-    b_g = b_start.index_select(0, rgather).view(R, N * H, K, V)
-    for j in range(R - 1):
-        torch.baddbmm(b_g[j], l_g[j], grid[j], out=grid[j + 1])
-    ends = grid.view(R * N, H, K, V).index_select(0, rcell)
+    # the reverse scan, E_0 = dht, E_{j+1} = L_j E_j + B_j from each sequence's last segment back: the forward's
+    # scan op over the segments reversed within each sequence (position j of the reversed order holds the end
+    # gradient of segment rev[j])
+    dht_ = None if dht is None else dht.to(sd).contiguous()
+    ends = ops.chunk_gdn_cp_scan(l_map.index_select(0, rev), b_start.index_select(0, rev), dht_, last).index_select(0, rev)
     dh, dh0_seg, a = ops.chunk_gdn_bwd_dh(q, k, g, beta, do, ends, scale, cu, l2norm, True, output_a)
     dh0 = dh0_seg.index_select(0, first) if output_dh0 else dh0_seg.new_empty((0,))
     return states, dh, dh0, a

@@ -159,11 +159,10 @@ CUTLASS_DEVICE void store_state_tile(float* dst, const float (&acc)[16][4], int 
     for (int e = 0; e < 4; ++e) dst[int64_t(8 * j + 2 * tq + (e & 1)) * kDimV + v0 + 8 * (e >> 1)] = acc[j][e];
 }
 
-// The same tile in T (the chunk states and dS', which the backward's products read rounded to T anyway), from
-// the chain's A-operand form of it (c_to_a: sa[kk][r] packs K rows 16 kk + 8 (r / 2) + 2 tq and the next one,
-// V column v0 + 8 (r % 2)) or from the accumulator, each pair of K rows packed by one conversion as c_to_a
-// does; either way stored as two 16-bit halves. Converting value by value cost the chains ~8% (measured).
-// Which form: the one that adds no live registers where the kernel stores (ptxas spill counts).
+// The same tile in T (the chunk states, which the backward's products read rounded to T anyway), from the
+// chain's A-operand form of it (c_to_a: sa[kk][r] packs K rows 16 kk + 8 (r / 2) + 2 tq and the next one, V
+// column v0 + 8 (r % 2)), stored as two 16-bit halves: no conversion of its own (converting value by value cost
+// the chain ~8%, measured). (The dS chain writes dS' in fp32, through the overload above.)
 CUTLASS_DEVICE void store_packed_pair(uint16_t* d, uint32_t x) {  // K rows k, k + 1 of one V column
   d[0] = static_cast<uint16_t>(x & 0xffffu);
   d[kDimV] = static_cast<uint16_t>(x >> 16);
@@ -176,15 +175,6 @@ CUTLASS_DEVICE void store_state_tile(T* dst, const uint32_t (&sa)[8][4], int tq,
     for (int r = 0; r < 4; ++r)
       store_packed_pair(reinterpret_cast<uint16_t*>(dst) + int64_t(16 * kk + 8 * (r >> 1) + 2 * tq) * kDimV + v0 + 8 * (r & 1),
                         sa[kk][r]);
-}
-template <typename T>
-CUTLASS_DEVICE void store_state_tile(T* dst, const float (&acc)[16][4], int tq, int v0) {
-#pragma unroll
-  for (int j = 0; j < 16; ++j)
-#pragma unroll
-    for (int h = 0; h < 2; ++h)
-      store_packed_pair(reinterpret_cast<uint16_t*>(dst) + int64_t(8 * j + 2 * tq) * kDimV + v0 + 8 * h,
-                        warp::pack2<T>(acc[j][2 * h], acc[j][2 * h + 1]));
 }
 
 // Per-lane fragment indices of an aux warp w (16 chunk rows each): the two rows of its C fragments.
