@@ -280,9 +280,9 @@ __global__ void __launch_bounds__(kGradThreads, 1) gdn_bwd_grad_kernel(const __g
       // sums dS' unrounded (both rounded raised dg's error 2.1e-3 -> 3.3e-3 on the harness case), and the
       // products read both in T. 8 bytes of S0 and 16 of dS' per item, kBatch items in flight per thread
       // before any is used (read-only loads). With dS' in fp32 the loaders' phases 1-2 grew to 12.7k cycles
-      // (7a41b4f), the aux warps waiting ~4k for them: 16 items per round trip instead of 8 halves the round
-      // trips (FLASHQLA_GRAD_LOAD_BATCH, a compile-time switch for the phase profiler's A/B; ptxas: the same
-      // 12 bytes of spills at 16 as at 8, in the kLoadA instantiations)
+      // (7a41b4f), the aux warps waiting ~4k for them. 16 items per round trip instead of 8 measured the same
+      // (50.6k cycles per head either way, 37230a5): these loads are throughput-bound, not latency-bound.
+      // FLASHQLA_GRAD_LOAD_BATCH stays a compile-time switch for the phase profiler's A/B
       const T* s0g = static_cast<const T*>(gp.states) + slot;
       const float* dsg = gp.dh + slot;
       constexpr int kPer = kDimK * kDimV / 4 / kAuxThreads, kBatch = FLASHQLA_GRAD_LOAD_BATCH;
