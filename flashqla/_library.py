@@ -40,6 +40,12 @@ _lib.define("chunk_gdn_cp_fwd(Tensor q, Tensor k, Tensor v, Tensor g, Tensor bet
 _lib.define("chunk_gdn_bwd_dh(Tensor q, Tensor k, Tensor g, Tensor beta, Tensor dout, Tensor? dht, float scale, "
             "Tensor? cu_seqlens, bool use_qk_l2norm, bool output_dh0, bool output_a=False) -> (Tensor, Tensor, Tensor)")
 
+# Both of the backward's chains from one chunk-parallel prep (the Gram products and the inverse computed once for
+# both; the state recompute on a side stream beside the dS chain, joined before the op returns): (states as
+# chunk_gdn_fwd_states, dh, dh0, a as chunk_gdn_bwd_dh); see the C API's flashqla_gdn_bwd_prep.
+_lib.define("chunk_gdn_bwd_chains(Tensor q, Tensor k, Tensor v, Tensor g, Tensor beta, Tensor dout, Tensor? dht, "
+            "float scale, Tensor? initial_state, Tensor? cu_seqlens, bool use_qk_l2norm, bool output_dh0, "
+            "bool output_a=False) -> (Tensor, Tensor, Tensor, Tensor)")
 
 # The backward's chunk-parallel gradient step (the default; FLASHQLA_BWD_GRAD=0 runs it in PyTorch): from the
 # chunk-start states and the chunk-end state gradients, (dq, dk fp32 [B, T, H_qk, K] summed over each GVA
@@ -128,6 +134,14 @@ def _chunk_gdn_bwd_dh_fake(q, k, g, beta, dout, dht, scale, cu_seqlens, use_qk_l
             dout.new_empty((q.shape[0], q.shape[1], H, 64) if output_a else (0,), dtype=sd))
 
 
+@torch.library.register_fake("flashqla::chunk_gdn_bwd_chains")
+def _chunk_gdn_bwd_chains_fake(q, k, v, g, beta, dout, dht, scale, initial_state, cu_seqlens, use_qk_l2norm, output_dh0,
+                               output_a=False):
+    states = _chunk_gdn_fwd_states_fake(q, k, v, g, beta, scale, initial_state, cu_seqlens, use_qk_l2norm)
+    return (states,) + _chunk_gdn_bwd_dh_fake(q, k, g, beta, dout, dht, scale, cu_seqlens, use_qk_l2norm, output_dh0,
+                                              output_a)
+
+
 @torch.library.register_fake("flashqla::chunk_local_cumsum")
 def _chunk_local_cumsum_fake(g, chunk_size, reverse, scale, cu_seqlens):
     return g.new_empty(g.shape, dtype=torch.float32)
@@ -183,6 +197,15 @@ def _chunk_gdn_bwd_dh_cpu(q, k, g, beta, dout, dht, scale, cu_seqlens, use_qk_l2
     a = (reference.chunk_inverse_rows(q, k, g, beta, cu_seqlens=cu_seqlens, use_qk_l2norm_in_kernel=use_qk_l2norm).to(sd)
          if output_a else dout.new_empty((0,), dtype=sd))
     return dh, (dh0.to(sd) if output_dh0 else dout.new_empty((0,), dtype=sd)), a
+
+
+@torch.library.impl("flashqla::chunk_gdn_bwd_chains", "cpu")
+def _chunk_gdn_bwd_chains_cpu(q, k, v, g, beta, dout, dht, scale, initial_state, cu_seqlens, use_qk_l2norm, output_dh0,
+                              output_a=False):
+    ops = torch.ops.flashqla  # the two chains' own ops (their CPU implementations above)
+    states = ops.chunk_gdn_fwd_states(q, k, v, g, beta, scale, initial_state, cu_seqlens, use_qk_l2norm)
+    return (states,) + tuple(ops.chunk_gdn_bwd_dh(q, k, g, beta, dout, dht, scale, cu_seqlens, use_qk_l2norm,
+                                                  output_dh0, output_a))
 
 
 @torch.library.impl("flashqla::chunk_gdn_bwd_grad", "cpu")

@@ -217,7 +217,11 @@ def _kernel_backward(shape, q, k, v, g, beta, do, dht, scale, initial_state, l2n
                                          index_dtype=cu.dtype if cu is not None else torch.int32)
     if chains is not None:
         states, dh, dh0, a = chains
-    else:
+    elif os.environ.get("FLASHQLA_BWD_SHARED_PREP", "1").strip() != "0":
+        # one prep for both chains (the Gram products and the inverse once), the two chains side by side
+        states, dh, dh0, a = torch.ops.flashqla.chunk_gdn_bwd_chains(qv, kv, vv, g, beta, dov, dht_, sc, h0, cu, l2norm,
+                                                                     initial_state is not None, pass_a)
+    else:  # FLASHQLA_BWD_SHARED_PREP=0: each chain's op with its own prep (A/B and the bitwise test)
         # the two chains are independent: the forward recompute on a side stream beside the reverse chain (each
         # fills only sequences x heads x 2 CTAs; also under CUDA-graph capture, as a fork and a join)
         main = torch.cuda.current_stream(q.device)

@@ -268,7 +268,12 @@ def test_ops_pass_opcheck():
     base = (d["q"], d["k"], d["v"], d["g"], d["beta"], 0.25)
     states = ops.chunk_gdn_fwd_states(*base, d["initial_state"], cu, True)
     dh, dh0, a = ops.chunk_gdn_bwd_dh(d["q"], d["k"], d["g"], d["beta"], do, dht, 0.25, cu, True, True, True)
+    chains_args = (*base[:5], do, dht, 0.25, d["initial_state"], cu, True, True, True)
+    # the two chains from one op: the same four tensors as the two ops, in that order
+    for x, y in zip(ops.chunk_gdn_bwd_chains(*chains_args), (states, dh, dh0, a)):
+        assert torch.equal(x, y)
     cases = [
+        (ops.chunk_gdn_bwd_chains, chains_args),
         (ops.chunk_gdn_fwd, (*base, d["initial_state"], True, cu, True)),
         (ops.chunk_gdn_fwd_states, (*base, d["initial_state"], cu, True)),
         (ops.chunk_gdn_fwd_pass, (*base, d["initial_state"], cu, True, torch.empty(0, dtype=torch.uint8), False,

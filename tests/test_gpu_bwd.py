@@ -84,6 +84,46 @@ def test_state_grad_kernel_deterministic_and_graph_capturable():
     assert torch.equal(out[0][: d["chunks"]], a[0]) and torch.equal(out[1], a[1])
 
 
+@pytest.mark.parametrize("case", ["varlen_l2norm", "dense_gva4_fp16", "varlen_int64"])
+def test_shared_prep_chains_equal_the_two_ops_bitwise(case):
+    # chunk_gdn_bwd_chains (one prep for both chains, the state recompute on a side stream) against
+    # chunk_gdn_fwd_states + chunk_gdn_bwd_dh, each with its own prep: the same Gram products, inverse and X, so
+    # the four outputs agree bit for bit; then the same op captured in a CUDA graph
+    if case == "dense_gva4_fp16":
+        d = make([300], 2, 8, dtype=torch.float16, dense_B=2, seed=41)
+    elif case == "varlen_l2norm":
+        d = make([64, 191, 1500, 0, 77], 2, 4, l2=True, seed=42)
+    else:
+        d = make([700, 90, 5], 2, 4, seed=43)
+        d["cu"] = d["cu"].long()
+    gen = torch.Generator(device=DEV).manual_seed(44)
+    v = torch.randn(d["do"].shape, device=DEV, generator=gen).to(d["do"].dtype)
+    N = d["dht"].shape[0]
+    h0 = torch.randn(N, d["do"].shape[2], D, D, device=DEV, generator=gen) / 8
+    sc, ops, n = D ** -0.5, torch.ops.flashqla, d["chunks"]
+    states = ops.chunk_gdn_fwd_states(d["q"], d["k"], v, d["g"], d["beta"], sc, h0, d["cu"], d["l2"])
+    dh, dh0, a = ops.chunk_gdn_bwd_dh(d["q"], d["k"], d["g"], d["beta"], d["do"], d["dht"], sc, d["cu"], d["l2"], True,
+                                      True)
+    args = (d["q"], d["k"], v, d["g"], d["beta"], d["do"], d["dht"], sc, h0, d["cu"], d["l2"], True, True)
+    got = ops.chunk_gdn_bwd_chains(*args)
+    torch.cuda.synchronize()
+    want = (states[:n], dh[:n], dh0, a)
+    for name, x, y in zip(("states", "dh", "dh0", "a"), (got[0][:n], got[1][:n], got[2], got[3]), want):
+        assert torch.isfinite(y.float()).all() and torch.equal(x, y), name
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        ops.chunk_gdn_bwd_chains(*args)
+    torch.cuda.current_stream().wait_stream(s)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = ops.chunk_gdn_bwd_chains(*args)
+    graph.replay()
+    torch.cuda.synchronize()
+    for name, x, y in zip(("states", "dh", "dh0", "a"), (out[0][:n], out[1][:n], out[2], out[3]), want):
+        assert torch.equal(x, y), name + " (graph)"
+
+
 def test_forward_chunk_states_match_float64():
     # the forward kernel's chunk-start states (the backward's recompute) against the float64 chain
     from flashqla.reference import chunk_states_torch

@@ -187,6 +187,46 @@ int main() {
                     std::memcmp(dvb.data(), dvb2.data(), dvb.size() * 2) == 0;
   std::printf("with flashqla_gdn_bwd_dh's inverse rows: %s\n", same ? "bitwise the same (PASS)" : "DIFFERENT (FAIL)");
   ok = ok && same;
+
+  // both chains from one prep (flashqla_gdn_bwd_prep, then the state recompute and the dS chain with prep_ready),
+  // against each chain with its own prep: bitwise the same chunk states and dh
+  int64_t chunks = 0;
+  for (int n = 0; n < N; ++n) chunks += (pr.cu[n + 1] - pr.cu[n] + 63) / 64;
+  const size_t s_used = size_t(chunks) * Hv * D * D * 2, h_used = 2 * s_used;
+  std::vector<uint8_t> s1(s_used), h1(h_used), s2(s_used), h2(h_used);
+  flashqla_gdn_fwd_params_t fs = f;  // the recompute: chunk states, no o
+  fs.o = nullptr;
+  st = flashqla_gdn_fwd(&fs, nullptr);
+  CUDA_OK(cudaDeviceSynchronize());
+  CUDA_OK(cudaMemcpy(s1.data(), d_states, s_used, cudaMemcpyDeviceToHost));
+  CUDA_OK(cudaMemcpy(h1.data(), d_dh, h_used, cudaMemcpyDeviceToHost));
+  CUDA_OK(cudaMemset(d_states, 0xff, state_bytes));
+  CUDA_OK(cudaMemset(d_dh, 0xff, dh_bytes));
+  const size_t nb = flashqla_gdn_bwd_dh_workspace_bytes(&pd), nx = flashqla_gdn_fwd_workspace_bytes(&fs);
+  void *ws_b = nullptr, *ws_x = nullptr;
+  CUDA_OK(cudaMalloc(&ws_b, nb));
+  CUDA_OK(cudaMalloc(&ws_x, nx));
+  pd.fwd.workspace = ws_b;
+  pd.fwd.workspace_bytes = nb;
+  if (st == FLASHQLA_SUCCESS) st = flashqla_gdn_bwd_prep(&pd, ws_x, nx, nullptr);
+  pd.fwd.prep_ready = 1;
+  fs.workspace = ws_x;
+  fs.workspace_bytes = nx;
+  fs.prep_ready = 1;
+  if (st == FLASHQLA_SUCCESS) st = flashqla_gdn_fwd(&fs, nullptr);
+  if (st == FLASHQLA_SUCCESS) st = flashqla_gdn_bwd_dh(&pd, nullptr);
+  if (st != FLASHQLA_SUCCESS) {
+    std::fprintf(stderr, "chains from one prep: %s: %s\n", flashqla_status_string(st), flashqla_last_error());
+    return 1;
+  }
+  CUDA_OK(cudaDeviceSynchronize());
+  CUDA_OK(cudaMemcpy(s2.data(), d_states, s_used, cudaMemcpyDeviceToHost));
+  CUDA_OK(cudaMemcpy(h2.data(), d_dh, h_used, cudaMemcpyDeviceToHost));
+  const bool shared = s1 == s2 && h1 == h2;
+  std::printf("both chains from flashqla_gdn_bwd_prep: %s\n", shared ? "bitwise the same (PASS)" : "DIFFERENT (FAIL)");
+  ok = ok && shared;
+  cudaFree(ws_b);
+  cudaFree(ws_x);
   cudaFree(d_a);
   for (void* x : {d_out, d_dout, d_dv, static_cast<void*>(d_dht), static_cast<void*>(d_dh0), static_cast<void*>(d_states),
                   static_cast<void*>(d_dh), static_cast<void*>(d_dq), static_cast<void*>(d_dk), static_cast<void*>(d_dg),

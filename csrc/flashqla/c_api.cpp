@@ -245,30 +245,70 @@ flashqla_status_t flashqla_gdn_bwd_grad(const flashqla_gdn_bwd_grad_params_t* p,
   return from_cuda(err, "gdn_bwd_grad launch");
 }
 
-flashqla_status_t flashqla_gdn_bwd_dh(const flashqla_gdn_bwd_dh_params_t* p, cudaStream_t stream) {
+// The forward's struct the dS chain's kernels read (v = dO, initial_state = dht, final_state = dh0, o unused),
+// validated; *run false: nothing to do.
+static flashqla_status_t bwd_dh_view(const flashqla_gdn_bwd_dh_params_t* p, flashqla_gdn_fwd_params_t* f, bool* run) {
+  *run = false;
   if (p == nullptr) return fail(FLASHQLA_ERROR_INVALID_ARGUMENT, "params is NULL");
-  // the kernels read the forward's struct with v = dO, initial_state = dht, final_state = dh0 (o unused)
-  flashqla_gdn_fwd_params_t f = p->fwd;
-  if (p->dout == nullptr && f.batch * f.seqlen > 0)  // (a NULL v would pass as zeros)
+  *f = p->fwd;
+  if (p->dout == nullptr && f->batch * f->seqlen > 0)  // (a NULL v would pass as zeros)
     return fail(FLASHQLA_ERROR_INVALID_ARGUMENT, "dout must not be NULL");
-  f.v = p->dout;  // validated as v: alignment, strides
-  f.v_stride_batch = p->dout_stride_batch;
-  f.v_stride_time = p->dout_stride_time;
-  f.v_stride_head = p->dout_stride_head;
-  f.o = nullptr;
-  f.initial_state = p->dht;
-  f.final_state = p->dh0;
-  f.chunk_states = nullptr;
-  f.prep_ready = 0;
+  f->v = p->dout;  // validated as v: alignment, strides
+  f->v_stride_batch = p->dout_stride_batch;
+  f->v_stride_time = p->dout_stride_time;
+  f->v_stride_head = p->dout_stride_head;
+  f->o = nullptr;
+  f->initial_state = p->dht;
+  f->final_state = p->dh0;
+  f->chunk_states = nullptr;
+  f->prep_ready = 0;  // the forward's workspace rule does not apply: checked against the dS chain's size below
+  const flashqla_status_t vs = validate_gdn(f, run);
+  if (vs != FLASHQLA_SUCCESS || !*run) return vs;
+  if (reinterpret_cast<uintptr_t>(p->a) % 16 != 0) return fail(FLASHQLA_ERROR_INVALID_ARGUMENT, "a must be 16-byte aligned");
+  f->prep_ready = p->fwd.prep_ready;
+  return ok();
+}
+
+static bool bwd_workspace_ok(const flashqla_gdn_bwd_dh_params_t* p) {
+  return p->fwd.workspace != nullptr && p->fwd.workspace_bytes >= flashqla_gdn_bwd_dh_workspace_bytes(p);
+}
+
+flashqla_status_t flashqla_gdn_bwd_dh(const flashqla_gdn_bwd_dh_params_t* p, cudaStream_t stream) {
+  flashqla_gdn_fwd_params_t f;
   bool run = false;
-  const flashqla_status_t vs = validate_gdn(&f, &run);
+  const flashqla_status_t vs = bwd_dh_view(p, &f, &run);
   if (vs != FLASHQLA_SUCCESS || !run) return vs;
   if (flashqla_gdn_chunk_bound(&f) > 0 && (p->dh == nullptr || reinterpret_cast<uintptr_t>(p->dh) % 32))
     return fail(FLASHQLA_ERROR_INVALID_ARGUMENT, "dh must be non-NULL and 32-byte aligned");
-  if (reinterpret_cast<uintptr_t>(p->a) % 16 != 0) return fail(FLASHQLA_ERROR_INVALID_ARGUMENT, "a must be 16-byte aligned");
+  if (f.prep_ready && !bwd_workspace_ok(p))
+    return fail(FLASHQLA_ERROR_INVALID_ARGUMENT, "fwd.prep_ready needs the workspace flashqla_gdn_bwd_prep filled "
+                                                 "(at least flashqla_gdn_bwd_dh_workspace_bytes)");
   const cudaError_t err = f.qkv_dtype == FLASHQLA_BFLOAT16 ? flashqla::launch_gdn_bwd_dh_bf16(f, p->dh, p->a, stream)
                                                            : flashqla::launch_gdn_bwd_dh_fp16(f, p->dh, p->a, stream);
   return from_cuda(err, "gdn_bwd_dh launch");
+}
+
+flashqla_status_t flashqla_gdn_bwd_prep(const flashqla_gdn_bwd_dh_params_t* p, void* states_workspace,
+                                        size_t states_workspace_bytes, cudaStream_t stream) {
+  flashqla_gdn_fwd_params_t f;
+  bool run = false;
+  const flashqla_status_t vs = bwd_dh_view(p, &f, &run);
+  if (vs != FLASHQLA_SUCCESS || !run) return vs;
+  if (flashqla_gdn_chunk_bound(&f) == 0) return ok();
+  if (!bwd_workspace_ok(p))
+    return fail(FLASHQLA_ERROR_INVALID_ARGUMENT, "fwd.workspace must hold at least flashqla_gdn_bwd_dh_workspace_bytes "
+                                                 "(%zu): the prep's products stay there for flashqla_gdn_bwd_dh",
+                flashqla_gdn_bwd_dh_workspace_bytes(p));
+  if (states_workspace != nullptr &&
+      (reinterpret_cast<uintptr_t>(states_workspace) % 16 != 0 ||
+       states_workspace_bytes < flashqla::prep_workspace_bytes(f, flashqla::kFwdPrepCols)))
+    return fail(FLASHQLA_ERROR_INVALID_ARGUMENT,
+                "states_workspace must be 16-byte aligned and hold at least flashqla_gdn_fwd_workspace_bytes (%zu)",
+                flashqla::prep_workspace_bytes(f, flashqla::kFwdPrepCols));
+  const cudaError_t err = f.qkv_dtype == FLASHQLA_BFLOAT16
+                              ? flashqla::launch_gdn_bwd_prep_bf16(f, p->a, states_workspace, stream)
+                              : flashqla::launch_gdn_bwd_prep_fp16(f, p->a, states_workspace, stream);
+  return from_cuda(err, "gdn_bwd_prep launch");
 }
 
 flashqla_status_t flashqla_gdn_cp_scan(const flashqla_gdn_cp_scan_params_t* p, cudaStream_t stream) {

@@ -49,9 +49,12 @@ struct BwdPrepStorage {
 };
 constexpr int kBwdPrepCtasPerSm = 3;
 
-template <typename T, typename IndexT>
+// kStatesX: also the state recompute's X = diag(beta) A^T K into states_x (the forward's prep layout,
+// [batch * seqlen, heads_v, 128]), so that the backward's two chains share one Gram product and one inverse
+// (flashqla_gdn_bwd_prep); bitwise the X of the forward's states prep (same operands, same x_half).
+template <typename T, typename IndexT, bool kStatesX = false>
 __global__ void __launch_bounds__(kAuxThreads, kBwdPrepCtasPerSm)
-    gdn_bwd_prep_kernel(const __grid_constant__ flashqla_gdn_fwd_params_t p, const PrepBuffers<T> pb) {
+    gdn_bwd_prep_kernel(const __grid_constant__ flashqla_gdn_fwd_params_t p, const PrepBuffers<T> pb, T* states_x) {
   using namespace warp;
   extern __shared__ __align__(128) unsigned char smem_raw[];
   auto& sm = *reinterpret_cast<BwdPrepStorage<T>*>(smem_raw);
@@ -90,6 +93,29 @@ __global__ void __launch_bounds__(kAuxThreads, kBwdPrepCtasPerSm)
     }
   }
 
+  if constexpr (kStatesX) {
+    // X, 64 columns at a time: each warp stages its 16 rows in M's space (free until Mg) and copies them out
+    // itself (16-byte rows pieces), so only the end needs the group's barrier (Mg overwrites every row)
+    const AuxLane al(tid);
+    T* xd = states_x + (wk.flat0 + c * kChunk) * p.heads_v * kDimK + h * kDimK;
+    const float b0 = ax.beta[al.i0], b1 = ax.beta[al.i1];
+#pragma unroll 1
+    for (int half = 0; half < 2; ++half) {
+      float xa[8][4];
+      x_half<T>(S, ax, al, half, b0, b1, xa);
+      store_c_tiles<T>(&ax.m[16 * w * kLdC], kLdC, xa, lane);
+      __syncwarp();
+#pragma unroll
+      for (int i = lane; i < 16 * 8; i += 32) {
+        const int r = 16 * w + (i >> 3), c8 = (i & 7) * 8;
+        if (r < rows)
+          *reinterpret_cast<uint4*>(xd + int64_t(r) * p.heads_v * kDimK + 64 * half + c8) =
+              *reinterpret_cast<const uint4*>(&ax.m[r * kLdC + c8]);
+      }
+      __syncwarp();
+    }
+    bar_sync(kBarAux, kAuxThreads);
+  }
   // Mg = diag(gamma) A diag(beta), lower triangular (T), into ax.m
 #pragma unroll 4
   for (int e = tid; e < kChunk * kChunk; e += kAuxThreads) {
@@ -226,8 +252,31 @@ __global__ void __launch_bounds__(kThreads, 1) gdn_bwd_dh_kernel(const __grid_co
   }
 }
 
+// The prep alone: W' and U into p.workspace (at least prep_workspace_bytes(p, kBwdPrepCols), the caller's), the
+// inverse's rows into a (NULL: not written) and, when states_x is not NULL, the state recompute's X there (the
+// forward's workspace layout). p as for launch below.
+template <typename T>
+cudaError_t launch_prep(const flashqla_gdn_fwd_params_t& p, float* a, void* states_x, cudaStream_t stream) {
+  const int64_t chunks = chunk_bound(p);
+  if (chunks == 0 || p.num_seqs == 0 || p.heads_v == 0) return cudaSuccess;
+  static_assert(kBwdPrepCols == kDimK + kDimV && sizeof(T) == 2, "workspace layout");
+  const size_t rows = static_cast<size_t>(p.batch) * static_cast<size_t>(p.seqlen);
+  T* ws = static_cast<T*>(p.workspace);
+  const PrepBuffers<T> pb{ws, ws + rows * p.heads_v * kDimK, a};
+  const bool ix64 = p.cu_seqlens != nullptr && p.cu_seqlens_dtype == FLASHQLA_INT64;
+  auto prep = states_x != nullptr ? (ix64 ? gdn_bwd_prep_kernel<T, int64_t, true> : gdn_bwd_prep_kernel<T, int32_t, true>)
+                                  : (ix64 ? gdn_bwd_prep_kernel<T, int64_t> : gdn_bwd_prep_kernel<T, int32_t>);
+  const size_t smem = sizeof(BwdPrepStorage<T>);
+  const cudaError_t err = cudaFuncSetAttribute(prep, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem));
+  if (err != cudaSuccess) return err;
+  prep<<<dim3(static_cast<unsigned>(chunks), static_cast<unsigned>(p.heads_v)), kAuxThreads, smem, stream>>>(
+      p, pb, static_cast<T*>(states_x));
+  return cudaGetLastError();
+}
+
 // p: the forward's struct with v = dO (and its strides), initial_state = dht or NULL, final_state = dh0 or
-// NULL; o unused. dh: [chunk_bound(p), heads_v, 128, 128] fp32 (entries past the last chunk untouched). a: NULL
+// NULL; o unused; prep_ready: p.workspace already holds launch_prep's W' and U (the prep is skipped, a is not
+// written). dh: [chunk_bound(p), heads_v, 128, 128] fp32 (entries past the last chunk untouched). a: NULL
 // or [batch * seqlen, heads_v, 64] fp32, the inverse's rows (flashqla_gdn_bwd_dh_params_t::a).
 template <typename T>
 cudaError_t launch(const flashqla_gdn_fwd_params_t& p, float* dh, float* a, cudaStream_t stream) {
@@ -239,17 +288,14 @@ cudaError_t launch(const flashqla_gdn_fwd_params_t& p, float* dh, float* a, cuda
   Workspace ws;
   PrepBuffers<T> pb{nullptr, nullptr};
   if (chunks > 0) {  // W' and U for every token row
-    static_assert(kBwdPrepCols == kDimK + kDimV && sizeof(T) == 2, "workspace layout");
     err = ws.acquire(p, prep_workspace_bytes(p, kBwdPrepCols), stream);
     if (err != cudaSuccess) return err;
     const size_t rows = static_cast<size_t>(p.batch) * static_cast<size_t>(p.seqlen);
     pb = PrepBuffers<T>{static_cast<T*>(ws.ptr), static_cast<T*>(ws.ptr) + rows * p.heads_v * kDimK, a};
-    auto prep = ix64 ? gdn_bwd_prep_kernel<T, int64_t> : gdn_bwd_prep_kernel<T, int32_t>;
-    const size_t smem = sizeof(BwdPrepStorage<T>);
-    err = cudaFuncSetAttribute(prep, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem));
-    if (err == cudaSuccess) {
-      prep<<<dim3(static_cast<unsigned>(chunks), static_cast<unsigned>(p.heads_v)), kAuxThreads, smem, stream>>>(p, pb);
-      err = cudaGetLastError();
+    if (!(p.prep_ready && !ws.owned)) {
+      flashqla_gdn_fwd_params_t pp = p;
+      pp.workspace = ws.ptr;
+      err = launch_prep<T>(pp, a, nullptr, stream);
     }
   }
   if (err == cudaSuccess) {

@@ -353,6 +353,35 @@ CUTLASS_DEVICE void aux_gram_inverse(StageT& S, AuxScratch<T>& ax, int tid, uint
     if (nt <= 2 * al.w + 1) gate_p_tile<T>(ax, al, nt, qk[nt], qk[nt]);
 }
 
+// X = diag(beta) A^T K (the state update's right factor), rows [16w, 16w + 16) of this warp, K columns
+// [64 half, 64 half + 64), from A in ax.la (fp32) and K in S.k: A operand (i, m) = beta_i A[m][i], m >= 16w;
+// b0, b1 = beta of this thread's rows al.i0, al.i1. The forward's prep and the backward's shared prep both form X
+// here (bitwise the same X).
+template <typename T, typename StageT>
+CUTLASS_DEVICE void x_half(const StageT& S, const AuxScratch<T>& ax, const AuxLane& al, int half, float b0, float b1,
+                           float (&xa)[8][4]) {
+  using namespace warp;
+  const int w = al.w, tq = al.tq, i0 = al.i0, i1 = al.i1;
+  const LdsmOffsets& ld = al.ld;
+  zero_acc(xa);
+#pragma unroll
+  for (int ks = 0; ks < 4; ++ks) {
+    if (ks < w) continue;
+    const int m0 = 16 * ks + 2 * tq;
+    const float* A = ax.la;
+    const uint32_t af[4] = {pack2<T>(b0 * A[m0 * kLdF + i0], b0 * A[(m0 + 1) * kLdF + i0]),
+                            pack2<T>(b1 * A[m0 * kLdF + i1], b1 * A[(m0 + 1) * kLdF + i1]),
+                            pack2<T>(b0 * A[(m0 + 8) * kLdF + i0], b0 * A[(m0 + 9) * kLdF + i0]),
+                            pack2<T>(b1 * A[(m0 + 8) * kLdF + i1], b1 * A[(m0 + 9) * kLdF + i1])};
+#pragma unroll
+    for (int np = 0; np < 4; ++np) {
+      uint32_t b[4];
+      ldsm_x4_trans(b, &S.k[(16 * ks + ld.bt_row) * kLdK + 64 * half + 16 * np + ld.bt_col]);
+      mma_pair<T>(xa, np, af, b);
+    }
+  }
+}
+
 // The forward's products after the inverse: M, W = P M and X into the stage. qk holds P, or with kRawQK the
 // raw Q K^T, gated here tile by tile (the prep kernel keeps it for all heads of a GVA group). kW false: X
 // alone (M and W serve O only; qk is not read).
@@ -362,7 +391,7 @@ CUTLASS_DEVICE void aux_mwx(StageT& S, AuxScratch<T>& ax, int tid, uint32_t bar_
   using namespace warp;
   (void)t_mark;
   const AuxLane al(tid);
-  const int w = al.w, lane = al.lane, tq = al.tq, i0 = al.i0, i1 = al.i1;
+  const int w = al.w, lane = al.lane;
   const LdsmOffsets& ld = al.ld;
   if constexpr (kW) {
 
@@ -403,31 +432,13 @@ CUTLASS_DEVICE void aux_mwx(StageT& S, AuxScratch<T>& ax, int tid, uint32_t bar_
     store_c_tiles<T>(&S.w[16 * w * kLdC], kLdC, wa, lane);
   }
   }  // kW
-  // ---- X = diag(beta) A^T K, rows [16w, 16w + 16): A operand (i, m) = beta_i A[m][i], m >= 16w
-  {
-    const float b0 = ax.beta[i0], b1 = ax.beta[i1];
+  // ---- X = diag(beta) A^T K, rows [16w, 16w + 16), in two 64-column halves (half the accumulators)
+  const float b0 = ax.beta[al.i0], b1 = ax.beta[al.i1];
 #pragma unroll 1
-    for (int half = 0; half < 2; ++half) {  // two 64-column halves: half the accumulators
-      float xa[8][4];
-      zero_acc(xa);
-#pragma unroll
-      for (int ks = 0; ks < 4; ++ks) {
-        if (ks < w) continue;
-        const int m0 = 16 * ks + 2 * tq;
-        const float* A = ax.la;
-        const uint32_t af[4] = {pack2<T>(b0 * A[m0 * kLdF + i0], b0 * A[(m0 + 1) * kLdF + i0]),
-                                pack2<T>(b1 * A[m0 * kLdF + i1], b1 * A[(m0 + 1) * kLdF + i1]),
-                                pack2<T>(b0 * A[(m0 + 8) * kLdF + i0], b0 * A[(m0 + 9) * kLdF + i0]),
-                                pack2<T>(b1 * A[(m0 + 8) * kLdF + i1], b1 * A[(m0 + 9) * kLdF + i1])};
-#pragma unroll
-        for (int np = 0; np < 4; ++np) {
-          uint32_t b[4];
-          ldsm_x4_trans(b, &S.k[(16 * ks + ld.bt_row) * kLdK + 64 * half + 16 * np + ld.bt_col]);
-          mma_pair<T>(xa, np, af, b);
-        }
-      }
-      store_c_tiles<T>(&S.x[16 * w * kLdK + 64 * half], kLdK, xa, lane);
-    }
+  for (int half = 0; half < 2; ++half) {
+    float xa[8][4];
+    x_half<T>(S, ax, al, half, b0, b1, xa);
+    store_c_tiles<T>(&S.x[16 * w * kLdK + 64 * half], kLdK, xa, lane);
   }
   FLASHQLA_ROLE_PHASE(1, kAuxW);
 }

@@ -32,6 +32,10 @@ void check_status(flashqla_status_t st, const char* op) {
               flashqla_last_error());
 }
 
+void cuda_check(cudaError_t err, const char* op) {
+  TORCH_CHECK(err == cudaSuccess, "flashqla.", op, ": ", cudaGetErrorString(err));
+}
+
 at::Tensor chunk_local_cumsum_cuda(const at::Tensor& g, int64_t chunk_size, bool reverse, double scale,
                                    const std::optional<at::Tensor>& cu_seqlens) {
   TORCH_CHECK(g.is_cuda() && g.dim() == 3, "flashqla.chunk_local_cumsum: g must be a CUDA tensor [B, T, H]");
@@ -182,37 +186,110 @@ at::Tensor chunk_gdn_fwd_states_cuda(const at::Tensor& q, const at::Tensor& k, c
   return std::get<2>(r);
 }
 
-std::tuple<at::Tensor, at::Tensor, at::Tensor> chunk_gdn_bwd_dh_cuda(
-    const at::Tensor& q, const at::Tensor& k, const at::Tensor& g, const at::Tensor& beta, const at::Tensor& dout,
-    const std::optional<at::Tensor>& dht, double scale, const std::optional<at::Tensor>& cu_seqlens, bool use_qk_l2norm,
-    bool output_dh0, bool output_a) {
-  c10::cuda::CUDAGuard guard(q.device());
+// The dS chain's C API params and outputs: dh (fp32 [chunk bound, H_v, K, V]), dh0 ([N, H_v, K, V] or empty),
+// a (the inverse's rows [B, T, H_v, 64] or empty); the workspace is the caller's to set.
+struct BwdDh {
   flashqla_gdn_bwd_dh_params_t p{};
-  p.fwd = input_params("chunk_gdn_bwd_dh", q, k, dout, g, beta, scale, cu_seqlens, use_qk_l2norm);
+  at::Tensor dh, dh0, a;
+};
+BwdDh bwd_dh_setup(const char* op, const at::Tensor& q, const at::Tensor& k, const at::Tensor& g, const at::Tensor& beta,
+                   const at::Tensor& dout, const std::optional<at::Tensor>& dht, double scale,
+                   const std::optional<at::Tensor>& cu_seqlens, bool use_qk_l2norm, bool output_dh0, bool output_a) {
+  BwdDh r;
+  flashqla_gdn_bwd_dh_params_t& p = r.p;
+  p.fwd = input_params(op, q, k, dout, g, beta, scale, cu_seqlens, use_qk_l2norm);
   p.fwd.v = nullptr;  // the chain reads dout, not v
   const flashqla_gdn_fwd_params_t& f = p.fwd;
   const int64_t N = f.num_seqs;
   p.dout = dout.data_ptr();
   p.dout_stride_batch = dout.stride(0); p.dout_stride_time = dout.stride(1); p.dout_stride_head = dout.stride(2);
   if (dht.has_value()) {
-    TORCH_CHECK(dht->is_contiguous() && dht->scalar_type() == at::kFloat,
-                "flashqla.chunk_gdn_bwd_dh: dht must be contiguous float32");
+    TORCH_CHECK(dht->is_contiguous() && dht->scalar_type() == at::kFloat, "flashqla.", op,
+                ": dht must be contiguous float32");
     p.dht = dht->data_ptr<float>();
   }
   auto fopts = dout.options().dtype(at::kFloat);
-  at::Tensor dh = at::empty({flashqla_gdn_chunk_bound(&f), f.heads_v, f.head_dim_k, f.head_dim_v}, fopts);
-  at::Tensor dh0 = output_dh0 ? at::empty({N, f.heads_v, f.head_dim_k, f.head_dim_v}, fopts) : at::empty({0}, fopts);
-  p.dh = dh.data_ptr<float>();
-  p.dh0 = output_dh0 ? dh0.data_ptr<float>() : nullptr;
+  r.dh = at::empty({flashqla_gdn_chunk_bound(&f), f.heads_v, f.head_dim_k, f.head_dim_v}, fopts);
+  r.dh0 = output_dh0 ? at::empty({N, f.heads_v, f.head_dim_k, f.head_dim_v}, fopts) : at::empty({0}, fopts);
+  p.dh = r.dh.data_ptr<float>();
+  p.dh0 = output_dh0 ? r.dh0.data_ptr<float>() : nullptr;
   // the inverse's rows for chunk_gdn_bwd_grad (rows past the sequences are not written)
-  at::Tensor a = output_a ? at::empty({q.size(0), q.size(1), f.heads_v, 64}, fopts) : at::empty({0}, fopts);
-  p.a = output_a && a.numel() > 0 ? a.data_ptr<float>() : nullptr;
-  at::Tensor ws = at::empty({static_cast<int64_t>(flashqla_gdn_bwd_dh_workspace_bytes(&p))}, fopts.dtype(at::kByte));
-  p.fwd.workspace = ws.numel() > 0 ? ws.data_ptr() : nullptr;
-  p.fwd.workspace_bytes = static_cast<size_t>(ws.numel());
-  check_status(flashqla_gdn_bwd_dh(&p, c10::cuda::getCurrentCUDAStream(q.device().index()).stream()),
+  r.a = output_a ? at::empty({q.size(0), q.size(1), f.heads_v, 64}, fopts) : at::empty({0}, fopts);
+  p.a = output_a && r.a.numel() > 0 ? r.a.data_ptr<float>() : nullptr;
+  return r;
+}
+
+at::Tensor byte_workspace(size_t bytes, const at::Tensor& like) {
+  return at::empty({static_cast<int64_t>(bytes)}, like.options().dtype(at::kByte));
+}
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor> chunk_gdn_bwd_dh_cuda(
+    const at::Tensor& q, const at::Tensor& k, const at::Tensor& g, const at::Tensor& beta, const at::Tensor& dout,
+    const std::optional<at::Tensor>& dht, double scale, const std::optional<at::Tensor>& cu_seqlens, bool use_qk_l2norm,
+    bool output_dh0, bool output_a) {
+  c10::cuda::CUDAGuard guard(q.device());
+  BwdDh r = bwd_dh_setup("chunk_gdn_bwd_dh", q, k, g, beta, dout, dht, scale, cu_seqlens, use_qk_l2norm, output_dh0,
+                         output_a);
+  at::Tensor ws = byte_workspace(flashqla_gdn_bwd_dh_workspace_bytes(&r.p), dout);
+  r.p.fwd.workspace = ws.numel() > 0 ? ws.data_ptr() : nullptr;
+  r.p.fwd.workspace_bytes = static_cast<size_t>(ws.numel());
+  check_status(flashqla_gdn_bwd_dh(&r.p, c10::cuda::getCurrentCUDAStream(q.device().index()).stream()),
                "chunk_gdn_bwd_dh");
-  return {dh, dh0, a};
+  return {r.dh, r.dh0, r.a};
+}
+
+// Both of the backward's chains from one prep (flashqla_gdn_bwd_prep: the Gram products and the inverse once):
+// (states as chunk_gdn_fwd_states, dh, dh0, a as chunk_gdn_bwd_dh). The state recompute runs on a pool stream
+// beside the dS chain, forked after the prep and joined before returning (also under CUDA-graph capture), so
+// every tensor here is used on the current stream's order only after the join.
+std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> chunk_gdn_bwd_chains_cuda(
+    const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& g, const at::Tensor& beta,
+    const at::Tensor& dout, const std::optional<at::Tensor>& dht, double scale,
+    const std::optional<at::Tensor>& initial_state, const std::optional<at::Tensor>& cu_seqlens, bool use_qk_l2norm,
+    bool output_dh0, bool output_a) {
+  c10::cuda::CUDAGuard guard(q.device());
+  const char* op = "chunk_gdn_bwd_chains";
+  BwdDh r = bwd_dh_setup(op, q, k, g, beta, dout, dht, scale, cu_seqlens, use_qk_l2norm, output_dh0, output_a);
+  flashqla_gdn_fwd_params_t f = input_params(op, q, k, v, g, beta, scale, cu_seqlens, use_qk_l2norm);
+  if (initial_state.has_value()) {
+    TORCH_CHECK(initial_state->is_contiguous() && initial_state->scalar_type() == at::kFloat,
+                "flashqla.", op, ": initial_state must be contiguous float32");
+    f.initial_state = initial_state->data_ptr<float>();
+  }
+  at::Tensor states = at::empty({flashqla_gdn_chunk_bound(&f), v.size(2), k.size(3), v.size(3)}, q.options());
+  f.chunk_states = states.data_ptr();
+  at::Tensor ws_b = byte_workspace(flashqla_gdn_bwd_dh_workspace_bytes(&r.p), dout);
+  r.p.fwd.workspace = ws_b.numel() > 0 ? ws_b.data_ptr() : nullptr;
+  r.p.fwd.workspace_bytes = static_cast<size_t>(ws_b.numel());
+  // the recompute's X from the same prep; none in the fused forward (FLASHQLA_FWD_SPLIT=0: no workspace)
+  at::Tensor ws_f = byte_workspace(flashqla_gdn_fwd_workspace_bytes(&f), dout);
+  const bool share = ws_f.numel() > 0;
+  f.workspace = share ? ws_f.data_ptr() : nullptr;
+  f.workspace_bytes = static_cast<size_t>(ws_f.numel());
+  const c10::DeviceIndex dev = q.device().index();
+  c10::cuda::CUDAStream main = c10::cuda::getCurrentCUDAStream(dev);
+  if (ws_b.numel() > 0) {  // (no token rows: nothing to prepare, both chains only pass dht / h0 through)
+    check_status(flashqla_gdn_bwd_prep(&r.p, f.workspace, f.workspace_bytes, main.stream()), op);
+    r.p.fwd.prep_ready = 1;
+    f.prep_ready = share ? 1 : 0;
+  }
+  // fork and join by events (a graph capture turns them into edges); destroying an event once recorded and
+  // waited on is safe (CUDA releases it when its work completes)
+  c10::cuda::CUDAStream side = c10::cuda::getStreamFromPool(false, dev);
+  cudaEvent_t prepared = nullptr, recomputed = nullptr;
+  cuda_check(cudaEventCreateWithFlags(&prepared, cudaEventDisableTiming), op);
+  cuda_check(cudaEventCreateWithFlags(&recomputed, cudaEventDisableTiming), op);
+  cuda_check(cudaEventRecord(prepared, main.stream()), op);
+  cuda_check(cudaStreamWaitEvent(side.stream(), prepared, 0), op);
+  const flashqla_status_t fs = flashqla_gdn_fwd(&f, side.stream());
+  const flashqla_status_t ds = fs == FLASHQLA_SUCCESS ? flashqla_gdn_bwd_dh(&r.p, main.stream()) : fs;
+  cuda_check(cudaEventRecord(recomputed, side.stream()), op);  // the join, also after a failed launch
+  cuda_check(cudaStreamWaitEvent(main.stream(), recomputed, 0), op);
+  cudaEventDestroy(prepared);
+  cudaEventDestroy(recomputed);
+  check_status(fs, op);
+  check_status(ds, op);
+  return {states, r.dh, r.dh0, r.a};
 }
 
 // The chunk-parallel gradient step: (dq, dk fp32 [B, T, H_qk, K] summed over each GVA group, dv like v, dg,
@@ -306,6 +383,7 @@ TORCH_LIBRARY_IMPL(flashqla, CUDA, m) {
   m.impl("chunk_gdn_fwd_states", &chunk_gdn_fwd_states_cuda);
   m.impl("chunk_gdn_fwd_pass", &chunk_gdn_fwd_pass_cuda);
   m.impl("chunk_gdn_bwd_dh", &chunk_gdn_bwd_dh_cuda);
+  m.impl("chunk_gdn_bwd_chains", &chunk_gdn_bwd_chains_cuda);
   m.impl("chunk_gdn_bwd_grad", &chunk_gdn_bwd_grad_cuda);
   m.impl("chunk_gdn_cp_scan", &chunk_gdn_cp_scan_cuda);
 }

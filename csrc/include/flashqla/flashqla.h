@@ -134,11 +134,12 @@ typedef struct flashqla_gdn_fwd_params {
                                             the call allocates it stream-ordered (cudaMallocAsync) and frees it */
   size_t workspace_bytes;
   int32_t prep_ready;                    /* 1: the workspace already holds the chunk products (X, W) of an
-                                            earlier call on this stream with the same q, k, g, beta, cu_seqlens,
-                                            scale and use_qk_l2norm (v and initial_state may differ), so the
-                                            prep kernel is skipped; needs a caller workspace. 0: computed.
-                                            A call with chunk_states set and o = NULL (the backward's
-                                            recompute) computes X alone: its workspace cannot serve a later
+                                            earlier call (ordered before this one) with the same q, k, g, beta,
+                                            cu_seqlens, scale and use_qk_l2norm (v and initial_state may
+                                            differ), so the prep kernel is skipped; needs a caller workspace.
+                                            0: computed. A call with chunk_states set and o = NULL (the
+                                            backward's recompute) computes X alone, as flashqla_gdn_bwd_prep's
+                                            states_workspace holds it: such a workspace cannot serve a later
                                             prep_ready call that writes o. */
 } flashqla_gdn_fwd_params_t;
 
@@ -172,8 +173,24 @@ typedef struct flashqla_gdn_bwd_dh_params {
 /* An upper bound on the number of 64-token chunks of all sequences, from the shapes alone. */
 FLASHQLA_API int64_t flashqla_gdn_chunk_bound(const flashqla_gdn_fwd_params_t* fwd);
 FLASHQLA_API flashqla_status_t flashqla_gdn_bwd_dh(const flashqla_gdn_bwd_dh_params_t* params, cudaStream_t stream);
-/* Device workspace flashqla_gdn_bwd_dh needs (in params->fwd.workspace). */
+/* Device workspace flashqla_gdn_bwd_dh needs (in params->fwd.workspace). With params->fwd.prep_ready = 1 it
+ * holds flashqla_gdn_bwd_prep's products already and only the chain runs (a is then not written). */
 FLASHQLA_API size_t flashqla_gdn_bwd_dh_workspace_bytes(const flashqla_gdn_bwd_dh_params_t* params);
+
+/*
+ * Backward, step 1 split in two: the chunk-parallel prep of flashqla_gdn_bwd_dh alone, for the same params.
+ * It writes the dS chain's chunk products into params->fwd.workspace (required, at least
+ * flashqla_gdn_bwd_dh_workspace_bytes) and the inverse's rows into params->a (NULL: not written). With
+ * states_workspace (NULL: not written; 16-byte aligned, at least flashqla_gdn_fwd_workspace_bytes of the
+ * recompute's params) it also writes the state recompute's chunk products, so the Gram products and the inverse
+ * are computed once for both chains. Then, in either order or on two streams at once (both only read what
+ * this call wrote, so each needs only to be ordered after it):
+ *  - flashqla_gdn_bwd_dh with the same params and fwd.prep_ready = 1 runs the dS chain;
+ *  - flashqla_gdn_fwd with chunk_states set, o = NULL, prep_ready = 1 and workspace = states_workspace runs
+ *    the state recompute.
+ */
+FLASHQLA_API flashqla_status_t flashqla_gdn_bwd_prep(const flashqla_gdn_bwd_dh_params_t* params, void* states_workspace,
+                                                     size_t states_workspace_bytes, cudaStream_t stream);
 
 /*
  * Backward, step 2 of 2: the chunk-parallel gradient step. `fwd` describes the forward's inputs as for
