@@ -276,17 +276,18 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> chunk_gdn_bwd_chains_
   // fork and join by events (a graph capture turns them into edges); destroying an event once recorded and
   // waited on is safe (CUDA releases it when its work completes)
   c10::cuda::CUDAStream side = c10::cuda::getStreamFromPool(false, dev);
-  cudaEvent_t prepared = nullptr, recomputed = nullptr;
-  cuda_check(cudaEventCreateWithFlags(&prepared, cudaEventDisableTiming), op);
-  cuda_check(cudaEventCreateWithFlags(&recomputed, cudaEventDisableTiming), op);
-  cuda_check(cudaEventRecord(prepared, main.stream()), op);
-  cuda_check(cudaStreamWaitEvent(side.stream(), prepared, 0), op);
+  struct Event {  // destroyed on every exit, exceptions included
+    cudaEvent_t e = nullptr;
+    ~Event() { if (e != nullptr) cudaEventDestroy(e); }
+  } prepared, recomputed;
+  cuda_check(cudaEventCreateWithFlags(&prepared.e, cudaEventDisableTiming), op);
+  cuda_check(cudaEventCreateWithFlags(&recomputed.e, cudaEventDisableTiming), op);
+  cuda_check(cudaEventRecord(prepared.e, main.stream()), op);
+  cuda_check(cudaStreamWaitEvent(side.stream(), prepared.e, 0), op);
   const flashqla_status_t fs = flashqla_gdn_fwd(&f, side.stream());
   const flashqla_status_t ds = fs == FLASHQLA_SUCCESS ? flashqla_gdn_bwd_dh(&r.p, main.stream()) : fs;
-  cuda_check(cudaEventRecord(recomputed, side.stream()), op);  // the join, also after a failed launch
-  cuda_check(cudaStreamWaitEvent(main.stream(), recomputed, 0), op);
-  cudaEventDestroy(prepared);
-  cudaEventDestroy(recomputed);
+  cuda_check(cudaEventRecord(recomputed.e, side.stream()), op);  // the join, also after a failed launch
+  cuda_check(cudaStreamWaitEvent(main.stream(), recomputed.e, 0), op);
   check_status(fs, op);
   check_status(ds, op);
   return {states, r.dh, r.dh0, r.a};
