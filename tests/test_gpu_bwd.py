@@ -84,11 +84,14 @@ def test_state_grad_kernel_deterministic_and_graph_capturable():
     assert torch.equal(out[0][: d["chunks"]], a[0]) and torch.equal(out[1], a[1])
 
 
-@pytest.mark.parametrize("case", ["varlen_l2norm", "dense_gva4_fp16", "varlen_int64"])
-def test_shared_prep_chains_equal_the_two_ops_bitwise(case):
+@pytest.mark.parametrize("case", ["varlen_l2norm", "dense_gva4_fp16", "varlen_int64", "fused_forward"])
+def test_shared_prep_chains_equal_the_two_ops_bitwise(monkeypatch, case):
     # chunk_gdn_bwd_chains (one prep for both chains, the state recompute on a side stream) against
     # chunk_gdn_fwd_states + chunk_gdn_bwd_dh, each with its own prep: the same Gram products, inverse and X, so
-    # the four outputs agree bit for bit; then the same op captured in a CUDA graph
+    # the four outputs agree bit for bit; then the same op captured in a CUDA graph. fused_forward: with
+    # FLASHQLA_FWD_SPLIT=0 the recompute computes its own products (no second workspace is shared)
+    if case == "fused_forward":
+        monkeypatch.setenv("FLASHQLA_FWD_SPLIT", "0")
     if case == "dense_gva4_fp16":
         d = make([300], 2, 8, dtype=torch.float16, dense_B=2, seed=41)
     elif case == "varlen_l2norm":
