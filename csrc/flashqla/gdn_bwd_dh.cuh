@@ -252,17 +252,23 @@ __global__ void __launch_bounds__(kThreads, 1) gdn_bwd_dh_kernel(const __grid_co
   }
 }
 
-// The prep alone: W' and U into p.workspace (at least prep_workspace_bytes(p, kBwdPrepCols), the caller's), the
-// inverse's rows into a (NULL: not written) and, when states_x is not NULL, the state recompute's X there (the
-// forward's workspace layout). p as for launch below.
+// W' and U in a prep workspace of kBwdPrepCols 16-bit values per token row and value head: W' (128 wide) for
+// every row, then U; a: the inverse's rows (or NULL).
 template <typename T>
-cudaError_t launch_prep(const flashqla_gdn_fwd_params_t& p, float* a, void* states_x, cudaStream_t stream) {
+PrepBuffers<T> bwd_prep_buffers(const flashqla_gdn_fwd_params_t& p, void* workspace, float* a) {
+  static_assert(kBwdPrepCols == kDimK + kDimV && sizeof(T) == 2, "workspace layout");
+  T* ws = static_cast<T*>(workspace);
+  return PrepBuffers<T>{ws, ws + static_cast<size_t>(p.batch) * static_cast<size_t>(p.seqlen) * p.heads_v * kDimK, a};
+}
+
+// The prep alone: W' and U into `workspace` (at least prep_workspace_bytes(p, kBwdPrepCols)), the inverse's rows
+// into a (NULL: not written) and, when states_x is not NULL, the state recompute's X there (the forward's
+// workspace layout). p as for launch below.
+template <typename T>
+cudaError_t launch_prep(const flashqla_gdn_fwd_params_t& p, void* workspace, float* a, void* states_x,
+                        cudaStream_t stream) {
   const int64_t chunks = chunk_bound(p);
   if (chunks == 0 || p.num_seqs == 0 || p.heads_v == 0) return cudaSuccess;
-  static_assert(kBwdPrepCols == kDimK + kDimV && sizeof(T) == 2, "workspace layout");
-  const size_t rows = static_cast<size_t>(p.batch) * static_cast<size_t>(p.seqlen);
-  T* ws = static_cast<T*>(p.workspace);
-  const PrepBuffers<T> pb{ws, ws + rows * p.heads_v * kDimK, a};
   const bool ix64 = p.cu_seqlens != nullptr && p.cu_seqlens_dtype == FLASHQLA_INT64;
   auto prep = states_x != nullptr ? (ix64 ? gdn_bwd_prep_kernel<T, int64_t, true> : gdn_bwd_prep_kernel<T, int32_t, true>)
                                   : (ix64 ? gdn_bwd_prep_kernel<T, int64_t> : gdn_bwd_prep_kernel<T, int32_t>);
@@ -270,7 +276,7 @@ cudaError_t launch_prep(const flashqla_gdn_fwd_params_t& p, float* a, void* stat
   const cudaError_t err = cudaFuncSetAttribute(prep, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem));
   if (err != cudaSuccess) return err;
   prep<<<dim3(static_cast<unsigned>(chunks), static_cast<unsigned>(p.heads_v)), kAuxThreads, smem, stream>>>(
-      p, pb, static_cast<T*>(states_x));
+      p, bwd_prep_buffers<T>(p, workspace, a), static_cast<T*>(states_x));
   return cudaGetLastError();
 }
 
@@ -290,13 +296,8 @@ cudaError_t launch(const flashqla_gdn_fwd_params_t& p, float* dh, float* a, cuda
   if (chunks > 0) {  // W' and U for every token row
     err = ws.acquire(p, prep_workspace_bytes(p, kBwdPrepCols), stream);
     if (err != cudaSuccess) return err;
-    const size_t rows = static_cast<size_t>(p.batch) * static_cast<size_t>(p.seqlen);
-    pb = PrepBuffers<T>{static_cast<T*>(ws.ptr), static_cast<T*>(ws.ptr) + rows * p.heads_v * kDimK, a};
-    if (!(p.prep_ready && !ws.owned)) {
-      flashqla_gdn_fwd_params_t pp = p;
-      pp.workspace = ws.ptr;
-      err = launch_prep<T>(pp, a, nullptr, stream);
-    }
+    pb = bwd_prep_buffers<T>(p, ws.ptr, a);
+    if (!(p.prep_ready && !ws.owned)) err = launch_prep<T>(p, ws.ptr, a, nullptr, stream);
   }
   if (err == cudaSuccess) {
     auto kernel = ix64 ? gdn_bwd_dh_kernel<T, int64_t> : gdn_bwd_dh_kernel<T, int32_t>;

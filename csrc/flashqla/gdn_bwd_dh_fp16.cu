@@ -7,6 +7,6 @@ cudaError_t launch_gdn_bwd_dh_fp16(const flashqla_gdn_fwd_params_t& p, float* dh
   return gdn_bwd_dh::launch<__half>(p, dh, a, stream);
 }
 cudaError_t launch_gdn_bwd_prep_fp16(const flashqla_gdn_fwd_params_t& p, float* a, void* states_x, cudaStream_t stream) {
-  return gdn_bwd_dh::launch_prep<__half>(p, a, states_x, stream);
+  return gdn_bwd_dh::launch_prep<__half>(p, p.workspace, a, states_x, stream);
 }
 }  // namespace flashqla
