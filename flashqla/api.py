@@ -217,22 +217,11 @@ def _kernel_backward(shape, q, k, v, g, beta, do, dht, scale, initial_state, l2n
                                          index_dtype=cu.dtype if cu is not None else torch.int32)
     if chains is not None:
         states, dh, dh0, a = chains
-    elif os.environ.get("FLASHQLA_BWD_SHARED_PREP", "1").strip() != "0":
-        # one prep for both chains (the Gram products and the inverse once), the two chains side by side
+    else:
+        # one prep for both chains (the Gram products and the inverse once); the op runs the two chains side by
+        # side on two streams, joined before it returns
         states, dh, dh0, a = torch.ops.flashqla.chunk_gdn_bwd_chains(qv, kv, vv, g, beta, dov, dht_, sc, h0, cu, l2norm,
                                                                      initial_state is not None, pass_a)
-    else:  # FLASHQLA_BWD_SHARED_PREP=0: each chain's op with its own prep (A/B and the bitwise test)
-        # the two chains are independent: the forward recompute on a side stream beside the reverse chain (each
-        # fills only sequences x heads x 2 CTAs; also under CUDA-graph capture, as a fork and a join)
-        main = torch.cuda.current_stream(q.device)
-        side = _side_stream(q.device)
-        side.wait_stream(main)
-        with torch.cuda.stream(side):
-            states = torch.ops.flashqla.chunk_gdn_fwd_states(qv, kv, vv, g, beta, sc, h0, cu, l2norm)
-        dh, dh0, a = torch.ops.flashqla.chunk_gdn_bwd_dh(qv, kv, g, beta, dov, dht_, sc, cu, l2norm,
-                                                         initial_state is not None, pass_a)
-        main.wait_stream(side)
-        states.record_stream(main)  # allocated on the side stream, used on this one
     if grad_kernel:
         dq, dk, dv, dg, dbeta = torch.ops.flashqla.chunk_gdn_bwd_grad(qv, kv, vv, g, beta, dov, states, dh, sc, cu,
                                                                        l2norm, a if pass_a else None)
@@ -245,16 +234,6 @@ def _kernel_backward(shape, q, k, v, g, beta, do, dht, scale, initial_state, l2n
                                                dh0 if initial_state is not None else None, dht, scale=scale,
                                                initial_state=initial_state, cu_seqlens=cu_seqlens,
                                                use_qk_l2norm_in_kernel=l2norm)
-
-
-_SIDE_STREAMS: dict = {}
-
-
-def _side_stream(dev: torch.device) -> torch.cuda.Stream:
-    key = dev.index if dev.index is not None else torch.cuda.current_device()
-    if key not in _SIDE_STREAMS:
-        _SIDE_STREAMS[key] = torch.cuda.Stream(device=key)
-    return _SIDE_STREAMS[key]
 
 
 def _segments(shape, dev):
