@@ -42,35 +42,38 @@ int main() {
   std::printf("%-32s %12.0f  (= %.2f us at the %d MHz clock attribute)\n", "total", total / chunks,
               total / chunks / (clk_khz / 1000.0), clk_khz / 1000);
 
-  // v2: per-role phases on the same problem, then event times at 2/8 heads (16 CTAs, latency-bound)
-  ms = warm_then_time([&] { return fm::launch<__nv_bfloat16>(p, nullptr); }, [] { zero_symbol(fm::g_role_cycles); });
-  unsigned long long rc[2][8];
-  CUDA_OK(cudaMemcpyFromSymbol(rc, fm::g_role_cycles, sizeof(rc)));
-  std::printf("\nv2 forward, 1 x %lld tokens, %lld/%lld heads: %.3f ms (%.2f us per chunk per CTA)\n", (long long)T,
-              (long long)Hq, (long long)Hv, ms, 1000.0 * ms / chunks);
+  // v2: per-role phases on the same problem, then at 2/8 heads (16 CTAs, TP8-like: is the chain bound by the
+  // state warps or by the loader groups when the GPU is nearly idle?)
   const char* st_names[fm::kStPhases] = {"wait full", "S->bf16, KS^T + QS^T", "gates, V^T, Z, Y", "O^T += Z^T W^T",
                                          "S^T update (hi + lo)", "O store"};
   const char* aux_names[fm::kAuxPhases] = {"wait empty", "loads + cumsum", "l2norm", "KK^T, QK^T, L, P",
                                            "inverse diagonal", "inverse merges", "M", "W, X"};
-  for (int role = 0; role < 2; ++role) {
-    const int n = role == 0 ? int(fm::kStPhases) : int(fm::kAuxPhases);
-    unsigned long long tot = 0;
-    for (int i = 0; i < n; ++i) tot += rc[role][i];
-    // the timed aux warp belongs to group 0, which prepares every kAuxGroups-th chunk
-    const double per = role == 0 ? chunks : chunks / fm::kAuxGroups;
-    std::printf("%-32s %12s %8s\n", role == 0 ? "state warp 0 (CTA 0, per chunk)" : "aux warp 0 (CTA 0, per own chunk)",
-                "cycles", "share");
-    for (int i = 0; i < n; ++i)
-      std::printf("%-32s %12.0f %7.1f%%\n", role == 0 ? st_names[i] : aux_names[i], rc[role][i] / per,
-                  tot ? 100.0 * rc[role][i] / tot : 0.0);
-    std::printf("%-32s %12.0f\n", "total", tot / per);
-  }
+  const auto roles = [&](const char* what) -> int {  // (CUDA_OK returns 1 on an error)
+    ms = warm_then_time([&] { return fm::launch<__nv_bfloat16>(p, nullptr); }, [] { zero_symbol(fm::g_role_cycles); });
+    unsigned long long rc[2][8];
+    CUDA_OK(cudaMemcpyFromSymbol(rc, fm::g_role_cycles, sizeof(rc)));
+    std::printf("\nv2 forward, 1 x %lld tokens, %lld/%lld heads (%s): %.3f ms (%.2f us per chunk per CTA)\n",
+                (long long)T, (long long)p.heads_qk, (long long)p.heads_v, what, ms, 1000.0 * ms / chunks);
+    for (int role = 0; role < 2; ++role) {
+      const int n = role == 0 ? int(fm::kStPhases) : int(fm::kAuxPhases);
+      unsigned long long tot = 0;
+      for (int i = 0; i < n; ++i) tot += rc[role][i];
+      // the timed aux warp belongs to group 0, which prepares every kAuxGroups-th chunk
+      const double per = role == 0 ? chunks : chunks / fm::kAuxGroups;
+      std::printf("%-32s %12s %8s\n", role == 0 ? "state warp 0 (CTA 0, per chunk)" : "aux warp 0 (CTA 0, per own chunk)",
+                  "cycles", "share");
+      for (int i = 0; i < n; ++i)
+        std::printf("%-32s %12.0f %7.1f%%\n", role == 0 ? st_names[i] : aux_names[i], rc[role][i] / per,
+                    tot ? 100.0 * rc[role][i] / tot : 0.0);
+      std::printf("%-32s %12.0f\n", "total", tot / per);
+    }
+    return 0;
+  };
+  if (roles("TP1-like, the GPU full") != 0) return 1;
   p.heads_qk = 2; p.heads_v = 8;
   p.q_stride_batch = p.k_stride_batch = T * 2 * D; p.q_stride_time = p.k_stride_time = 2 * D;
   p.v_stride_batch = p.o_stride_batch = T * 8 * D; p.v_stride_time = p.o_stride_time = 8 * D;
   p.g_stride_batch = p.beta_stride_batch = T * 8; p.g_stride_time = p.beta_stride_time = 8;
-  ms = warm_then_time([&] { return fm::launch<__nv_bfloat16>(p, nullptr); }, [] {});
-  std::printf("v2 forward, 1 x %lld tokens, 2/8 heads (16 CTAs): %.3f ms (%.2f us per chunk)\n", (long long)T, ms,
-              1000.0 * ms / chunks);
+  if (roles("TP8-like, 16 CTAs") != 0) return 1;
   return 0;
 }
