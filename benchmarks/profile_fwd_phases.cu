@@ -9,6 +9,7 @@
 #include <cstdio>
 #include <cstdlib>
 
+#include "flashqla/gdn_bwd_dh.cuh"
 #include "flashqla/gdn_fwd_mma.cuh"
 #include "flashqla/gdn_fwd_simple.cuh"
 #include "profile_util.cuh"
@@ -42,35 +43,69 @@ int main() {
   std::printf("%-32s %12.0f  (= %.2f us at the %d MHz clock attribute)\n", "total", total / chunks,
               total / chunks / (clk_khz / 1000.0), clk_khz / 1000);
 
-  // v2: per-role phases on the same problem, then event times at 2/8 heads (16 CTAs, latency-bound)
-  ms = warm_then_time([&] { return fm::launch<__nv_bfloat16>(p, nullptr); }, [] { zero_symbol(fm::g_role_cycles); });
-  unsigned long long rc[2][8];
-  CUDA_OK(cudaMemcpyFromSymbol(rc, fm::g_role_cycles, sizeof(rc)));
-  std::printf("\nv2 forward, 1 x %lld tokens, %lld/%lld heads: %.3f ms (%.2f us per chunk per CTA)\n", (long long)T,
-              (long long)Hq, (long long)Hv, ms, 1000.0 * ms / chunks);
+  // v2: per-role phases on the same problem, then at 2/8 heads (16 CTAs, TP8-like: is the chain bound by the
+  // state warps or by the loader groups when the GPU is nearly idle?)
   const char* st_names[fm::kStPhases] = {"wait full", "S->bf16, KS^T + QS^T", "gates, V^T, Z, Y", "O^T += Z^T W^T",
                                          "S^T update (hi + lo)", "O store"};
   const char* aux_names[fm::kAuxPhases] = {"wait empty", "loads + cumsum", "l2norm", "KK^T, QK^T, L, P",
                                            "inverse diagonal", "inverse merges", "M", "W, X"};
-  for (int role = 0; role < 2; ++role) {
-    const int n = role == 0 ? int(fm::kStPhases) : int(fm::kAuxPhases);
-    unsigned long long tot = 0;
-    for (int i = 0; i < n; ++i) tot += rc[role][i];
-    // the timed aux warp belongs to group 0, which prepares every kAuxGroups-th chunk
-    const double per = role == 0 ? chunks : chunks / fm::kAuxGroups;
-    std::printf("%-32s %12s %8s\n", role == 0 ? "state warp 0 (CTA 0, per chunk)" : "aux warp 0 (CTA 0, per own chunk)",
-                "cycles", "share");
-    for (int i = 0; i < n; ++i)
-      std::printf("%-32s %12.0f %7.1f%%\n", role == 0 ? st_names[i] : aux_names[i], rc[role][i] / per,
-                  tot ? 100.0 * rc[role][i] / tot : 0.0);
-    std::printf("%-32s %12.0f\n", "total", tot / per);
+  // the role tables of one timed launch: state warp 0 and aux warp 0 of CTA 0 (st: the state phases' names)
+  const auto roles = [&](const char* what, const char* const* st, auto&& launch) -> int {  // (CUDA_OK returns 1)
+    ms = warm_then_time(launch, [] { zero_symbol(fm::g_role_cycles); });
+    unsigned long long rc[2][8];
+    CUDA_OK(cudaMemcpyFromSymbol(rc, fm::g_role_cycles, sizeof(rc)));
+    std::printf("\n%s, 1 x %lld tokens, %lld/%lld heads: %.3f ms (%.2f us per chunk per CTA)\n", what, (long long)T,
+                (long long)p.heads_qk, (long long)p.heads_v, ms, 1000.0 * ms / chunks);
+    for (int role = 0; role < 2; ++role) {
+      const int n = role == 0 ? int(fm::kStPhases) : int(fm::kAuxPhases);
+      unsigned long long tot = 0;
+      for (int i = 0; i < n; ++i) tot += rc[role][i];
+      // the timed aux warp belongs to group 0, which prepares every kAuxGroups-th chunk
+      const double per = role == 0 ? chunks : chunks / fm::kAuxGroups;
+      std::printf("%-32s %12s %8s\n", role == 0 ? "state warp 0 (CTA 0, per chunk)" : "aux warp 0 (CTA 0, per own chunk)",
+                  "cycles", "share");
+      for (int i = 0; i < n; ++i)
+        std::printf("%-32s %12.0f %7.1f%%\n", role == 0 ? st[i] : aux_names[i], rc[role][i] / per,
+                    tot ? 100.0 * rc[role][i] / tot : 0.0);
+      std::printf("%-32s %12.0f\n", "total", tot / per);
+    }
+    return 0;
+  };
+  const auto fwd = [&] { return fm::launch<__nv_bfloat16>(p, nullptr); };
+  if (roles("v2 forward (TP1-like, the GPU full)", st_names, fwd) != 0) return 1;
+
+  // The backward's two chains at 16/32 heads (64 CTAs each; in the backward they run side by side), each alone:
+  // the state recompute (chunk states, no o) and the dS chain (v = dO), to see which part of their ~3 us step is
+  // the products and which the loads
+  {
+    const int64_t hq = 16, hv = 32;
+    flashqla_gdn_fwd_params_t b = dense_bf16_problem(T, hq, hv);
+    const int64_t bound = flashqla::chunk_bound(b);
+    void* states = nullptr;
+    float* dh = nullptr;
+    CUDA_OK(cudaMalloc(&states, size_t(bound) * hv * D * D * 2));
+    CUDA_OK(cudaMalloc(reinterpret_cast<void**>(&dh), size_t(bound) * hv * D * D * 4));
+    flashqla_gdn_fwd_params_t rs = b;
+    rs.o = nullptr;
+    rs.chunk_states = states;
+    const char* rs_names[fm::kStPhases] = {"wait full", "S->bf16 + store, KS^T", "gates, V^T, Z, Y", "(no O)",
+                                           "S^T update (hi + lo)", "(no O store)"};
+    const char* dh_names[fm::kStPhases] = {"wait full", "dS' store, K dS'^T", "dO^T Q (hi + lo)", "Z^T W' (hi + lo)",
+                                           "release the stage", "-"};
+    std::swap(p, b);  // roles() prints p's heads
+    int bad = roles("backward state recompute", rs_names, [&] { return fm::launch<__nv_bfloat16>(rs, nullptr); });
+    if (bad == 0)
+      bad = roles("backward dS chain", dh_names,
+                  [&] { return flashqla::gdn_bwd_dh::launch<__nv_bfloat16>(rs, dh, nullptr, nullptr); });
+    std::swap(p, b);
+    cudaFree(states);
+    cudaFree(dh);
+    if (bad != 0) return 1;
   }
   p.heads_qk = 2; p.heads_v = 8;
   p.q_stride_batch = p.k_stride_batch = T * 2 * D; p.q_stride_time = p.k_stride_time = 2 * D;
   p.v_stride_batch = p.o_stride_batch = T * 8 * D; p.v_stride_time = p.o_stride_time = 8 * D;
   p.g_stride_batch = p.beta_stride_batch = T * 8; p.g_stride_time = p.beta_stride_time = 8;
-  ms = warm_then_time([&] { return fm::launch<__nv_bfloat16>(p, nullptr); }, [] {});
-  std::printf("v2 forward, 1 x %lld tokens, 2/8 heads (16 CTAs): %.3f ms (%.2f us per chunk)\n", (long long)T, ms,
-              1000.0 * ms / chunks);
+  if (roles("v2 forward (TP8-like, 16 CTAs)", st_names, fwd) != 0) return 1;
   return 0;
 }

@@ -170,6 +170,7 @@ CUTLASS_DEVICE void dh_state_role(const flashqla_gdn_fwd_params_t& p, SharedStor
   const int gq = lane >> 2, tq = lane & 3;
   const LdsmOffsets ld(lane);
   const int v0 = 16 * s + gq;  // this thread's V columns (within the CTA block): v0 and v0 + 8
+  FLASHQLA_ROLE_TIMER;  // (benchmarks/profile_fwd_phases.cu; the state phases' slots, named there)
 
   float sacc[16][4];  // dS^T, starting from dht
   load_state_tile(sacc, p.initial_state != nullptr ? p.initial_state + wk.state_off : nullptr, tq, v0);
@@ -179,6 +180,7 @@ CUTLASS_DEVICE void dh_state_role(const flashqla_gdn_fwd_params_t& p, SharedStor
     const int st = static_cast<int>(it % kStages);
     const Stage<T>& S = sm.stage[st];
     bar_sync(kBarFull + st, kHandoffThreads);
+    FLASHQLA_ROLE_PHASE(0, kStWaitFull);
 
     // dS' of chunk c: the gradient of its end state, [K][V] rows like the states, fp32 (the gradient kernel's
     // <S0, dS'> reads it unrounded)
@@ -193,6 +195,7 @@ CUTLASS_DEVICE void dh_state_role(const flashqla_gdn_fwd_params_t& p, SharedStor
     for_b_fragments<8, 4, false>(S.k, kLdK, ld, [&](int kk, int np, const uint32_t (&b)[4]) {
       mma_pair<T>(kd, np, sa[kk], b);
     });
+    FLASHQLA_ROLE_PHASE(0, kStKsQs);
 
     const float gamma_c = S.gamma[kChunk - 1];
 #pragma unroll
@@ -212,6 +215,7 @@ CUTLASS_DEVICE void dh_state_role(const flashqla_gdn_fwd_params_t& p, SharedStor
         mma_pair<T>(sacc, np, dl[kb], b);
       });
     }
+    FLASHQLA_ROLE_PHASE(0, kStZY);
     // dS^T -= Z^T W',  Z^T = KdS^T diag(rho) + U^T (hi + lo)
     uint32_t zh[4][4], zl[4][4];
     for_vt_pairs<T>(S.w, s, tq, ld, [&](int kb, int r, int nt, int e, int col, float2 uu) {
@@ -222,6 +226,7 @@ CUTLASS_DEVICE void dh_state_role(const flashqla_gdn_fwd_params_t& p, SharedStor
       mma_pair<T>(sacc, np, zh[kb], b);
       mma_pair<T>(sacc, np, zl[kb], b);
     });
+    FLASHQLA_ROLE_PHASE(0, kStO);
     if (it + kStages < wk.num_chunks) {
       // the stage's last reads are consumed by the mma's above, so bar.arrive alone releases it; the state
       // warps' sync first is for racecheck, which flags the aux group's refill otherwise (the mirror of the
@@ -229,6 +234,7 @@ CUTLASS_DEVICE void dh_state_role(const flashqla_gdn_fwd_params_t& p, SharedStor
       bar_sync(kBarState, kStateThreads);
       bar_arrive(kBarEmpty + st, kHandoffThreads);
     }
+    FLASHQLA_ROLE_PHASE(0, kStUpdate);
   }
 
   if (p.final_state != nullptr) store_state_tile(p.final_state + wk.state_off, sacc, tq, v0);  // dh0

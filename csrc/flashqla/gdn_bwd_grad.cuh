@@ -55,6 +55,14 @@ constexpr int kCopyWarps = FLASHQLA_GRAD_COPY_WARPS;
 #define FLASHQLA_GRAD_LOAD_BATCH 16
 #endif
 static_assert(kCopyWarps >= 1 && kCopyWarps <= kGradWarps && 2 * kChunk / kCopyWarps <= 32, "copies per lane");
+// The warp that computes the gates (dg, dbeta) in phase 13b: one that issues no bulk copies there, so the two
+// overlap (warp 0 did both: the copies' issue, ~3k cycles, then the gates, while warps 4-7 waited).
+// FLASHQLA_GRAD_GATE_WARP: a compile-time switch for the phase profiler's A/B.
+#ifndef FLASHQLA_GRAD_GATE_WARP
+#define FLASHQLA_GRAD_GATE_WARP (kCopyWarps < kGradWarps ? kCopyWarps : 0)
+#endif
+constexpr int kGateWarp = FLASHQLA_GRAD_GATE_WARP;
+static_assert(kGateWarp >= 0 && kGateWarp < kGradWarps, "a warp of the CTA");
 // this thread's copy index i among n (the mapping above), or -1
 CUTLASS_DEVICE int copy_index(int tid, int n) {
   const int w = tid >> 5, lane = tid & 31;
@@ -577,8 +585,8 @@ __global__ void __launch_bounds__(kGradThreads, 1) gdn_bwd_grad_kernel(const __g
       }
     }
 
-    // ---- gates (warp 0): dG, then dg = the reverse cumsum over the chunk; dbeta
-    if (w == 0) {
+    // ---- gates (warp kGateWarp): dG, then dg = the reverse cumsum over the chunk; dbeta
+    if (w == kGateWarp) {
       float dG[2], dbeta[2], dte_sum = 0.f;
 #pragma unroll
       for (int e = 0; e < 2; ++e) {
