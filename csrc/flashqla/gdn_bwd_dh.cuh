@@ -185,7 +185,8 @@ CUTLASS_DEVICE void dh_state_role(const flashqla_gdn_fwd_params_t& p, SharedStor
     // dS' of chunk c: the gradient of its end state, [K][V] rows like the states, fp32 (the gradient kernel's
     // <S0, dS'> reads it unrounded)
     if (wk.chunk0 + c < chunk_bound(p))  // (malformed cu_seqlens can name more chunks than dh has slots)
-      store_state_tile(dh + ((wk.chunk0 + c) * p.heads_v + wk.h) * int64_t(kDimK) * kDimV + wk.col0, sacc, tq, v0);
+      store_state_tile(dh + ((wk.chunk0 + c) * p.heads_v + wk.h) * int64_t(kDimK) * kDimV + wk.col0 + 16 * s, sacc,
+                       reinterpret_cast<float*>(&sm.o[0][0]) + s * 64 * 16, lane);  // (no O here: staged in its buffers)
 
     uint32_t sa[8][4];
 #pragma unroll

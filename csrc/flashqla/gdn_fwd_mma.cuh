@@ -116,6 +116,10 @@ struct SharedStorage {
   AuxScratch<T> aux[kAuxGroups];
   alignas(16) T o[2][kChunk * kLdC];    // output tiles on their way out (state warps)
 };
+// The state warps stage a chunk state's half (64 K rows x 16 V per warp) in o: bf16 in the buffer the chunk's O
+// does not use, fp32 (the dS chain, no O) across both.
+static_assert(kStateWarps * 64 * 16 * 2 <= kChunk * kLdC * 2 && kStateWarps * 64 * 16 * 4 <= 2 * kChunk * kLdC * 2,
+              "state staging fits in the O buffers");
 
 // Where one CTA's work lives.
 static_assert(kChunk == 64, "chunk_bound (kernels.h) counts 64-token chunks");
@@ -159,22 +163,59 @@ CUTLASS_DEVICE void store_state_tile(float* dst, const float (&acc)[16][4], int 
     for (int e = 0; e < 4; ++e) dst[int64_t(8 * j + 2 * tq + (e & 1)) * kDimV + v0 + 8 * (e >> 1)] = acc[j][e];
 }
 
+// The fp32 tile the same way (the dS chain's dS', 64 per lane of 4-byte stores, 4 rows per instruction, before):
+// dst the warp's first V column, stage its 4 KB of shared memory; 64 K rows at a time as [K][16 V] rows of 64
+// bytes (the two 32-byte halves swapped on rows 2, 3 mod 4: the lanes tq = 0..3 write rows 2 tq apart), then
+// 16-byte pieces, 8 rows per instruction.
+CUTLASS_DEVICE void store_state_tile(float* dst, const float (&acc)[16][4], float* stage, int lane) {
+  const int g = lane >> 2, tq = lane & 3;
+#pragma unroll
+  for (int half = 0; half < 2; ++half) {
+    __syncwarp();
+#pragma unroll
+    for (int j = 0; j < 8; ++j)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const int row = 8 * j + 2 * tq + (e & 1), col = g + 8 * (e >> 1);
+        stage[row * 16 + (col ^ (((row >> 1) & 1) << 3))] = acc[8 * half + j][e];
+      }
+    __syncwarp();
+#pragma unroll
+    for (int it = 0; it < 8; ++it) {
+      const int q = 32 * it + lane, row = q >> 2, c4 = (q & 3) * 4;
+      *reinterpret_cast<float4*>(dst + int64_t(64 * half + row) * kDimV + c4) =
+          *reinterpret_cast<const float4*>(stage + row * 16 + (c4 ^ (((row >> 1) & 1) << 3)));
+    }
+  }
+}
+
 // The same tile in T (the chunk states, which the backward's products read rounded to T anyway), from the
 // chain's A-operand form of it (c_to_a: sa[kk][r] packs K rows 16 kk + 8 (r / 2) + 2 tq and the next one, V
-// column v0 + 8 (r % 2)), stored as two 16-bit halves: no conversion of its own (converting value by value cost
-// the chain ~8%, measured). (The dS chain writes dS' in fp32, through the overload above.)
-CUTLASS_DEVICE void store_packed_pair(uint16_t* d, uint32_t x) {  // K rows k, k + 1 of one V column
-  d[0] = static_cast<uint16_t>(x & 0xffffu);
-  d[kDimV] = static_cast<uint16_t>(x >> 16);
-}
+// column 8 (r % 2) + tq's group of the warp's 16): no conversion of its own (converting value by value cost the
+// chain ~8%, measured). dst is the warp's first V column; stage its 2 KB of shared memory. The tile goes out 64 K
+// rows at a time: stmatrix.trans turns the fragments into [K][16 V] rows of 32 bytes (the two 16-byte halves
+// swapped on rows 4..7 mod 8, so an stmatrix's 8 rows hit distinct banks), then each lane stores 16-byte pieces,
+// 16 rows per instruction. Stored straight from the fragments (2-byte stores, 4 rows per instruction, 64 per
+// lane) the state took ~2.5k of the recompute chain's ~5.6k cycles a step (phase tables, session 10).
 template <typename T>
-CUTLASS_DEVICE void store_state_tile(T* dst, const uint32_t (&sa)[8][4], int tq, int v0) {
+CUTLASS_DEVICE void store_state_tile(T* dst, const uint32_t (&sa)[8][4], T* stage, int lane) {
+  const int m = lane >> 3;  // the stmatrix matrix whose row this lane addresses
 #pragma unroll
-  for (int kk = 0; kk < 8; ++kk)
+  for (int half = 0; half < 2; ++half) {
+    __syncwarp();  // the previous half's (or tile's) reads of stage are done
 #pragma unroll
-    for (int r = 0; r < 4; ++r)
-      store_packed_pair(reinterpret_cast<uint16_t*>(dst) + int64_t(16 * kk + 8 * (r >> 1) + 2 * tq) * kDimV + v0 + 8 * (r & 1),
-                        sa[kk][r]);
+    for (int kq = 0; kq < 4; ++kq) {
+      const int row = 16 * kq + 8 * (m >> 1) + (lane & 7);
+      warp::stsm_x4_trans(stage + row * 16 + 8 * ((m & 1) ^ ((row >> 2) & 1)), sa[4 * half + kq]);
+    }
+    __syncwarp();
+#pragma unroll
+    for (int it = 0; it < 4; ++it) {
+      const int q = 32 * it + lane, row = q >> 1, hv = q & 1;
+      *reinterpret_cast<uint4*>(dst + int64_t(64 * half + row) * kDimV + 8 * hv) =
+          *reinterpret_cast<const uint4*>(stage + row * 16 + 8 * (hv ^ ((row >> 2) & 1)));
+    }
+  }
 }
 
 // Per-lane fragment indices of an aux warp w (16 chunk rows each): the two rows of its C fragments.
@@ -659,8 +700,10 @@ CUTLASS_DEVICE void state_role(const flashqla_gdn_fwd_params_t& p, SharedStorage
 #pragma unroll
     for (int kk = 0; kk < 8; ++kk) c_to_a<T>(sa[kk], sacc[2 * kk], sacc[2 * kk + 1]);
     if (p.chunk_states != nullptr && wk.chunk0 + c < chunk_bound(p)) {  // the state at the chunk's start, in T
-      store_state_tile(static_cast<T*>(p.chunk_states) + ((wk.chunk0 + c) * p.heads_v + wk.h) * int64_t(kDimK) * kDimV + wk.col0,
-                       sa, tq, v0);
+      // staged in the O buffer chunk c does not use (chunk c - 1's tile went out before this chunk's full barrier)
+      store_state_tile(static_cast<T*>(p.chunk_states) + ((wk.chunk0 + c) * p.heads_v + wk.h) * int64_t(kDimK) * kDimV +
+                           wk.col0 + 16 * s,
+                       sa, sm.o[(c + 1) & 1] + s * 64 * 16, lane);
     }
     // KS^T and QS^T (16 V rows x 64 chunk columns)
     float ks[8][4], os[8][4];

@@ -201,6 +201,15 @@ CUTLASS_DEVICE void store_c_tiles(T* dst, int ld, const float (&c)[NT][4], int l
   }
 }
 
+// Four 8x8 b16 matrices from C-fragment pairs (r[j]: row lane / 4, columns 2 (lane % 4), +1 of matrix j), stored
+// transposed: lane l gives the address of row l % 8 of matrix l / 8 as stored (= column l % 8 of the fragment), a
+// 16-byte row of 8 values.
+CUTLASS_DEVICE void stsm_x4_trans(void* row_addr, const uint32_t (&r)[4]) {
+  asm volatile("stmatrix.sync.aligned.m8n8.x4.trans.shared.b16 [%0], {%1, %2, %3, %4};\n" ::"r"(smem_addr(row_addr)),
+               "r"(r[0]), "r"(r[1]), "r"(r[2]), "r"(r[3])
+               : "memory");
+}
+
 // 16-byte global -> shared copy; pred false fills the destination with zeros.
 CUTLASS_DEVICE void cp_async_16(void* dst, const void* src, bool pred) {
   asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(smem_addr(dst)), "l"(src), "r"(pred ? 16 : 0));
