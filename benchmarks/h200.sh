@@ -20,7 +20,8 @@
 #   test      pytest tests (GPU tests run here)
 #   cmake     libflashqla + the C++ examples through CMake, run by ctest on the GPU
 #   sanitize  compute-sanitizer memcheck + racecheck on small kernel calls
-#   phases    per-phase cycle counts of the forward kernels (benchmarks/profile_fwd_phases.cu)
+#   phases    per-phase cycle counts of the forward kernels and the backward's chains (benchmarks/profile_fwd_phases.cu;
+#             PHASE_DEFS="-DX=1;-DX=0" builds and runs it once per flag set)
 #   gradphases  per-phase cycle counts of the backward's gradient kernel (benchmarks/profile_bwd_grad_phases.cu;
 #             GRAD_PHASE_DEFS="-DX=1;-DX=0" builds and runs it once per flag set)
 #   probe     the state chain with wgmma vs mma.sync, checked against a reference (benchmarks/wgmma_chain_probe.cu)
@@ -142,10 +143,15 @@ if has cmake; then
 fi
 
 if has phases; then
-  say "forward v1 phase timers"
-  cuda_tool benchmarks/profile_fwd_phases.cu /tmp/fq_phases
-  /tmp/fq_phases 2>&1 | tee -a "$LOG"
-  [ "${PIPESTATUS[0]}" -eq 0 ] || status=1
+  # PHASE_DEFS: ';'-separated nvcc flag sets, one build and run each (as GRAD_PHASE_DEFS below)
+  IFS=';' read -ra defsets <<< "${PHASE_DEFS:-}"
+  [ ${#defsets[@]} -eq 0 ] && defsets=("")
+  for defs in "${defsets[@]}"; do
+    say "forward v1 phase timers ${defs}"
+    cuda_tool benchmarks/profile_fwd_phases.cu /tmp/fq_phases "$defs"
+    /tmp/fq_phases 2>&1 | tee -a "$LOG"
+    [ "${PIPESTATUS[0]}" -eq 0 ] || status=1
+  done
 fi
 
 if has gradphases; then

@@ -23,6 +23,14 @@ namespace gdn_bwd_dh {
 
 using namespace gdn_fwd_mma;
 
+// How the dS chain writes dS' (fp32, 64 values per lane a chunk): 0 all up front, straight from the fragments;
+// 1 through per-warp shared staging as 16-byte pieces (measured slower: step 5.8k -> 6.2k cycles); 2 straight
+// from the fragments, two C tiles after each k step of K dS'^T, so they drain beside the products.
+// A compile-time switch for the phase profiler's A/B.
+#ifndef FLASHQLA_DS_STORE
+#define FLASHQLA_DS_STORE 2
+#endif
+
 // ---- prep: W' and U per (chunk, value head)
 // Two 64 x 128 tiles (~67 KB with the aux scratch: three CTAs per SM, as the forward's prep): dO arrives in
 // Q's space once Q K^T is in registers, so its load overlaps only the inverse's epilogue, not the Gram, and the
@@ -184,9 +192,14 @@ CUTLASS_DEVICE void dh_state_role(const flashqla_gdn_fwd_params_t& p, SharedStor
 
     // dS' of chunk c: the gradient of its end state, [K][V] rows like the states, fp32 (the gradient kernel's
     // <S0, dS'> reads it unrounded)
-    if (wk.chunk0 + c < chunk_bound(p))  // (malformed cu_seqlens can name more chunks than dh has slots)
-      store_state_tile(dh + ((wk.chunk0 + c) * p.heads_v + wk.h) * int64_t(kDimK) * kDimV + wk.col0 + 16 * s, sacc,
-                       reinterpret_cast<float*>(&sm.o[0][0]) + s * 64 * 16, lane);  // (no O here: staged in its buffers)
+    const bool store_ds = wk.chunk0 + c < chunk_bound(p);  // (malformed cu_seqlens can name more chunks than dh has slots)
+    float* ds_dst = dh + ((wk.chunk0 + c) * p.heads_v + wk.h) * int64_t(kDimK) * kDimV + wk.col0;
+#if FLASHQLA_DS_STORE == 0
+    if (store_ds) store_state_tile(ds_dst, sacc, tq, v0);
+#elif FLASHQLA_DS_STORE == 1
+    if (store_ds)  // (no O here: staged in its buffers)
+      store_state_tile(ds_dst + 16 * s, sacc, reinterpret_cast<float*>(&sm.o[0][0]) + s * 64 * 16, lane);
+#endif
 
     uint32_t sa[8][4];
 #pragma unroll
@@ -195,6 +208,11 @@ CUTLASS_DEVICE void dh_state_role(const flashqla_gdn_fwd_params_t& p, SharedStor
     zero_acc(kd);
     for_b_fragments<8, 4, false>(S.k, kLdK, ld, [&](int kk, int np, const uint32_t (&b)[4]) {
       mma_pair<T>(kd, np, sa[kk], b);
+#if FLASHQLA_DS_STORE == 2
+      // dS' tiles 2 kk, 2 kk + 1 (K columns 16 kk ..), between this k step's products: the stores drain while
+      // the tensor pipe works instead of all 64 ahead of it (sacc changes only after this loop)
+      if (np == 3 && store_ds) store_state_tiles(ds_dst, sacc, 2 * kk, tq, v0);
+#endif
     });
     FLASHQLA_ROLE_PHASE(0, kStKsQs);
 

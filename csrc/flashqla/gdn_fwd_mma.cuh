@@ -156,11 +156,16 @@ CUTLASS_DEVICE void load_state_tile(float (&acc)[16][4], const float* src, int t
     for (int e = 0; e < 4; ++e)
       acc[j][e] = src != nullptr ? src[int64_t(8 * j + 2 * tq + (e & 1)) * kDimV + v0 + 8 * (e >> 1)] : 0.f;
 }
-CUTLASS_DEVICE void store_state_tile(float* dst, const float (&acc)[16][4], int tq, int v0) {
+// C tiles j0, j0 + 1 of it (K columns 8 j0 .. 8 j0 + 15)
+CUTLASS_DEVICE void store_state_tiles(float* dst, const float (&acc)[16][4], int j0, int tq, int v0) {
 #pragma unroll
-  for (int j = 0; j < 16; ++j)
+  for (int j = j0; j < j0 + 2; ++j)
 #pragma unroll
     for (int e = 0; e < 4; ++e) dst[int64_t(8 * j + 2 * tq + (e & 1)) * kDimV + v0 + 8 * (e >> 1)] = acc[j][e];
+}
+CUTLASS_DEVICE void store_state_tile(float* dst, const float (&acc)[16][4], int tq, int v0) {
+#pragma unroll
+  for (int j = 0; j < 16; j += 2) store_state_tiles(dst, acc, j, tq, v0);
 }
 
 // The fp32 tile the same way (the dS chain's dS', 64 per lane of 4-byte stores, 4 rows per instruction, before):
