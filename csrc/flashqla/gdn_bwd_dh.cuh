@@ -28,7 +28,7 @@ using namespace gdn_fwd_mma;
 // from the fragments, two C tiles after each k step of K dS'^T, so they drain beside the products.
 // A compile-time switch for the phase profiler's A/B.
 #ifndef FLASHQLA_DS_STORE
-#define FLASHQLA_DS_STORE 0
+#define FLASHQLA_DS_STORE 2
 #endif
 
 // ---- prep: W' and U per (chunk, value head)
