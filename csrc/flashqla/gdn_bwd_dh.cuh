@@ -23,13 +23,14 @@ namespace gdn_bwd_dh {
 
 using namespace gdn_fwd_mma;
 
-// How the dS chain writes dS' (fp32, 64 values per lane a chunk): 0 all up front, straight from the fragments;
-// 1 through per-warp shared staging as 16-byte pieces (measured slower: step 5.8k -> 6.2k cycles); 2 straight
-// from the fragments, two C tiles after each k step of K dS'^T, so they drain beside the products.
-// A compile-time switch for the phase profiler's A/B.
+// How the dS chain writes dS' (fp32, 64 values per lane a chunk, straight from the fragments): 0 all up front;
+// 2 two C tiles after each k step of K dS'^T, so they drain beside the products (hk4_hv8 32k backward 2.73 ->
+// 2.55 ms). (1, through per-warp shared staging as 16-byte pieces, measured slower: step 5.8k -> 6.2k cycles,
+// and is gone.) A compile-time switch for the phase profiler's A/B.
 #ifndef FLASHQLA_DS_STORE
 #define FLASHQLA_DS_STORE 2
 #endif
+static_assert(FLASHQLA_DS_STORE == 0 || FLASHQLA_DS_STORE == 2, "FLASHQLA_DS_STORE: 0 or 2");
 
 // ---- prep: W' and U per (chunk, value head)
 // Two 64 x 128 tiles (~67 KB with the aux scratch: three CTAs per SM, as the forward's prep): dO arrives in
@@ -196,9 +197,6 @@ CUTLASS_DEVICE void dh_state_role(const flashqla_gdn_fwd_params_t& p, SharedStor
     float* ds_dst = dh + ((wk.chunk0 + c) * p.heads_v + wk.h) * int64_t(kDimK) * kDimV + wk.col0;
 #if FLASHQLA_DS_STORE == 0
     if (store_ds) store_state_tile(ds_dst, sacc, tq, v0);
-#elif FLASHQLA_DS_STORE == 1
-    if (store_ds)  // (no O here: staged in its buffers)
-      store_state_tile(ds_dst + 16 * s, sacc, reinterpret_cast<float*>(&sm.o[0][0]) + s * 64 * 16, lane);
 #endif
 
     uint32_t sa[8][4];

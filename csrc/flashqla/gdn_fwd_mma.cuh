@@ -116,10 +116,9 @@ struct SharedStorage {
   AuxScratch<T> aux[kAuxGroups];
   alignas(16) T o[2][kChunk * kLdC];    // output tiles on their way out (state warps)
 };
-// The state warps stage a chunk state's half (64 K rows x 16 V per warp) in o: bf16 in the buffer the chunk's O
-// does not use, fp32 (the dS chain, no O) across both.
-static_assert(kStateWarps * 64 * 16 * 2 <= kChunk * kLdC * 2 && kStateWarps * 64 * 16 * 4 <= 2 * kChunk * kLdC * 2,
-              "state staging fits in the O buffers");
+// The state warps stage half a chunk state (64 K rows x 16 V per warp, bf16) in the O buffer the chunk's O does
+// not use.
+static_assert(kStateWarps * 64 * 16 <= kChunk * kLdC, "state staging fits in an O buffer");
 
 // Where one CTA's work lives.
 static_assert(kChunk == 64, "chunk_bound (kernels.h) counts 64-token chunks");
@@ -166,32 +165,6 @@ CUTLASS_DEVICE void store_state_tiles(float* dst, const float (&acc)[16][4], int
 CUTLASS_DEVICE void store_state_tile(float* dst, const float (&acc)[16][4], int tq, int v0) {
 #pragma unroll
   for (int j = 0; j < 16; j += 2) store_state_tiles(dst, acc, j, tq, v0);
-}
-
-// The fp32 tile the same way (the dS chain's dS', 64 per lane of 4-byte stores, 4 rows per instruction, before):
-// dst the warp's first V column, stage its 4 KB of shared memory; 64 K rows at a time as [K][16 V] rows of 64
-// bytes (the two 32-byte halves swapped on rows 2, 3 mod 4: the lanes tq = 0..3 write rows 2 tq apart), then
-// 16-byte pieces, 8 rows per instruction.
-CUTLASS_DEVICE void store_state_tile(float* dst, const float (&acc)[16][4], float* stage, int lane) {
-  const int g = lane >> 2, tq = lane & 3;
-#pragma unroll
-  for (int half = 0; half < 2; ++half) {
-    __syncwarp();
-#pragma unroll
-    for (int j = 0; j < 8; ++j)
-#pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        const int row = 8 * j + 2 * tq + (e & 1), col = g + 8 * (e >> 1);
-        stage[row * 16 + (col ^ (((row >> 1) & 1) << 3))] = acc[8 * half + j][e];
-      }
-    __syncwarp();
-#pragma unroll
-    for (int it = 0; it < 8; ++it) {
-      const int q = 32 * it + lane, row = q >> 2, c4 = (q & 3) * 4;
-      *reinterpret_cast<float4*>(dst + int64_t(64 * half + row) * kDimV + c4) =
-          *reinterpret_cast<const float4*>(stage + row * 16 + (c4 ^ (((row >> 1) & 1) << 3)));
-    }
-  }
 }
 
 // The same tile in T (the chunk states, which the backward's products read rounded to T anyway), from the
