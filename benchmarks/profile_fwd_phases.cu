@@ -8,6 +8,7 @@
 #define FLASHQLA_PHASE_TIMERS 1
 #include <cstdio>
 #include <cstdlib>
+#include <string>
 
 #include "flashqla/gdn_bwd_dh.cuh"
 #include "flashqla/gdn_fwd_mma.cuh"
@@ -93,10 +94,19 @@ int main() {
     const char* dh_names[fm::kStPhases] = {"wait full", "dS' store, K dS'^T", "dO^T Q (hi + lo)", "Z^T W' (hi + lo)",
                                            "release the stage", "-"};
     std::swap(p, b);  // roles() prints p's heads
-    int bad = roles("backward state recompute", rs_names, [&] { return fm::launch<__nv_bfloat16>(rs, nullptr); });
-    if (bad == 0)
-      bad = roles("backward dS chain", dh_names,
-                  [&] { return flashqla::gdn_bwd_dh::launch<__nv_bfloat16>(rs, dh, nullptr, nullptr); });
+    // (32 heads x 4 CTAs of 32 V columns fit on the GPU: the K-split chains by default; then the unsplit ones)
+    int bad = 0;
+    for (const char* ks : {"1", "0"}) {
+      setenv("FLASHQLA_KSPLIT", ks, 1);
+      const std::string tag = ks[0] == '1' ? " (K-split chain)" : " (unsplit chain)";
+      if (bad == 0)
+        bad = roles(("backward state recompute" + tag).c_str(), rs_names,
+                    [&] { return fm::launch<__nv_bfloat16>(rs, nullptr); });
+      if (bad == 0)
+        bad = roles(("backward dS chain" + tag).c_str(), dh_names,
+                    [&] { return flashqla::gdn_bwd_dh::launch<__nv_bfloat16>(rs, dh, nullptr, nullptr); });
+    }
+    unsetenv("FLASHQLA_KSPLIT");
     std::swap(p, b);
     cudaFree(states);
     cudaFree(dh);
@@ -106,6 +116,10 @@ int main() {
   p.q_stride_batch = p.k_stride_batch = T * 2 * D; p.q_stride_time = p.k_stride_time = 2 * D;
   p.v_stride_batch = p.o_stride_batch = T * 8 * D; p.v_stride_time = p.o_stride_time = 8 * D;
   p.g_stride_batch = p.beta_stride_batch = T * 8; p.g_stride_time = p.beta_stride_time = 8;
-  if (roles("v2 forward (TP8-like, 16 CTAs)", st_names, fwd) != 0) return 1;
+  // the K-split chain (the default here: 32 CTAs of 32 V columns), then the unsplit one (16 CTAs of 64)
+  if (roles("v2 forward (TP8-like, K-split chain, 32 CTAs)", st_names, fwd) != 0) return 1;
+  setenv("FLASHQLA_KSPLIT", "0", 1);
+  if (roles("v2 forward (TP8-like, unsplit chain, 16 CTAs)", st_names, fwd) != 0) return 1;
+  unsetenv("FLASHQLA_KSPLIT");
   return 0;
 }

@@ -264,6 +264,7 @@ def test_split_and_fused_forward_agree_bitwise(monkeypatch, case, prep_heads):
     # same X and W in the same dtype as the fused mode, only through global memory: outputs must be identical,
     # also when one prep CTA serves a whole GVA group (FLASHQLA_PREP_HEADS=8: groups of 2, 3 and 4 heads here)
     monkeypatch.setenv("FLASHQLA_PREP_HEADS", prep_heads)
+    monkeypatch.setenv("FLASHQLA_KSPLIT", "0")  # the fused kernel's chain (the K-split one sums KS^T in halves)
     if case == "varlen":   # zero-length sequences, tails, one long sequence, GVA 2
         d, kw = make([0, 65, 1, 700, 0, 130, 2300], 2, 4, seed=21), {}
     elif case == "dense":
@@ -287,6 +288,7 @@ def test_states_recompute_prep_agrees_bitwise(monkeypatch, l2norm):
     # the backward's state recompute (chunk_gdn_fwd_states: chunk states, no o) runs a prep kernel that computes
     # X alone (no Q, Q K^T, M or W); its chunk states and final states equal, bit for bit, the fused mode's,
     # whose aux warps compute every product
+    monkeypatch.setenv("FLASHQLA_KSPLIT", "0")  # the fused kernel's chain (the K-split one sums KS^T in halves)
     d = make([64, 191, 1500, 0, 77], 2, 8, dtype=torch.float16, seed=26)
     if l2norm:
         d["q"], d["k"] = d["q"] * 3, d["k"] * 0.5
@@ -346,3 +348,40 @@ def test_cp_pass_summaries_and_shared_chunk_products(monkeypatch, split):
     fresh = torch.ops.flashqla.chunk_gdn_fwd(q, k, v2, g, beta, scale, h2, True, cu, False)
     o1, s1 = op(q, k, v2, g, beta, scale, h2, cu, False, ws, True, True, False)
     assert torch.equal(o1, fresh[0]) and torch.equal(s1, fresh[1])
+
+
+@pytest.mark.parametrize("case", ["varlen", "dense_fp16_l2norm_no_h0", "gva4_strong"])
+def test_ksplit_chain_against_float64(monkeypatch, case):
+    # the prepared chain with K split over warp pairs (FLASHQLA_KSPLIT=1; the default at few sequences x
+    # heads) against the float64 chunked form and against the unsplit chain (=0): the same products but KS^T
+    # and QS^T summed as two K halves, so close, not bitwise; the chunk states of the backward's recompute too
+    monkeypatch.setenv("FLASHQLA_CP", "0")
+    kw = {}
+    if case == "varlen":   # zero-length sequences, partial chunks, one long sequence
+        lens = [0, 65, 1, 700, 0, 130, 2300]
+        d = make(lens, 2, 4, seed=31)
+    elif case == "dense_fp16_l2norm_no_h0":
+        lens = [333] * 3
+        d = make([333], 1, 3, dense_B=3, dtype=torch.float16, seed=32)
+        d["q"], d["k"], d["initial_state"] = d["q"] * 3, d["k"] * 0.5, None
+        kw = {"use_qk_l2norm_in_kernel": True}
+    else:
+        lens = [1000, 200]
+        d = make(lens, 2, 8, strong=True, seed=33)
+    n = sum(-(-t // 64) for t in lens)  # chunks: the states' rows that hold a chunk's start
+    out, states = {}, {}
+    for mode in ("0", "1"):
+        monkeypatch.setenv("FLASHQLA_KSPLIT", mode)
+        out[mode] = run_ours(d, **kw)
+        args = (d["q"], d["k"], d["v"], d["g"], d["beta"], D ** -0.5, d["initial_state"], d["cu_seqlens"],
+                bool(kw))
+        states[mode] = torch.ops.flashqla.chunk_gdn_fwd_states(*args)[:n].float()
+    x = {k: (v.double() if isinstance(v, torch.Tensor) and v.is_floating_point() else v) for k, v in d.items()}
+    ro, rs = chunk_gdn_torch(**x, output_final_state=True, **kw)
+    for mode in ("0", "1"):
+        o, s = out[mode]
+        eo, es = rel_l2(o, ro), rel_l2(s, rs)
+        print(f"{case} ksplit={mode}: o {eo:.2e} final {es:.2e}")
+        assert eo < 5e-3 and es < 5e-3
+    assert rel_l2(out["1"][0], out["0"][0]) < 2e-3 and rel_l2(out["1"][1], out["0"][1]) < 2e-3
+    assert torch.isfinite(states["1"]).all() and rel_l2(states["1"], states["0"]) < 2e-3

@@ -257,21 +257,118 @@ CUTLASS_DEVICE void dh_state_role(const flashqla_gdn_fwd_params_t& p, SharedStor
   if (p.final_state != nullptr) store_state_tile(p.final_state + wk.state_off, sacc, tq, v0);  // dh0
 }
 
-template <typename T, typename IndexT>
+// The dS chain with K split over warp pairs (as state_role_ksplit; few sequences x value heads): warp s owns
+// V rows 16 (s / 2) .. of the CTA's 32 columns and K columns kKHalf (s % 2) .. of dS^T. Each warp forms its K
+// half's share of KdS^T, the pair adds the shares through the loader groups' product scratch (unused here),
+// and each updates its own K half (dO^T Q and Z^T W' on that half of Q's and W''s columns): ~160 mma per warp
+// a chunk instead of ~320.
+template <typename T>
+CUTLASS_DEVICE void dh_state_role_ksplit(const flashqla_gdn_fwd_params_t& p, SharedStorage<T>& sm, const Work<T>& wk,
+                                         float* dh) {
+  using namespace warp;
+  const int tid = threadIdx.x, s = tid >> 5, lane = tid & 31;
+  const int gq = lane >> 2, tq = lane & 3;
+  const int vg = s >> 1, kh = s & 1;
+  const LdsmOffsets ld(lane);
+  const int v0 = 16 * vg + gq;  // this thread's V columns (within the CTA block): v0 and v0 + 8
+  FLASHQLA_ROLE_TIMER;
+  const int64_t koff = int64_t(kKHalf) * kh * kDimV;  // this warp's first K row in [K][V] memory
+
+  float sacc[8][4];  // this K half of dS^T, starting from dht
+  load_state_tile(sacc, p.initial_state != nullptr ? p.initial_state + wk.state_off + koff : nullptr, tq, v0);
+  float4* const mine = reinterpret_cast<float4*>(sm.aux[vg].la) + kh * (8 * 32);
+  const float4* const theirs = reinterpret_cast<const float4*>(sm.aux[vg].la) + (kh ^ 1) * (8 * 32);
+
+  for (int64_t it = 0; it < wk.num_chunks; ++it) {
+    const int64_t c = wk.num_chunks - 1 - it;
+    const int st = static_cast<int>(it % kStages);
+    const Stage<T>& S = sm.stage[st];
+    bar_sync(kBarFull + st, kHandoffThreads);
+    FLASHQLA_ROLE_PHASE(0, kStWaitFull);
+
+    const bool store_ds = wk.chunk0 + c < chunk_bound(p);
+    float* ds_dst = dh + ((wk.chunk0 + c) * p.heads_v + wk.h) * int64_t(kDimK) * kDimV + koff + wk.col0;
+#if FLASHQLA_DS_STORE == 0
+    if (store_ds) store_state_tile(ds_dst, sacc, tq, v0);
+#endif
+    uint32_t sa[4][4];
+#pragma unroll
+    for (int kk = 0; kk < 4; ++kk) c_to_a<T>(sa[kk], sacc[2 * kk], sacc[2 * kk + 1]);
+    float kd[8][4];  // this K half's share of KdS^T (16 V rows x 64 chunk columns)
+    zero_acc(kd);
+    for_b_fragments<4, 4, false>(S.k + kKHalf * kh, kLdK, ld, [&](int kk, int np, const uint32_t (&b)[4]) {
+      mma_pair<T>(kd, np, sa[kk], b);
+#if FLASHQLA_DS_STORE == 2
+      if (np == 3 && store_ds) store_state_tiles(ds_dst, sacc, 2 * kk, tq, v0);
+#endif
+    });
+#pragma unroll
+    for (int nt = 0; nt < 8; ++nt) mine[nt * 32 + lane] = make_float4(kd[nt][0], kd[nt][1], kd[nt][2], kd[nt][3]);
+    bar_sync(kBarPair + vg, 64);
+#pragma unroll
+    for (int nt = 0; nt < 8; ++nt) {
+      const float4 a = theirs[nt * 32 + lane];
+      kd[nt][0] += a.x; kd[nt][1] += a.y; kd[nt][2] += a.z; kd[nt][3] += a.w;
+    }
+    FLASHQLA_ROLE_PHASE(0, kStKsQs);
+
+    const float gamma_c = S.gamma[kChunk - 1];
+#pragma unroll
+    for (int j = 0; j < 8; ++j)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) sacc[j][e] *= gamma_c;
+    {  // dS^T += (scale dO^T diag(gamma)) Q on this K half (hi + lo, as dh_state_role)
+      uint32_t dh_[4][4], dl[4][4];
+      for_vt_pairs<T>(S.v, vg, tq, ld, [&](int kb, int r, int, int, int col, float2 dd) {
+        const float2 gm = *reinterpret_cast<const float2*>(&S.gamma[col]);
+        split_hi_lo<T>(p.scale * gm.x * dd.x, p.scale * gm.y * dd.y, dh_[kb][r], dl[kb][r]);
+      });
+      for_b_fragments<4, 4, true>(S.q + kKHalf * kh, kLdK, ld, [&](int kb, int np, const uint32_t (&b)[4]) {
+        mma_pair<T>(sacc, np, dh_[kb], b);
+        mma_pair<T>(sacc, np, dl[kb], b);
+      });
+    }
+    FLASHQLA_ROLE_PHASE(0, kStZY);
+    // dS^T -= Z^T W' on this K half,  Z^T = KdS^T diag(rho) + U^T (hi + lo)
+    uint32_t zh[4][4], zl[4][4];
+    for_vt_pairs<T>(S.w, vg, tq, ld, [&](int kb, int r, int nt, int e, int col, float2 uu) {
+      const float2 rho = *reinterpret_cast<const float2*>(&S.decay[col]);
+      split_hi_lo<T>(-(rho.x * kd[nt][e] + uu.x), -(rho.y * kd[nt][e + 1] + uu.y), zh[kb][r], zl[kb][r]);
+    });
+    for_b_fragments<4, 4, true>(S.x + kKHalf * kh, kLdK, ld, [&](int kb, int np, const uint32_t (&b)[4]) {
+      mma_pair<T>(sacc, np, zh[kb], b);
+      mma_pair<T>(sacc, np, zl[kb], b);
+    });
+    FLASHQLA_ROLE_PHASE(0, kStO);
+    if (it + kStages < wk.num_chunks) {  // (as in dh_state_role)
+      bar_sync(kBarState, kStateThreads);
+      bar_arrive(kBarEmpty + st, kHandoffThreads);
+    }
+    FLASHQLA_ROLE_PHASE(0, kStUpdate);
+  }
+
+  if (p.final_state != nullptr) store_state_tile(p.final_state + wk.state_off + koff, sacc, tq, v0);  // dh0
+}
+
+template <typename T, typename IndexT, bool kKSplit = false>
 __global__ void __launch_bounds__(kThreads, 1) gdn_bwd_dh_kernel(const __grid_constant__ flashqla_gdn_fwd_params_t p,
                                                                  const PrepBuffers<T> pb, float* dh) {
+  constexpr int kVB = kKSplit ? kVBlocksK : kVBlocks, kBV = kKSplit ? kBlockVK : kBlockV;
   extern __shared__ __align__(128) unsigned char smem_raw[];
   auto& sm = *reinterpret_cast<SharedStorage<T>*>(smem_raw);
-  const CtaTile ct = decode_cta<IndexT>(p, blockIdx.x, kVBlocks, kBlockV);
+  const CtaTile ct = decode_cta<IndexT>(p, blockIdx.x, kVB, kBV);
   Work<T> wk = make_work<T>(p, ct);
   wk.o = nullptr;
   if (threadIdx.x < kStateThreads) {
     cutlass::arch::warpgroup_reg_alloc<kStateRegs>();
     wk.chunk0 = chunk_offset<IndexT>(p, ct.n, threadIdx.x & 31);
-    dh_state_role<T>(p, sm, wk, dh);
+    if constexpr (kKSplit)
+      dh_state_role_ksplit<T>(p, sm, wk, dh);
+    else
+      dh_state_role<T>(p, sm, wk, dh);
   } else {
     cutlass::arch::warpgroup_reg_dealloc<kAuxRegs>();
-    aux_role<T, AuxMode::kLoadBwd>(p, sm, wk, (threadIdx.x - kStateThreads) / kAuxThreads, pb);
+    aux_role<T, AuxMode::kLoadBwd, kBV>(p, sm, wk, (threadIdx.x - kStateThreads) / kAuxThreads, pb);
   }
 }
 
@@ -309,7 +406,8 @@ cudaError_t launch_prep(const flashqla_gdn_fwd_params_t& p, void* workspace, flo
 // or [batch * seqlen, heads_v, 64] fp32, the inverse's rows (flashqla_gdn_bwd_dh_params_t::a).
 template <typename T>
 cudaError_t launch(const flashqla_gdn_fwd_params_t& p, float* dh, float* a, cudaStream_t stream) {
-  const int64_t ctas = p.num_seqs * p.heads_v * kVBlocks;
+  const bool ksplit = use_ksplit(p);
+  const int64_t ctas = p.num_seqs * p.heads_v * (ksplit ? kVBlocksK : kVBlocks);
   if (ctas == 0) return cudaSuccess;
   const int64_t chunks = chunk_bound(p);
   const bool ix64 = p.cu_seqlens != nullptr && p.cu_seqlens_dtype == FLASHQLA_INT64;
@@ -323,7 +421,8 @@ cudaError_t launch(const flashqla_gdn_fwd_params_t& p, float* dh, float* a, cuda
     if (!(p.prep_ready && !ws.owned)) err = launch_prep<T>(p, ws.ptr, a, nullptr, stream);
   }
   if (err == cudaSuccess) {
-    auto kernel = ix64 ? gdn_bwd_dh_kernel<T, int64_t> : gdn_bwd_dh_kernel<T, int32_t>;
+    auto kernel = ksplit ? (ix64 ? gdn_bwd_dh_kernel<T, int64_t, true> : gdn_bwd_dh_kernel<T, int32_t, true>)
+                         : (ix64 ? gdn_bwd_dh_kernel<T, int64_t> : gdn_bwd_dh_kernel<T, int32_t>);
     const size_t smem = sizeof(SharedStorage<T>);
     err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem));
     if (err == cudaSuccess) {

@@ -62,6 +62,7 @@ enum Barrier : uint32_t {
   kBarEmpty = kBarFull + kStages,  // + stage: state -> aux, the stage may be refilled
   kBarAux = kBarEmpty + kStages,   // + group: among one aux group's warps
   kBarState = kBarAux + kAuxGroups,  // among the state warps
+  kBarPair = kBarState + 1,          // + V group: the two state warps of the K-split chain that share V rows
 };
 
 // Diagnostics only (benchmarks/profile_fwd_phases.cu): with FLASHQLA_PHASE_TIMERS,
@@ -146,54 +147,63 @@ struct PrepBuffers {
   T* w;
   float* a = nullptr;  // backward prep only: the inverse's rows for the gradient kernel (flashqla_gdn_bwd_dh's a)
 };
-// A state tile in the state warps' registers: S^T (or dS^T), 16 V rows x 128 K columns per warp as 16 C tiles;
-// in memory [K][V] rows of kDimV floats (states, their gradients). This thread's V columns: v0, v0 + 8.
-CUTLASS_DEVICE void load_state_tile(float (&acc)[16][4], const float* src, int tq, int v0) {
+// A state tile in the state warps' registers: S^T (or dS^T), 16 V rows x 8 NT K columns per warp as NT C tiles
+// (NT = 16: all 128 K; 8: one half, the K-split chain); in memory [K][V] rows of kDimV floats (states, their
+// gradients), src / dst at the tile's first K row. This thread's V columns: v0, v0 + 8.
+template <int NT>
+CUTLASS_DEVICE void load_state_tile(float (&acc)[NT][4], const float* src, int tq, int v0) {
 #pragma unroll
-  for (int j = 0; j < 16; ++j)
+  for (int j = 0; j < NT; ++j)
 #pragma unroll
     for (int e = 0; e < 4; ++e)
       acc[j][e] = src != nullptr ? src[int64_t(8 * j + 2 * tq + (e & 1)) * kDimV + v0 + 8 * (e >> 1)] : 0.f;
 }
 // C tiles j0, j0 + 1 of it (K columns 8 j0 .. 8 j0 + 15)
-CUTLASS_DEVICE void store_state_tiles(float* dst, const float (&acc)[16][4], int j0, int tq, int v0) {
+template <int NT>
+CUTLASS_DEVICE void store_state_tiles(float* dst, const float (&acc)[NT][4], int j0, int tq, int v0) {
 #pragma unroll
   for (int j = j0; j < j0 + 2; ++j)
 #pragma unroll
     for (int e = 0; e < 4; ++e) dst[int64_t(8 * j + 2 * tq + (e & 1)) * kDimV + v0 + 8 * (e >> 1)] = acc[j][e];
 }
-CUTLASS_DEVICE void store_state_tile(float* dst, const float (&acc)[16][4], int tq, int v0) {
+template <int NT>
+CUTLASS_DEVICE void store_state_tile(float* dst, const float (&acc)[NT][4], int tq, int v0) {
 #pragma unroll
-  for (int j = 0; j < 16; j += 2) store_state_tiles(dst, acc, j, tq, v0);
+  for (int j = 0; j < NT; j += 2) store_state_tiles(dst, acc, j, tq, v0);
 }
 
-// The same tile in T (the chunk states, which the backward's products read rounded to T anyway), from the
-// chain's A-operand form of it (c_to_a: sa[kk][r] packs K rows 16 kk + 8 (r / 2) + 2 tq and the next one, V
-// column 8 (r % 2) + tq's group of the warp's 16): no conversion of its own (converting value by value cost the
-// chain ~8%, measured). dst is the warp's first V column; stage its 2 KB of shared memory. The tile goes out 64 K
-// rows at a time: stmatrix.trans turns the fragments into [K][16 V] rows of 32 bytes (the two 16-byte halves
+// 64 K rows of the same tile in T (the chunk states, which the backward's products read rounded to T anyway),
+// from the chain's A-operand form of it (c_to_a: sa[kq][r] packs K rows 16 kq + 8 (r / 2) + 2 tq and the next
+// one, V column 8 (r % 2) + tq's group of the warp's 16): no conversion of its own (converting value by value cost
+// the chain ~8%, measured). dst: the first of the 64 K rows at the warp's first V column; stage: the warp's 2 KB
+// of shared memory. stmatrix.trans turns the fragments into [K][16 V] rows of 32 bytes (the two 16-byte halves
 // swapped on rows 4..7 mod 8, so an stmatrix's 8 rows hit distinct banks), then each lane stores 16-byte pieces,
 // 16 rows per instruction. Stored straight from the fragments (2-byte stores, 4 rows per instruction, 64 per
 // lane) the state took ~2.5k of the recompute chain's ~5.6k cycles a step (phase tables, session 10).
 template <typename T>
-CUTLASS_DEVICE void store_state_tile(T* dst, const uint32_t (&sa)[8][4], T* stage, int lane) {
+CUTLASS_DEVICE void store_state_rows64(T* dst, const uint32_t (&sa)[4][4], T* stage, int lane) {
   const int m = lane >> 3;  // the stmatrix matrix whose row this lane addresses
+  __syncwarp();  // the previous rows' reads of stage are done
 #pragma unroll
-  for (int half = 0; half < 2; ++half) {
-    __syncwarp();  // the previous half's (or tile's) reads of stage are done
-#pragma unroll
-    for (int kq = 0; kq < 4; ++kq) {
-      const int row = 16 * kq + 8 * (m >> 1) + (lane & 7);
-      warp::stsm_x4_trans(stage + row * 16 + 8 * ((m & 1) ^ ((row >> 2) & 1)), sa[4 * half + kq]);
-    }
-    __syncwarp();
-#pragma unroll
-    for (int it = 0; it < 4; ++it) {
-      const int q = 32 * it + lane, row = q >> 1, hv = q & 1;
-      *reinterpret_cast<uint4*>(dst + int64_t(64 * half + row) * kDimV + 8 * hv) =
-          *reinterpret_cast<const uint4*>(stage + row * 16 + 8 * (hv ^ ((row >> 2) & 1)));
-    }
+  for (int kq = 0; kq < 4; ++kq) {
+    const int row = 16 * kq + 8 * (m >> 1) + (lane & 7);
+    warp::stsm_x4_trans(stage + row * 16 + 8 * ((m & 1) ^ ((row >> 2) & 1)), sa[kq]);
   }
+  __syncwarp();
+#pragma unroll
+  for (int it = 0; it < 4; ++it) {
+    const int q = 32 * it + lane, row = q >> 1, hv = q & 1;
+    *reinterpret_cast<uint4*>(dst + int64_t(row) * kDimV + 8 * hv) =
+        *reinterpret_cast<const uint4*>(stage + row * 16 + 8 * (hv ^ ((row >> 2) & 1)));
+  }
+}
+// All 128 K rows (the full chain's tile), 64 at a time through the same 2 KB.
+template <typename T>
+CUTLASS_DEVICE void store_state_tile(T* dst, const uint32_t (&sa)[8][4], T* stage, int lane) {
+#pragma unroll
+  for (int half = 0; half < 2; ++half)
+    store_state_rows64(dst + int64_t(64 * half) * kDimV, reinterpret_cast<const uint32_t(&)[4][4]>(sa[4 * half]), stage,
+                       lane);
 }
 
 // Per-lane fragment indices of an aux warp w (16 chunk rows each): the two rows of its C fragments.
@@ -519,7 +529,7 @@ CUTLASS_DEVICE void load_gates(const flashqla_gdn_fwd_params_t& p, StageT& S, Au
 struct NoHook {
   CUTLASS_DEVICE void operator()() const {}
 };
-template <typename T, AuxMode kMode, typename StageT, typename Issued = NoHook>
+template <typename T, AuxMode kMode, int kBV = kBlockV, typename StageT, typename Issued = NoHook>
 CUTLASS_DEVICE void aux_chunk(const flashqla_gdn_fwd_params_t& p, StageT& S, AuxScratch<T>& ax, const Work<T>& wk,
                               int64_t c, int tid, uint32_t bar_aux, const PrepBuffers<T>& pb, long long& t_mark,
                               Issued issued = Issued{}) {
@@ -540,8 +550,8 @@ CUTLASS_DEVICE void aux_chunk(const flashqla_gdn_fwd_params_t& p, StageT& S, Aux
     if (want_q) cp_async_16(&S.q[r * kLdK + c8], ok ? wk.q + (t0 - wk.t0 + r) * p.q_stride_time + c8 : wk.q, ok);
   }
   if constexpr (kMode == AuxMode::kFused || kMode == AuxMode::kLoadPrepared || kMode == AuxMode::kLoadBwd) {
-    for (int i = tid; i < kChunk * kBlockV / 8; i += kAuxThreads) {
-      const int r = i >> 3, c8 = (i & 7) * 8;
+    for (int i = tid; i < kChunk * kBV / 8; i += kAuxThreads) {  // (kBV: the CTA's V columns)
+      const int r = i / (kBV / 8), c8 = (i % (kBV / 8)) * 8;
       const bool ok = r < rows && wk.v != nullptr;  // else zero-filled, no read
       cp_async_16(&S.v[r * kLdC + c8], ok ? wk.v + (t0 - wk.t0 + r) * p.v_stride_time + c8 : wk.k, ok);
     }
@@ -558,8 +568,9 @@ CUTLASS_DEVICE void aux_chunk(const flashqla_gdn_fwd_params_t& p, StageT& S, Aux
       const bool ok = r < rows;
       cp_async_16(&S.x[r * kLdK + c8], ok ? xs + int64_t(r) * p.heads_v * kDimK + c8 : xs, ok);
     }
-    for (int i = tid; i < kChunk * kChunk / 8 && (kMode == AuxMode::kLoadBwd || wk.o != nullptr); i += kAuxThreads) {
-      const int r = i >> 3, c8 = (i & 7) * 8;
+    constexpr int kWCols = kMode == AuxMode::kLoadBwd ? kBV : kChunk;  // U: this CTA's columns only
+    for (int i = tid; i < kChunk * kWCols / 8 && (kMode == AuxMode::kLoadBwd || wk.o != nullptr); i += kAuxThreads) {
+      const int r = i / (kWCols / 8), c8 = (i % (kWCols / 8)) * 8;
       const bool ok = r < rows;
       cp_async_16(&S.w[r * kLdC + c8], ok ? ws + int64_t(r) * p.heads_v * kWRow + c8 : ws, ok);
     }
@@ -607,7 +618,7 @@ CUTLASS_DEVICE void aux_chunk(const flashqla_gdn_fwd_params_t& p, StageT& S, Aux
 #endif
 }
 
-template <typename T, AuxMode kMode>
+template <typename T, AuxMode kMode, int kBV = kBlockV>
 CUTLASS_DEVICE void aux_role(const flashqla_gdn_fwd_params_t& p, SharedStorage<T>& sm, const Work<T>& wk,
                              int group, const PrepBuffers<T>& pb) {
   using namespace warp;
@@ -625,7 +636,7 @@ CUTLASS_DEVICE void aux_role(const flashqla_gdn_fwd_params_t& p, SharedStorage<T
     Stage<T>& S = sm.stage[st];
     if (it >= kStages) bar_sync(kBarEmpty + st, kHandoffThreads);
     FLASHQLA_ROLE_PHASE(1, kAuxWaitEmpty);
-    aux_chunk<T, kMode>(p, S, ax, wk, c, tid, bar_aux, pb, t_mark);
+    aux_chunk<T, kMode, kBV>(p, S, ax, wk, c, tid, bar_aux, pb, t_mark);
     // bar.arrive orders this thread's stores before the state warps' bar.sync (PTX), but
     // compute-sanitizer's racecheck does not model that and flags W and X; one group-wide sync
     // first (the group's warps finish within a few cycles of each other) keeps racecheck usable.
@@ -764,6 +775,152 @@ CUTLASS_DEVICE void state_role(const flashqla_gdn_fwd_params_t& p, SharedStorage
   if (p.final_state != nullptr) store_state_tile(p.final_state + wk.state_off, sacc, tq, v0);
 }
 
+// ---- The chain with K split over warp pairs (split mode, few sequences x value heads)
+// One CTA per (sequence, value head, 32-column V block): state warp s owns V rows 16 (s / 2) .. + 15 of the
+// block's S^T and K columns 64 (s % 2) .. + 63 (32 fp32 per thread instead of 64). Per chunk each warp forms its
+// K half's share of KS^T and QS^T (half the products), the pair adds the two shares through shared memory (the
+// loader groups' product scratch, unused in split mode), each then updates its own K half of S^T (half the
+// products again) and forms O for half of the chunk's columns: ~150 mma per warp a chunk instead of ~290. The
+// TP8/TP4 chains are bound by that work (the loader groups alone keep up with ~2.1k cycles a chunk, the state
+// warps take 4.9k; NOTES, session 10), and at these sizes the extra CTAs find idle SMs.
+constexpr int kBlockVK = 32;  // V columns per CTA of the K-split chain
+constexpr int kVBlocksK = kDimV / kBlockVK;
+constexpr int kKHalf = kDimK / 2;
+static_assert(kStateWarps == 2 * (kBlockVK / 16), "two K halves per 16 V rows");
+// each warp's share of KS^T and QS^T, fragment by fragment (lane-major float4s: 512 contiguous bytes a store)
+static_assert(2 * (2 * 8 * 4 * 32) <= kChunk * kLdF, "a pair's shares fit in a loader group's la");
+
+template <typename T>
+CUTLASS_DEVICE void state_role_ksplit(const flashqla_gdn_fwd_params_t& p, SharedStorage<T>& sm, const Work<T>& wk) {
+  using namespace warp;
+  const int tid = threadIdx.x, s = tid >> 5, lane = tid & 31;
+  const int gq = lane >> 2, tq = lane & 3;
+  const int vg = s >> 1, kh = s & 1;  // V rows 16 vg .. of the CTA's block, K columns kKHalf kh ..
+  const LdsmOffsets ld(lane);
+  const int v0 = 16 * vg + gq;  // this thread's V columns (within the CTA block): v0 and v0 + 8
+  FLASHQLA_ROLE_TIMER;
+
+  float sacc[8][4];  // this warp's K half of S^T
+  load_state_tile(sacc, p.initial_state != nullptr ? p.initial_state + wk.state_off + int64_t(kKHalf) * kh * kDimV : nullptr,
+                  tq, v0);
+  const bool want_o = wk.o != nullptr;
+  // the pair's exchange: warp kh writes its shares at mine, reads the partner's at theirs
+  float4* const mine = reinterpret_cast<float4*>(sm.aux[vg].la) + kh * (2 * 8 * 32);
+  const float4* const theirs = reinterpret_cast<const float4*>(sm.aux[vg].la) + (kh ^ 1) * (2 * 8 * 32);
+
+  for (int64_t c = 0; c < wk.num_chunks; ++c) {
+    const int st = static_cast<int>(c % kStages);
+    const Stage<T>& S = sm.stage[st];
+    const int rows = static_cast<int>(wk.len - c * kChunk < kChunk ? wk.len - c * kChunk : kChunk);
+    bar_sync(kBarFull + st, kHandoffThreads);
+    FLASHQLA_ROLE_PHASE(0, kStWaitFull);
+
+    uint32_t sa[4][4];
+#pragma unroll
+    for (int kk = 0; kk < 4; ++kk) c_to_a<T>(sa[kk], sacc[2 * kk], sacc[2 * kk + 1]);
+    if (p.chunk_states != nullptr && wk.chunk0 + c < chunk_bound(p)) {  // the state at the chunk's start, in T
+      // staged in the O buffer chunk c does not use (chunk c - 1's tile went out before this chunk's full barrier)
+      store_state_rows64(static_cast<T*>(p.chunk_states) + ((wk.chunk0 + c) * p.heads_v + wk.h) * int64_t(kDimK) * kDimV +
+                             int64_t(kKHalf) * kh * kDimV + wk.col0 + 16 * vg,
+                         sa, sm.o[(c + 1) & 1] + s * 64 * 16, lane);
+    }
+    // this K half's shares of KS^T and QS^T (16 V rows x 64 chunk columns)
+    float ks[8][4], os[8][4];
+    zero_acc(ks);
+    zero_acc(os);
+    for_b_fragments<4, 4, false>(S.k + kKHalf * kh, kLdK, ld, [&](int kk, int np, const uint32_t (&b)[4]) {
+      mma_pair<T>(ks, np, sa[kk], b);
+    });
+    if (want_o)
+      for_b_fragments<4, 4, false>(S.q + kKHalf * kh, kLdK, ld, [&](int kk, int np, const uint32_t (&b)[4]) {
+        mma_pair<T>(os, np, sa[kk], b);
+      });
+    // the pair adds its shares (the partner's previous reads ended before this chunk's full barrier); a + b is
+    // the same float either way round, so both warps hold the same sums
+#pragma unroll
+    for (int nt = 0; nt < 8; ++nt) {
+      mine[nt * 32 + lane] = make_float4(ks[nt][0], ks[nt][1], ks[nt][2], ks[nt][3]);
+      if (want_o) mine[(8 + nt) * 32 + lane] = make_float4(os[nt][0], os[nt][1], os[nt][2], os[nt][3]);
+    }
+    bar_sync(kBarPair + vg, 64);
+#pragma unroll
+    for (int nt = 0; nt < 8; ++nt) {
+      const float4 a = theirs[nt * 32 + lane];
+      ks[nt][0] += a.x; ks[nt][1] += a.y; ks[nt][2] += a.z; ks[nt][3] += a.w;
+      if (want_o) {
+        const float4 b = theirs[(8 + nt) * 32 + lane];
+        os[nt][0] += b.x; os[nt][1] += b.y; os[nt][2] += b.z; os[nt][3] += b.w;
+      }
+    }
+    FLASHQLA_ROLE_PHASE(0, kStKsQs);
+
+    // Z^T = V^T - KS^T diag(gamma), Y^T = V^T diag(decay) - gamma_C KS^T, O^T = QS^T diag(gamma) (both warps)
+    const float gamma_c = S.gamma[kChunk - 1];
+    uint32_t za[4][4], yh[4][4], yl[4][4];
+    for_vt_pairs<T>(S.v, vg, tq, ld, [&](int kb, int r, int nt, int e, int col, float2 vv) {
+      const float2 gm = *reinterpret_cast<const float2*>(&S.gamma[col]);
+      const float2 dc = *reinterpret_cast<const float2*>(&S.decay[col]);
+      const float z0 = vv.x - gm.x * ks[nt][e], z1 = vv.y - gm.y * ks[nt][e + 1];
+      const float y0 = dc.x * vv.x - gamma_c * ks[nt][e], y1 = dc.y * vv.y - gamma_c * ks[nt][e + 1];
+      os[nt][e] *= gm.x;
+      os[nt][e + 1] *= gm.y;
+      za[kb][r] = pack2<T>(z0, z1);
+      split_hi_lo<T>(y0, y1, yh[kb][r], yl[kb][r]);
+    });
+    FLASHQLA_ROLE_PHASE(0, kStZY);
+    // O^T += Z^T W^T on this warp's chunk columns: n pairs {0, 3} (kh 0) or {1, 2} (kh 1), five products each
+    // (W lower triangular: k block kb <= np)
+    const auto own_np = [&](int np) { return (np == 1 || np == 2) == (kh == 1); };
+#pragma unroll
+    for (int kb = 0; kb < 4 && want_o; ++kb) {
+#pragma unroll
+      for (int np = 0; np < 4; ++np) {
+        if (np < kb || !own_np(np)) continue;
+        uint32_t b[4];
+        ldsm_x4(b, &S.w[(16 * np + ld.b_row) * kLdC + 16 * kb + ld.b_col]);
+        mma_pair<T>(os, np, za[kb], b);
+      }
+    }
+    FLASHQLA_ROLE_PHASE(0, kStO);
+    // this K half of S^T = gamma_C S^T + Y^T X
+#pragma unroll
+    for (int j = 0; j < 8; ++j)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) sacc[j][e] *= gamma_c;
+    for_b_fragments<4, 4, true>(S.x + kKHalf * kh, kLdK, ld, [&](int kb, int np, const uint32_t (&b)[4]) {
+      mma_pair<T>(sacc, np, yh[kb], b);
+      mma_pair<T>(sacc, np, yl[kb], b);
+    });
+    if (c + kStages < wk.num_chunks) {  // (as in state_role)
+      bar_sync(kBarState, kStateThreads);
+      bar_arrive(kBarEmpty + st, kHandoffThreads);
+    }
+    FLASHQLA_ROLE_PHASE(0, kStUpdate);
+
+    if (!want_o) continue;
+    // O tile (64 chunk rows x 32 V): this warp's chunk columns transposed through shared memory, then 16-byte
+    // pieces of the rows to global
+    T* ot = sm.o[c & 1];
+#pragma unroll
+    for (int nt = 0; nt < 8; ++nt) {
+      if (!own_np(nt >> 1)) continue;
+#pragma unroll
+      for (int e = 0; e < 4; ++e) ot[(8 * nt + 2 * tq + (e & 1)) * kLdC + v0 + 8 * (e >> 1)] = from_f<T>(p.scale * os[nt][e]);
+    }
+    bar_sync(kBarState, kStateThreads);
+    const int64_t t0 = c * kChunk;
+#pragma unroll
+    for (int it = 0; it < kChunk * kBlockVK / 8 / kStateThreads; ++it) {
+      const int i = tid + it * kStateThreads, r = i / (kBlockVK / 8), c8 = (i % (kBlockVK / 8)) * 8;
+      if (r < rows)
+        *reinterpret_cast<uint4*>(wk.o + (t0 + r) * p.o_stride_time + c8) = *reinterpret_cast<const uint4*>(&ot[r * kLdC + c8]);
+    }
+    FLASHQLA_ROLE_PHASE(0, kStStore);
+  }
+
+  if (p.final_state != nullptr) store_state_tile(p.final_state + wk.state_off + int64_t(kKHalf) * kh * kDimV, sacc, tq, v0);
+}
+
 // Chunks of the sequences before n (all chunks of all sequences in order index dh); every lane of the warp
 // calls it and gets the sum.
 template <typename IndexT>
@@ -785,26 +942,33 @@ CUTLASS_DEVICE int64_t chunk_offset(const flashqla_gdn_fwd_params_t& p, int64_t 
   return base;
 }
 
-template <typename T, typename IndexT, AuxMode kMode>
+// kKSplit: the K-split chain (32-column V blocks, state_role_ksplit); split mode only (it borrows the loader
+// groups' product scratch).
+template <typename T, typename IndexT, AuxMode kMode, bool kKSplit = false>
 __global__ void __launch_bounds__(kThreads, 1) gdn_fwd_mma_kernel(const __grid_constant__ flashqla_gdn_fwd_params_t p,
                                                                   const PrepBuffers<T> pb) {
+  static_assert(!kKSplit || kMode == AuxMode::kLoadPrepared, "the K-split chain runs on prepared chunks");
+  constexpr int kVB = kKSplit ? kVBlocksK : kVBlocks, kBV = kKSplit ? kBlockVK : kBlockV;
   extern __shared__ __align__(128) unsigned char smem_raw[];
   auto& sm = *reinterpret_cast<SharedStorage<T>*>(smem_raw);
-  const int64_t main_blocks = p.num_seqs * p.heads_v * kVBlocks;
+  const int64_t main_blocks = p.num_seqs * p.heads_v * kVB;
   if (static_cast<int64_t>(blockIdx.x) >= main_blocks) {
     if (p.o != nullptr) zero_rows_past_end<T, IndexT>(p, blockIdx.x - main_blocks, kTailBlocks, threadIdx.x, kThreads);
     return;
   }
-  const CtaTile ct = decode_cta<IndexT>(p, blockIdx.x, kVBlocks, kBlockV);
+  const CtaTile ct = decode_cta<IndexT>(p, blockIdx.x, kVB, kBV);
   Work<T> wk = make_work<T>(p, ct);
 
   if (threadIdx.x < kStateThreads) {
     cutlass::arch::warpgroup_reg_alloc<kStateRegs>();
     if (p.chunk_states != nullptr) wk.chunk0 = chunk_offset<IndexT>(p, ct.n, threadIdx.x & 31);
-    state_role<T>(p, sm, wk);
+    if constexpr (kKSplit)
+      state_role_ksplit<T>(p, sm, wk);
+    else
+      state_role<T>(p, sm, wk);
   } else {
     cutlass::arch::warpgroup_reg_dealloc<kAuxRegs>();
-    aux_role<T, kMode>(p, sm, wk, (threadIdx.x - kStateThreads) / kAuxThreads, pb);
+    aux_role<T, kMode, kBV>(p, sm, wk, (threadIdx.x - kStateThreads) / kAuxThreads, pb);
   }
 }
 
@@ -965,17 +1129,22 @@ __global__ void __launch_bounds__(kPrepThreads, kPrepCtasPerSm) gdn_prep_kernel(
 // asks for the group kernel: then as many of a GVA group's heads (a divisor of the group size, at most n) as
 // n allows, or with 0 as keeps two full waves of prep CTAs on the GPU. Off by default: the group kernel
 // measured no faster than the per-head one on the H200 anchors (NOTES, session 5).
-inline int prep_heads_per_cta(const flashqla_gdn_fwd_params_t& p, int64_t chunks) {
-  const int group = static_cast<int>(p.heads_v / p.heads_qk);
-  const char* e = std::getenv("FLASHQLA_PREP_HEADS");
-  if (e == nullptr || *e == '\0' || std::atoi(e) == 1) return 1;
-  const int cap = std::atoi(e) > 0 ? std::atoi(e) : 0;
-  static int sms = 0;  // per process: the SM count of the first device asked (a hint, not a correctness input)
+// Per process: the SM count of the first device asked (a hint for launch shapes, not a correctness input).
+inline int device_sm_count() {
+  static int sms = 0;
   if (sms == 0) {
     int dev = 0, n = 0;
     sms = cudaGetDevice(&dev) == cudaSuccess && cudaDeviceGetAttribute(&n, cudaDevAttrMultiProcessorCount, dev) ==
                                                     cudaSuccess && n > 0 ? n : 132;
   }
+  return sms;
+}
+inline int prep_heads_per_cta(const flashqla_gdn_fwd_params_t& p, int64_t chunks) {
+  const int group = static_cast<int>(p.heads_v / p.heads_qk);
+  const char* e = std::getenv("FLASHQLA_PREP_HEADS");
+  if (e == nullptr || *e == '\0' || std::atoi(e) == 1) return 1;
+  const int cap = std::atoi(e) > 0 ? std::atoi(e) : 0;
+  const int sms = device_sm_count();
   for (int d = group; d > 1; --d) {
     if (group % d != 0) continue;
     if (cap > 0 ? d <= cap : chunks * (p.heads_v / d) >= 2LL * kPrepCtasPerSm * sms) return d;
@@ -1005,17 +1174,36 @@ struct Workspace {
   }
 };
 
-template <typename T, AuxMode kMode>
+// The chains with K split over warp pairs (state_role_ksplit, and the backward's dh_state_role_ksplit)?
+// FLASHQLA_KSPLIT=0 never, 1 always, unset when their 32-column CTAs (four per sequence and value head) all fit
+// on the GPU at once: then a chain is bound by each state warp's products and SMs are idle (TP8 / TP4 single
+// sequences, the backward at hk4_hv8).
+inline bool use_ksplit(const flashqla_gdn_fwd_params_t& p) {
+  const char* e = std::getenv("FLASHQLA_KSPLIT");
+  if (e != nullptr && *e != '\0') return e[0] != '0';
+  return p.num_seqs * p.heads_v * kVBlocksK <= device_sm_count();
+}
+
+template <typename T, AuxMode kMode, bool kKSplit = false>
 cudaError_t launch_recurrent(const flashqla_gdn_fwd_params_t& p, const PrepBuffers<T>& pb, cudaStream_t stream) {
-  const int64_t blocks = p.num_seqs * p.heads_v * kVBlocks + (p.cu_seqlens != nullptr ? kTailBlocks : 0);
+  const int64_t blocks =
+      p.num_seqs * p.heads_v * (kKSplit ? kVBlocksK : kVBlocks) + (p.cu_seqlens != nullptr ? kTailBlocks : 0);
   if (blocks == 0) return cudaSuccess;
-  auto kernel = p.cu_seqlens != nullptr && p.cu_seqlens_dtype == FLASHQLA_INT64 ? gdn_fwd_mma_kernel<T, int64_t, kMode>
-                                                                                 : gdn_fwd_mma_kernel<T, int32_t, kMode>;
+  auto kernel = p.cu_seqlens != nullptr && p.cu_seqlens_dtype == FLASHQLA_INT64
+                    ? gdn_fwd_mma_kernel<T, int64_t, kMode, kKSplit>
+                    : gdn_fwd_mma_kernel<T, int32_t, kMode, kKSplit>;
   const size_t smem = sizeof(SharedStorage<T>);
   cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem));
   if (err != cudaSuccess) return err;
   kernel<<<static_cast<unsigned>(blocks), kThreads, smem, stream>>>(p, pb);
   return cudaGetLastError();
+}
+
+// The split mode's chain on prepared X and W, K-split or not.
+template <typename T>
+cudaError_t launch_prepared(const flashqla_gdn_fwd_params_t& p, const PrepBuffers<T>& pb, cudaStream_t stream) {
+  return use_ksplit(p) ? launch_recurrent<T, AuxMode::kLoadPrepared, true>(p, pb, stream)
+                       : launch_recurrent<T, AuxMode::kLoadPrepared>(p, pb, stream);
 }
 
 template <typename T>
@@ -1029,7 +1217,7 @@ cudaError_t launch(const flashqla_gdn_fwd_params_t& p, cudaStream_t stream) {
   if (err != cudaSuccess) return err;
   const size_t rows = static_cast<size_t>(p.batch) * static_cast<size_t>(p.seqlen);
   PrepBuffers<T> pb{static_cast<T*>(ws.ptr), static_cast<T*>(ws.ptr) + rows * p.heads_v * kDimK};
-  if (p.prep_ready && !ws.owned) return launch_recurrent<T, AuxMode::kLoadPrepared>(p, pb, stream);  // X, W in place
+  if (p.prep_ready && !ws.owned) return launch_prepared<T>(p, pb, stream);  // X, W in place
   const bool ix64 = p.cu_seqlens != nullptr && p.cu_seqlens_dtype == FLASHQLA_INT64;
   // the backward's state recompute (chunk states, no o) needs X alone; its workspace then holds no W (a later
   // prep_ready call with o needs a workspace filled by a call with o)
@@ -1045,7 +1233,7 @@ cudaError_t launch(const flashqla_gdn_fwd_params_t& p, cudaStream_t stream) {
         p, pb, hpc);
     err = cudaGetLastError();
   }
-  if (err == cudaSuccess) err = launch_recurrent<T, AuxMode::kLoadPrepared>(p, pb, stream);
+  if (err == cudaSuccess) err = launch_prepared<T>(p, pb, stream);
   return ws.release(err, stream);
 }
 
