@@ -75,6 +75,27 @@ int main() {
   const auto fwd = [&] { return fm::launch<__nv_bfloat16>(p, nullptr); };
   if (roles("v2 forward (TP1-like, the GPU full)", st_names, fwd) != 0) return 1;
 
+  // The split forward's chunk-parallel prep kernel on the same call: thread 0 of each CTA of value head 0, per
+  // chunk (the prep holds ~half the TP1 forward's SM time: which phase of it?)
+  {
+    const int on = 1, off = 0;
+    CUDA_OK(cudaMemcpyToSymbol(fm::g_time_prep, &on, sizeof(on)));
+    const float pms = warm_then_time(fwd, [] { zero_symbol(fm::g_prep_cycles); });
+    CUDA_OK(cudaMemcpyToSymbol(fm::g_time_prep, &off, sizeof(off)));
+    unsigned long long pc[8];
+    CUDA_OK(cudaMemcpyFromSymbol(pc, fm::g_prep_cycles, sizeof(pc)));
+    const char* prep_names[fm::kAuxPhases] = {"store X, W", "loads + cumsum", "l2norm", "KK^T, QK^T, L, P",
+                                              "inverse diagonal", "inverse merges", "M", "W, X"};
+    const int order[fm::kAuxPhases] = {1, 2, 3, 4, 5, 6, 7, 0};  // in program order
+    unsigned long long tot = 0;
+    for (int i = 0; i < fm::kAuxPhases; ++i) tot += pc[i];
+    std::printf("\nprep kernel (same call, %.3f ms with the chain), thread 0 of value head 0's CTAs\n", pms);
+    std::printf("%-32s %12s %8s\n", "phase (per chunk)", "cycles", "share");
+    for (int i : order)
+      std::printf("%-32s %12.0f %7.1f%%\n", prep_names[i], pc[i] / chunks, tot ? 100.0 * pc[i] / tot : 0.0);
+    std::printf("%-32s %12.0f\n", "total", tot / chunks);
+  }
+
   // The backward's two chains at 16/32 heads (64 CTAs each; in the backward they run side by side), each alone:
   // the state recompute (chunk states, no o) and the dS chain (v = dO), to see which part of their ~3 us step is
   // the products and which the loads

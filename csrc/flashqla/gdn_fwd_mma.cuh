@@ -77,13 +77,24 @@ enum StatePhase { kStWaitFull, kStKsQs, kStZY, kStO, kStUpdate, kStStore, kStPha
 #endif
 #ifdef FLASHQLA_PHASE_TIMERS
 __device__ unsigned long long g_role_cycles[2][8];
-#define FLASHQLA_ROLE_PHASE(role, ph)                                              \
-  do {                                                                             \
-    if (blockIdx.x == 0 && threadIdx.x == ((role) == 0 ? 0 : kStateThreads)) {     \
-      const long long now_ = clock64();                                            \
-      g_role_cycles[role][ph] += (unsigned long long)(now_ - t_mark);              \
-      t_mark = now_;                                                               \
-    }                                                                              \
+// The chunk-parallel prep kernels (128-thread CTAs) run the aux phases too: with g_time_prep set, thread 0 of
+// every CTA of value head 0 (blockIdx.y == 0) adds them to g_prep_cycles (atomically: many CTAs), slot
+// kAuxWaitEmpty holding the store of X and W (no stage to wait for there).
+__device__ unsigned long long g_prep_cycles[8];
+__device__ int g_time_prep;
+#define FLASHQLA_ROLE_PHASE(role, ph)                                                                    \
+  do {                                                                                                   \
+    if (blockDim.x != kThreads) {                                                                        \
+      if ((role) == 1 && g_time_prep && blockIdx.y == 0 && threadIdx.x == 0) {                           \
+        const long long now_ = clock64();                                                                \
+        atomicAdd(&g_prep_cycles[ph], (unsigned long long)(now_ - t_mark));                              \
+        t_mark = now_;                                                                                   \
+      }                                                                                                  \
+    } else if (blockIdx.x == 0 && threadIdx.x == ((role) == 0 ? 0 : kStateThreads)) {                    \
+      const long long now_ = clock64();                                                                  \
+      g_role_cycles[role][ph] += (unsigned long long)(now_ - t_mark);                                    \
+      t_mark = now_;                                                                                     \
+    }                                                                                                    \
   } while (0)
 #define FLASHQLA_ROLE_TIMER long long t_mark = clock64()
 #else
@@ -1099,6 +1110,9 @@ __global__ void __launch_bounds__(kPrepThreads, kPrepCtasPerSm) gdn_prep_kernel(
   if (!prep_tile<IndexT>(p, sm.seq, sm.chunk, ct, c, kGroup ? hpc : 1)) return;
   Work<T> wk = make_work<T>(p, ct);
   long long t_mark = 0;
+#ifdef FLASHQLA_PHASE_TIMERS
+  t_mark = clock64();
+#endif
   const int rows = static_cast<int>(wk.len - c * kChunk < kChunk ? wk.len - c * kChunk : kChunk);
   const int64_t row0 = wk.flat0 + c * kChunk;
   if constexpr (!kGroup) {
@@ -1106,6 +1120,7 @@ __global__ void __launch_bounds__(kPrepThreads, kPrepCtasPerSm) gdn_prep_kernel(
                                                                        t_mark);
     __syncthreads();
     store_prep<T>(p, pb, sm.stage, row0, rows, ct.h, tid, !kStatesOnly);
+    FLASHQLA_ROLE_PHASE(1, kAuxWaitEmpty);  // (the prep's slot for its stores)
   } else {
     aux_chunk<T, AuxMode::kInputsOnly>(p, sm.stage, sm.aux, wk, c, tid, kBarAux, pb, t_mark);  // gates of head ct.h
     float kk[8][4], qk[8][4];
