@@ -171,110 +171,27 @@ __global__ void __launch_bounds__(kAuxThreads, kBwdPrepCtasPerSm)
 }
 
 // ---- the reverse chain
-template <typename T>
+// kKSplit false: warp s owns V rows 16 s .. of the CTA's 64 columns and all 128 K columns of dS^T. kKSplit true
+// (few sequences x value heads, as the forward's state_role): V rows 16 (s / 2) .. of 32 columns and K columns
+// kKHalf (s % 2) ..; each warp forms its K half's share of KdS^T, the pair adds the shares through the loader
+// groups' product scratch (unused here), and each updates its own K half (dO^T Q and Z^T W' on that half of
+// Q's and W''s columns): ~160 mma per warp a chunk instead of ~320.
+template <typename T, bool kKSplit>
 CUTLASS_DEVICE void dh_state_role(const flashqla_gdn_fwd_params_t& p, SharedStorage<T>& sm, const Work<T>& wk,
                                   float* dh) {
   using namespace warp;
+  constexpr int kNT = kKSplit ? kDimK / 16 : kDimK / 8;  // C tiles of dS^T per warp
+  constexpr int kKS = kNT / 2;
   const int tid = threadIdx.x, s = tid >> 5, lane = tid & 31;
   const int gq = lane >> 2, tq = lane & 3;
-  const LdsmOffsets ld(lane);
-  const int v0 = 16 * s + gq;  // this thread's V columns (within the CTA block): v0 and v0 + 8
-  FLASHQLA_ROLE_TIMER;  // (benchmarks/profile_fwd_phases.cu; the state phases' slots, named there)
-
-  float sacc[16][4];  // dS^T, starting from dht
-  load_state_tile(sacc, p.initial_state != nullptr ? p.initial_state + wk.state_off : nullptr, tq, v0);
-
-  for (int64_t it = 0; it < wk.num_chunks; ++it) {
-    const int64_t c = wk.num_chunks - 1 - it;
-    const int st = static_cast<int>(it % kStages);
-    const Stage<T>& S = sm.stage[st];
-    bar_sync(kBarFull + st, kHandoffThreads);
-    FLASHQLA_ROLE_PHASE(0, kStWaitFull);
-
-    // dS' of chunk c: the gradient of its end state, [K][V] rows like the states, fp32 (the gradient kernel's
-    // <S0, dS'> reads it unrounded)
-    const bool store_ds = wk.chunk0 + c < chunk_bound(p);  // (malformed cu_seqlens can name more chunks than dh has slots)
-    float* ds_dst = dh + ((wk.chunk0 + c) * p.heads_v + wk.h) * int64_t(kDimK) * kDimV + wk.col0;
-#if FLASHQLA_DS_STORE == 0
-    if (store_ds) store_state_tile(ds_dst, sacc, tq, v0);
-#endif
-
-    uint32_t sa[8][4];
-#pragma unroll
-    for (int kk = 0; kk < 8; ++kk) c_to_a<T>(sa[kk], sacc[2 * kk], sacc[2 * kk + 1]);
-    float kd[8][4];  // KdS^T, 16 V rows x 64 chunk columns
-    zero_acc(kd);
-    for_b_fragments<8, 4, false>(S.k, kLdK, ld, [&](int kk, int np, const uint32_t (&b)[4]) {
-      mma_pair<T>(kd, np, sa[kk], b);
-#if FLASHQLA_DS_STORE == 2
-      // dS' tiles 2 kk, 2 kk + 1 (K columns 16 kk ..), between this k step's products: the stores drain while
-      // the tensor pipe works instead of all 64 ahead of it (sacc changes only after this loop)
-      if (np == 3 && store_ds) store_state_tiles(ds_dst, sacc, 2 * kk, tq, v0);
-#endif
-    });
-    FLASHQLA_ROLE_PHASE(0, kStKsQs);
-
-    const float gamma_c = S.gamma[kChunk - 1];
-#pragma unroll
-    for (int j = 0; j < 16; ++j)
-#pragma unroll
-      for (int e = 0; e < 4; ++e) sacc[j][e] *= gamma_c;
-    // dS^T += (scale dO^T diag(gamma)) Q, the A operand as hi + lo: one bf16 rounding of it costs ~1.6e-3 of
-    // dh0 (the term dominates it), twice FLA's error, which multiplies in tf32
-    {
-      uint32_t dh_[4][4], dl[4][4];
-      for_vt_pairs<T>(S.v, s, tq, ld, [&](int kb, int r, int, int, int col, float2 dd) {
-        const float2 gm = *reinterpret_cast<const float2*>(&S.gamma[col]);
-        split_hi_lo<T>(p.scale * gm.x * dd.x, p.scale * gm.y * dd.y, dh_[kb][r], dl[kb][r]);
-      });
-      for_b_fragments<4, 8, true>(S.q, kLdK, ld, [&](int kb, int np, const uint32_t (&b)[4]) {
-        mma_pair<T>(sacc, np, dh_[kb], b);
-        mma_pair<T>(sacc, np, dl[kb], b);
-      });
-    }
-    FLASHQLA_ROLE_PHASE(0, kStZY);
-    // dS^T -= Z^T W',  Z^T = KdS^T diag(rho) + U^T (hi + lo)
-    uint32_t zh[4][4], zl[4][4];
-    for_vt_pairs<T>(S.w, s, tq, ld, [&](int kb, int r, int nt, int e, int col, float2 uu) {
-      const float2 rho = *reinterpret_cast<const float2*>(&S.decay[col]);
-      split_hi_lo<T>(-(rho.x * kd[nt][e] + uu.x), -(rho.y * kd[nt][e + 1] + uu.y), zh[kb][r], zl[kb][r]);
-    });
-    for_b_fragments<4, 8, true>(S.x, kLdK, ld, [&](int kb, int np, const uint32_t (&b)[4]) {
-      mma_pair<T>(sacc, np, zh[kb], b);
-      mma_pair<T>(sacc, np, zl[kb], b);
-    });
-    FLASHQLA_ROLE_PHASE(0, kStO);
-    if (it + kStages < wk.num_chunks) {
-      // the stage's last reads are consumed by the mma's above, so bar.arrive alone releases it; the state
-      // warps' sync first is for racecheck, which flags the aux group's refill otherwise (the mirror of the
-      // aux group's sync before its full arrive)
-      bar_sync(kBarState, kStateThreads);
-      bar_arrive(kBarEmpty + st, kHandoffThreads);
-    }
-    FLASHQLA_ROLE_PHASE(0, kStUpdate);
-  }
-
-  if (p.final_state != nullptr) store_state_tile(p.final_state + wk.state_off, sacc, tq, v0);  // dh0
-}
-
-// The dS chain with K split over warp pairs (as state_role_ksplit; few sequences x value heads): warp s owns
-// V rows 16 (s / 2) .. of the CTA's 32 columns and K columns kKHalf (s % 2) .. of dS^T. Each warp forms its K
-// half's share of KdS^T, the pair adds the shares through the loader groups' product scratch (unused here),
-// and each updates its own K half (dO^T Q and Z^T W' on that half of Q's and W''s columns): ~160 mma per warp
-// a chunk instead of ~320.
-template <typename T>
-CUTLASS_DEVICE void dh_state_role_ksplit(const flashqla_gdn_fwd_params_t& p, SharedStorage<T>& sm, const Work<T>& wk,
-                                         float* dh) {
-  using namespace warp;
-  const int tid = threadIdx.x, s = tid >> 5, lane = tid & 31;
-  const int gq = lane >> 2, tq = lane & 3;
-  const int vg = s >> 1, kh = s & 1;
+  const int vg = kKSplit ? s >> 1 : s, kh = kKSplit ? s & 1 : 0;
+  const int kcol = kKHalf * kh;                  // this warp's first K column
+  const int64_t koff = int64_t(kcol) * kDimV;   // ... as a row offset in [K][V] memory
   const LdsmOffsets ld(lane);
   const int v0 = 16 * vg + gq;  // this thread's V columns (within the CTA block): v0 and v0 + 8
-  FLASHQLA_ROLE_TIMER;
-  const int64_t koff = int64_t(kKHalf) * kh * kDimV;  // this warp's first K row in [K][V] memory
+  FLASHQLA_ROLE_TIMER;  // (benchmarks/profile_fwd_phases.cu; the state phases' slots, named there)
 
-  float sacc[8][4];  // this K half of dS^T, starting from dht
+  float sacc[kNT][4];  // dS^T, starting from dht
   load_state_tile(sacc, p.initial_state != nullptr ? p.initial_state + wk.state_off + koff : nullptr, tq, v0);
   float4* const mine = reinterpret_cast<float4*>(sm.aux[vg].la) + kh * (8 * 32);
   const float4* const theirs = reinterpret_cast<const float4*>(sm.aux[vg].la) + (kh ^ 1) * (8 * 32);
@@ -286,61 +203,73 @@ CUTLASS_DEVICE void dh_state_role_ksplit(const flashqla_gdn_fwd_params_t& p, Sha
     bar_sync(kBarFull + st, kHandoffThreads);
     FLASHQLA_ROLE_PHASE(0, kStWaitFull);
 
-    const bool store_ds = wk.chunk0 + c < chunk_bound(p);
+    // dS' of chunk c: the gradient of its end state, [K][V] rows like the states, fp32 (the gradient kernel's
+    // <S0, dS'> reads it unrounded)
+    const bool store_ds = wk.chunk0 + c < chunk_bound(p);  // (malformed cu_seqlens can name more chunks than dh has slots)
     float* ds_dst = dh + ((wk.chunk0 + c) * p.heads_v + wk.h) * int64_t(kDimK) * kDimV + koff + wk.col0;
 #if FLASHQLA_DS_STORE == 0
     if (store_ds) store_state_tile(ds_dst, sacc, tq, v0);
 #endif
-    uint32_t sa[4][4];
+
+    uint32_t sa[kKS][4];
 #pragma unroll
-    for (int kk = 0; kk < 4; ++kk) c_to_a<T>(sa[kk], sacc[2 * kk], sacc[2 * kk + 1]);
-    float kd[8][4];  // this K half's share of KdS^T (16 V rows x 64 chunk columns)
+    for (int kk = 0; kk < kKS; ++kk) c_to_a<T>(sa[kk], sacc[2 * kk], sacc[2 * kk + 1]);
+    float kd[8][4];  // KdS^T, 16 V rows x 64 chunk columns (K-split: this K half's share)
     zero_acc(kd);
-    for_b_fragments<4, 4, false>(S.k + kKHalf * kh, kLdK, ld, [&](int kk, int np, const uint32_t (&b)[4]) {
+    for_b_fragments<kKS, 4, false>(S.k + kcol, kLdK, ld, [&](int kk, int np, const uint32_t (&b)[4]) {
       mma_pair<T>(kd, np, sa[kk], b);
 #if FLASHQLA_DS_STORE == 2
+      // dS' tiles 2 kk, 2 kk + 1 (K columns 16 kk ..), between this k step's products: the stores drain while
+      // the tensor pipe works instead of all 64 ahead of it (sacc changes only after this loop)
       if (np == 3 && store_ds) store_state_tiles(ds_dst, sacc, 2 * kk, tq, v0);
 #endif
     });
+    if constexpr (kKSplit) {  // the pair adds its shares (as in state_role)
 #pragma unroll
-    for (int nt = 0; nt < 8; ++nt) mine[nt * 32 + lane] = make_float4(kd[nt][0], kd[nt][1], kd[nt][2], kd[nt][3]);
-    bar_sync(kBarPair + vg, 64);
+      for (int nt = 0; nt < 8; ++nt) mine[nt * 32 + lane] = make_float4(kd[nt][0], kd[nt][1], kd[nt][2], kd[nt][3]);
+      bar_sync(kBarPair + vg, 64);
 #pragma unroll
-    for (int nt = 0; nt < 8; ++nt) {
-      const float4 a = theirs[nt * 32 + lane];
-      kd[nt][0] += a.x; kd[nt][1] += a.y; kd[nt][2] += a.z; kd[nt][3] += a.w;
+      for (int nt = 0; nt < 8; ++nt) {
+        const float4 a = theirs[nt * 32 + lane];
+        kd[nt][0] += a.x; kd[nt][1] += a.y; kd[nt][2] += a.z; kd[nt][3] += a.w;
+      }
     }
     FLASHQLA_ROLE_PHASE(0, kStKsQs);
 
     const float gamma_c = S.gamma[kChunk - 1];
 #pragma unroll
-    for (int j = 0; j < 8; ++j)
+    for (int j = 0; j < kNT; ++j)
 #pragma unroll
       for (int e = 0; e < 4; ++e) sacc[j][e] *= gamma_c;
-    {  // dS^T += (scale dO^T diag(gamma)) Q on this K half (hi + lo, as dh_state_role)
+    // dS^T += (scale dO^T diag(gamma)) Q, the A operand as hi + lo: one bf16 rounding of it costs ~1.6e-3 of
+    // dh0 (the term dominates it), twice FLA's error, which multiplies in tf32
+    {
       uint32_t dh_[4][4], dl[4][4];
       for_vt_pairs<T>(S.v, vg, tq, ld, [&](int kb, int r, int, int, int col, float2 dd) {
         const float2 gm = *reinterpret_cast<const float2*>(&S.gamma[col]);
         split_hi_lo<T>(p.scale * gm.x * dd.x, p.scale * gm.y * dd.y, dh_[kb][r], dl[kb][r]);
       });
-      for_b_fragments<4, 4, true>(S.q + kKHalf * kh, kLdK, ld, [&](int kb, int np, const uint32_t (&b)[4]) {
+      for_b_fragments<4, kNT / 2, true>(S.q + kcol, kLdK, ld, [&](int kb, int np, const uint32_t (&b)[4]) {
         mma_pair<T>(sacc, np, dh_[kb], b);
         mma_pair<T>(sacc, np, dl[kb], b);
       });
     }
     FLASHQLA_ROLE_PHASE(0, kStZY);
-    // dS^T -= Z^T W' on this K half,  Z^T = KdS^T diag(rho) + U^T (hi + lo)
+    // dS^T -= Z^T W',  Z^T = KdS^T diag(rho) + U^T (hi + lo)
     uint32_t zh[4][4], zl[4][4];
     for_vt_pairs<T>(S.w, vg, tq, ld, [&](int kb, int r, int nt, int e, int col, float2 uu) {
       const float2 rho = *reinterpret_cast<const float2*>(&S.decay[col]);
       split_hi_lo<T>(-(rho.x * kd[nt][e] + uu.x), -(rho.y * kd[nt][e + 1] + uu.y), zh[kb][r], zl[kb][r]);
     });
-    for_b_fragments<4, 4, true>(S.x + kKHalf * kh, kLdK, ld, [&](int kb, int np, const uint32_t (&b)[4]) {
+    for_b_fragments<4, kNT / 2, true>(S.x + kcol, kLdK, ld, [&](int kb, int np, const uint32_t (&b)[4]) {
       mma_pair<T>(sacc, np, zh[kb], b);
       mma_pair<T>(sacc, np, zl[kb], b);
     });
     FLASHQLA_ROLE_PHASE(0, kStO);
-    if (it + kStages < wk.num_chunks) {  // (as in dh_state_role)
+    if (it + kStages < wk.num_chunks) {
+      // the stage's last reads are consumed by the mma's above, so bar.arrive alone releases it; the state
+      // warps' sync first is for racecheck, which flags the aux group's refill otherwise (the mirror of the
+      // aux group's sync before its full arrive)
       bar_sync(kBarState, kStateThreads);
       bar_arrive(kBarEmpty + st, kHandoffThreads);
     }
@@ -362,10 +291,7 @@ __global__ void __launch_bounds__(kThreads, 1) gdn_bwd_dh_kernel(const __grid_co
   if (threadIdx.x < kStateThreads) {
     cutlass::arch::warpgroup_reg_alloc<kStateRegs>();
     wk.chunk0 = chunk_offset<IndexT>(p, ct.n, threadIdx.x & 31);
-    if constexpr (kKSplit)
-      dh_state_role_ksplit<T>(p, sm, wk, dh);
-    else
-      dh_state_role<T>(p, sm, wk, dh);
+    dh_state_role<T, kKSplit>(p, sm, wk, dh);
   } else {
     cutlass::arch::warpgroup_reg_dealloc<kAuxRegs>();
     aux_role<T, AuxMode::kLoadBwd, kBV>(p, sm, wk, (threadIdx.x - kStateThreads) / kAuxThreads, pb);

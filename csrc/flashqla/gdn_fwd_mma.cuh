@@ -674,18 +674,48 @@ CUTLASS_DEVICE void for_vt_pairs(const T* tile, int s, int tq, const warp::LdsmO
   }
 }
 
-template <typename T>
+// ---- The chain with K split over warp pairs (split mode, few sequences x value heads)
+// One CTA per (sequence, value head, 32-column V block): state warp s owns V rows 16 (s / 2) .. + 15 of the
+// block's S^T and K columns 64 (s % 2) .. + 63 (32 fp32 per thread instead of 64). Per chunk each warp forms its
+// K half's share of KS^T and QS^T (half the products), the pair adds the two shares through shared memory (the
+// loader groups' product scratch, unused in split mode), each then updates its own K half of S^T (half the
+// products again) and forms O for half of the chunk's columns: ~150 mma per warp a chunk instead of ~290. At
+// these sizes the extra CTAs find idle SMs. Measured (NOTES, session 10): the step -7% (TP8-like), the dS chain's
+// -11%, not the -30% the products predicted: the step is bound more by the shared-memory operand reads (every
+// warp reads whole K, Q and X tiles as B fragments) than by the tensor pipe.
+constexpr int kBlockVK = 32;  // V columns per CTA of the K-split chain
+constexpr int kVBlocksK = kDimV / kBlockVK;
+constexpr int kKHalf = kDimK / 2;
+static_assert(kStateWarps == 2 * (kBlockVK / 16), "two K halves per 16 V rows");
+// each warp's share of KS^T and QS^T, fragment by fragment (lane-major float4s: 512 contiguous bytes a store)
+static_assert(2 * (2 * 8 * 4 * 32) <= kChunk * kLdF, "a pair's shares fit in a loader group's la");
+
+// The state warps' chain. kKSplit false: warp s owns V rows 16 s .. 16 s + 15 of the CTA's 64 columns and all
+// 128 K columns of S^T. kKSplit true (above): V rows 16 (s / 2) .. of 32 columns and one K half.
+template <typename T, bool kKSplit>
 CUTLASS_DEVICE void state_role(const flashqla_gdn_fwd_params_t& p, SharedStorage<T>& sm, const Work<T>& wk) {
   using namespace warp;
+  constexpr int kNT = kKSplit ? kDimK / 16 : kDimK / 8;  // C tiles of S^T per warp (8 K columns each)
+  constexpr int kKS = kNT / 2;                            // k16 steps over this warp's K columns
+  constexpr int kOShift = kKSplit ? 2 : 3;                // log2 of the 16-byte pieces in an O tile row
   const int tid = threadIdx.x, s = tid >> 5, lane = tid & 31;
   const int gq = lane >> 2, tq = lane & 3;
+  const int vg = kKSplit ? s >> 1 : s, kh = kKSplit ? s & 1 : 0;
+  const int kcol = kKHalf * kh;  // this warp's first K column
   const LdsmOffsets ld(lane);
-  const int v0 = 16 * s + gq;  // this thread's V columns (within the CTA block): v0 and v0 + 8
+  const int v0 = 16 * vg + gq;  // this thread's V columns (within the CTA block): v0 and v0 + 8
   FLASHQLA_ROLE_TIMER;
 
-  float sacc[16][4];  // S^T
-  load_state_tile(sacc, p.initial_state != nullptr ? p.initial_state + wk.state_off : nullptr, tq, v0);
+  float sacc[kNT][4];  // S^T (this warp's K columns)
+  load_state_tile(sacc, p.initial_state != nullptr ? p.initial_state + wk.state_off + int64_t(kcol) * kDimV : nullptr,
+                  tq, v0);
   const bool want_o = wk.o != nullptr;  // else the chain alone: no Q S^T, no intra-chunk O, no O store
+  // the K-split pair's exchange: warp kh writes its shares at mine, reads the partner's at theirs
+  float4* const mine = reinterpret_cast<float4*>(sm.aux[vg].la) + kh * (2 * 8 * 32);
+  const float4* const theirs = reinterpret_cast<const float4*>(sm.aux[vg].la) + (kh ^ 1) * (2 * 8 * 32);
+  // the O products and rows of this warp: all (unsplit), n pairs {0, 3} (kh 0) or {1, 2} (kh 1) of the chunk's
+  // columns (K-split: five products each, W being lower triangular)
+  const auto own_np = [&](int np) { return !kKSplit || (np == 1 || np == 2) == (kh == 1); };
 
   for (int64_t c = 0; c < wk.num_chunks; ++c) {
     const int st = static_cast<int>(c % kStages);
@@ -696,32 +726,54 @@ CUTLASS_DEVICE void state_role(const flashqla_gdn_fwd_params_t& p, SharedStorage
 
 #if FLASHQLA_V2_EXPERIMENT != 2
     // S^T as the A operand (k = K dimension), rounded once per chunk
-    uint32_t sa[8][4];
+    uint32_t sa[kKS][4];
 #pragma unroll
-    for (int kk = 0; kk < 8; ++kk) c_to_a<T>(sa[kk], sacc[2 * kk], sacc[2 * kk + 1]);
+    for (int kk = 0; kk < kKS; ++kk) c_to_a<T>(sa[kk], sacc[2 * kk], sacc[2 * kk + 1]);
     if (p.chunk_states != nullptr && wk.chunk0 + c < chunk_bound(p)) {  // the state at the chunk's start, in T
       // staged in the O buffer chunk c does not use (chunk c - 1's tile went out before this chunk's full barrier)
-      store_state_tile(static_cast<T*>(p.chunk_states) + ((wk.chunk0 + c) * p.heads_v + wk.h) * int64_t(kDimK) * kDimV +
-                           wk.col0 + 16 * s,
-                       sa, sm.o[(c + 1) & 1] + s * 64 * 16, lane);
+      T* const dst = static_cast<T*>(p.chunk_states) + ((wk.chunk0 + c) * p.heads_v + wk.h) * int64_t(kDimK) * kDimV +
+                     int64_t(kcol) * kDimV + wk.col0 + 16 * vg;
+      if constexpr (kKSplit)
+        store_state_rows64(dst, sa, sm.o[(c + 1) & 1] + s * 64 * 16, lane);
+      else
+        store_state_tile(dst, sa, sm.o[(c + 1) & 1] + s * 64 * 16, lane);
     }
-    // KS^T and QS^T (16 V rows x 64 chunk columns)
+    // KS^T and QS^T (16 V rows x 64 chunk columns; K-split: this K half's shares)
     float ks[8][4], os[8][4];
     zero_acc(ks);
     zero_acc(os);
-    for_b_fragments<8, 4, false>(S.k, kLdK, ld, [&](int kk, int np, const uint32_t (&b)[4]) {
+    for_b_fragments<kKS, 4, false>(S.k + kcol, kLdK, ld, [&](int kk, int np, const uint32_t (&b)[4]) {
       mma_pair<T>(ks, np, sa[kk], b);
     });
     if (want_o)
-      for_b_fragments<8, 4, false>(S.q, kLdK, ld, [&](int kk, int np, const uint32_t (&b)[4]) {
+      for_b_fragments<kKS, 4, false>(S.q + kcol, kLdK, ld, [&](int kk, int np, const uint32_t (&b)[4]) {
         mma_pair<T>(os, np, sa[kk], b);
       });
+    if constexpr (kKSplit) {
+      // the pair adds its shares (the partner's previous reads ended before this chunk's full barrier); a + b is
+      // the same float either way round, so both warps hold the same sums
+#pragma unroll
+      for (int nt = 0; nt < 8; ++nt) {
+        mine[nt * 32 + lane] = make_float4(ks[nt][0], ks[nt][1], ks[nt][2], ks[nt][3]);
+        if (want_o) mine[(8 + nt) * 32 + lane] = make_float4(os[nt][0], os[nt][1], os[nt][2], os[nt][3]);
+      }
+      bar_sync(kBarPair + vg, 64);
+#pragma unroll
+      for (int nt = 0; nt < 8; ++nt) {
+        const float4 a = theirs[nt * 32 + lane];
+        ks[nt][0] += a.x; ks[nt][1] += a.y; ks[nt][2] += a.z; ks[nt][3] += a.w;
+        if (want_o) {
+          const float4 b = theirs[(8 + nt) * 32 + lane];
+          os[nt][0] += b.x; os[nt][1] += b.y; os[nt][2] += b.z; os[nt][3] += b.w;
+        }
+      }
+    }
     FLASHQLA_ROLE_PHASE(0, kStKsQs);
 
     // Z^T = V^T - KS^T diag(gamma), Y^T = V^T diag(decay) - gamma_C KS^T, O^T = QS^T diag(gamma)
     const float gamma_c = S.gamma[kChunk - 1];
     uint32_t za[4][4], yh[4][4], yl[4][4];
-    for_vt_pairs<T>(S.v, s, tq, ld, [&](int kb, int r, int nt, int e, int col, float2 vv) {
+    for_vt_pairs<T>(S.v, vg, tq, ld, [&](int kb, int r, int nt, int e, int col, float2 vv) {
       const float2 gm = *reinterpret_cast<const float2*>(&S.gamma[col]);
       const float2 dc = *reinterpret_cast<const float2*>(&S.decay[col]);
       const float z0 = vv.x - gm.x * ks[nt][e], z1 = vv.y - gm.y * ks[nt][e + 1];
@@ -737,19 +789,19 @@ CUTLASS_DEVICE void state_role(const flashqla_gdn_fwd_params_t& p, SharedStorage
     for (int kb = 0; kb < 4 && want_o; ++kb) {
 #pragma unroll
       for (int np = 0; np < 4; ++np) {
-        if (np < kb) continue;
+        if (np < kb || !own_np(np)) continue;
         uint32_t b[4];
         ldsm_x4(b, &S.w[(16 * np + ld.b_row) * kLdC + 16 * kb + ld.b_col]);
         mma_pair<T>(os, np, za[kb], b);
       }
     }
-    // S^T = gamma_C S^T + Y^T X
+    // S^T = gamma_C S^T + Y^T X  (this warp's K columns of X)
     FLASHQLA_ROLE_PHASE(0, kStO);
 #pragma unroll
-    for (int j = 0; j < 16; ++j)
+    for (int j = 0; j < kNT; ++j)
 #pragma unroll
       for (int e = 0; e < 4; ++e) sacc[j][e] *= gamma_c;
-    for_b_fragments<4, 8, true>(S.x, kLdK, ld, [&](int kb, int np, const uint32_t (&b)[4]) {
+    for_b_fragments<4, kNT / 2, true>(S.x + kcol, kLdK, ld, [&](int kb, int np, const uint32_t (&b)[4]) {
       mma_pair<T>(sacc, np, yh[kb], b);
       mma_pair<T>(sacc, np, yl[kb], b);
     });
@@ -765,152 +817,7 @@ CUTLASS_DEVICE void state_role(const flashqla_gdn_fwd_params_t& p, SharedStorage
 
 #if FLASHQLA_V2_EXPERIMENT != 2
     if (!want_o) continue;
-    // O tile: transpose through shared memory, then 16-byte rows to global
-    T* ot = sm.o[c & 1];
-#pragma unroll
-    for (int nt = 0; nt < 8; ++nt)
-#pragma unroll
-      for (int e = 0; e < 4; ++e) ot[(8 * nt + 2 * tq + (e & 1)) * kLdC + v0 + 8 * (e >> 1)] = from_f<T>(p.scale * os[nt][e]);
-    bar_sync(kBarState, kStateThreads);
-    const int64_t t0 = c * kChunk;
-#pragma unroll
-    for (int it = 0; it < kChunk * kBlockV / 8 / kStateThreads; ++it) {
-      const int i = tid + it * kStateThreads, r = i >> 3, c8 = (i & 7) * 8;
-      if (r < rows)
-        *reinterpret_cast<uint4*>(wk.o + (t0 + r) * p.o_stride_time + c8) = *reinterpret_cast<const uint4*>(&ot[r * kLdC + c8]);
-    }
-#endif
-    FLASHQLA_ROLE_PHASE(0, kStStore);
-  }
-
-  if (p.final_state != nullptr) store_state_tile(p.final_state + wk.state_off, sacc, tq, v0);
-}
-
-// ---- The chain with K split over warp pairs (split mode, few sequences x value heads)
-// One CTA per (sequence, value head, 32-column V block): state warp s owns V rows 16 (s / 2) .. + 15 of the
-// block's S^T and K columns 64 (s % 2) .. + 63 (32 fp32 per thread instead of 64). Per chunk each warp forms its
-// K half's share of KS^T and QS^T (half the products), the pair adds the two shares through shared memory (the
-// loader groups' product scratch, unused in split mode), each then updates its own K half of S^T (half the
-// products again) and forms O for half of the chunk's columns: ~150 mma per warp a chunk instead of ~290. The
-// TP8/TP4 chains are bound by that work (the loader groups alone keep up with ~2.1k cycles a chunk, the state
-// warps take 4.9k; NOTES, session 10), and at these sizes the extra CTAs find idle SMs.
-constexpr int kBlockVK = 32;  // V columns per CTA of the K-split chain
-constexpr int kVBlocksK = kDimV / kBlockVK;
-constexpr int kKHalf = kDimK / 2;
-static_assert(kStateWarps == 2 * (kBlockVK / 16), "two K halves per 16 V rows");
-// each warp's share of KS^T and QS^T, fragment by fragment (lane-major float4s: 512 contiguous bytes a store)
-static_assert(2 * (2 * 8 * 4 * 32) <= kChunk * kLdF, "a pair's shares fit in a loader group's la");
-
-template <typename T>
-CUTLASS_DEVICE void state_role_ksplit(const flashqla_gdn_fwd_params_t& p, SharedStorage<T>& sm, const Work<T>& wk) {
-  using namespace warp;
-  const int tid = threadIdx.x, s = tid >> 5, lane = tid & 31;
-  const int gq = lane >> 2, tq = lane & 3;
-  const int vg = s >> 1, kh = s & 1;  // V rows 16 vg .. of the CTA's block, K columns kKHalf kh ..
-  const LdsmOffsets ld(lane);
-  const int v0 = 16 * vg + gq;  // this thread's V columns (within the CTA block): v0 and v0 + 8
-  FLASHQLA_ROLE_TIMER;
-
-  float sacc[8][4];  // this warp's K half of S^T
-  load_state_tile(sacc, p.initial_state != nullptr ? p.initial_state + wk.state_off + int64_t(kKHalf) * kh * kDimV : nullptr,
-                  tq, v0);
-  const bool want_o = wk.o != nullptr;
-  // the pair's exchange: warp kh writes its shares at mine, reads the partner's at theirs
-  float4* const mine = reinterpret_cast<float4*>(sm.aux[vg].la) + kh * (2 * 8 * 32);
-  const float4* const theirs = reinterpret_cast<const float4*>(sm.aux[vg].la) + (kh ^ 1) * (2 * 8 * 32);
-
-  for (int64_t c = 0; c < wk.num_chunks; ++c) {
-    const int st = static_cast<int>(c % kStages);
-    const Stage<T>& S = sm.stage[st];
-    const int rows = static_cast<int>(wk.len - c * kChunk < kChunk ? wk.len - c * kChunk : kChunk);
-    bar_sync(kBarFull + st, kHandoffThreads);
-    FLASHQLA_ROLE_PHASE(0, kStWaitFull);
-
-    uint32_t sa[4][4];
-#pragma unroll
-    for (int kk = 0; kk < 4; ++kk) c_to_a<T>(sa[kk], sacc[2 * kk], sacc[2 * kk + 1]);
-    if (p.chunk_states != nullptr && wk.chunk0 + c < chunk_bound(p)) {  // the state at the chunk's start, in T
-      // staged in the O buffer chunk c does not use (chunk c - 1's tile went out before this chunk's full barrier)
-      store_state_rows64(static_cast<T*>(p.chunk_states) + ((wk.chunk0 + c) * p.heads_v + wk.h) * int64_t(kDimK) * kDimV +
-                             int64_t(kKHalf) * kh * kDimV + wk.col0 + 16 * vg,
-                         sa, sm.o[(c + 1) & 1] + s * 64 * 16, lane);
-    }
-    // this K half's shares of KS^T and QS^T (16 V rows x 64 chunk columns)
-    float ks[8][4], os[8][4];
-    zero_acc(ks);
-    zero_acc(os);
-    for_b_fragments<4, 4, false>(S.k + kKHalf * kh, kLdK, ld, [&](int kk, int np, const uint32_t (&b)[4]) {
-      mma_pair<T>(ks, np, sa[kk], b);
-    });
-    if (want_o)
-      for_b_fragments<4, 4, false>(S.q + kKHalf * kh, kLdK, ld, [&](int kk, int np, const uint32_t (&b)[4]) {
-        mma_pair<T>(os, np, sa[kk], b);
-      });
-    // the pair adds its shares (the partner's previous reads ended before this chunk's full barrier); a + b is
-    // the same float either way round, so both warps hold the same sums
-#pragma unroll
-    for (int nt = 0; nt < 8; ++nt) {
-      mine[nt * 32 + lane] = make_float4(ks[nt][0], ks[nt][1], ks[nt][2], ks[nt][3]);
-      if (want_o) mine[(8 + nt) * 32 + lane] = make_float4(os[nt][0], os[nt][1], os[nt][2], os[nt][3]);
-    }
-    bar_sync(kBarPair + vg, 64);
-#pragma unroll
-    for (int nt = 0; nt < 8; ++nt) {
-      const float4 a = theirs[nt * 32 + lane];
-      ks[nt][0] += a.x; ks[nt][1] += a.y; ks[nt][2] += a.z; ks[nt][3] += a.w;
-      if (want_o) {
-        const float4 b = theirs[(8 + nt) * 32 + lane];
-        os[nt][0] += b.x; os[nt][1] += b.y; os[nt][2] += b.z; os[nt][3] += b.w;
-      }
-    }
-    FLASHQLA_ROLE_PHASE(0, kStKsQs);
-
-    // Z^T = V^T - KS^T diag(gamma), Y^T = V^T diag(decay) - gamma_C KS^T, O^T = QS^T diag(gamma) (both warps)
-    const float gamma_c = S.gamma[kChunk - 1];
-    uint32_t za[4][4], yh[4][4], yl[4][4];
-    for_vt_pairs<T>(S.v, vg, tq, ld, [&](int kb, int r, int nt, int e, int col, float2 vv) {
-      const float2 gm = *reinterpret_cast<const float2*>(&S.gamma[col]);
-      const float2 dc = *reinterpret_cast<const float2*>(&S.decay[col]);
-      const float z0 = vv.x - gm.x * ks[nt][e], z1 = vv.y - gm.y * ks[nt][e + 1];
-      const float y0 = dc.x * vv.x - gamma_c * ks[nt][e], y1 = dc.y * vv.y - gamma_c * ks[nt][e + 1];
-      os[nt][e] *= gm.x;
-      os[nt][e + 1] *= gm.y;
-      za[kb][r] = pack2<T>(z0, z1);
-      split_hi_lo<T>(y0, y1, yh[kb][r], yl[kb][r]);
-    });
-    FLASHQLA_ROLE_PHASE(0, kStZY);
-    // O^T += Z^T W^T on this warp's chunk columns: n pairs {0, 3} (kh 0) or {1, 2} (kh 1), five products each
-    // (W lower triangular: k block kb <= np)
-    const auto own_np = [&](int np) { return (np == 1 || np == 2) == (kh == 1); };
-#pragma unroll
-    for (int kb = 0; kb < 4 && want_o; ++kb) {
-#pragma unroll
-      for (int np = 0; np < 4; ++np) {
-        if (np < kb || !own_np(np)) continue;
-        uint32_t b[4];
-        ldsm_x4(b, &S.w[(16 * np + ld.b_row) * kLdC + 16 * kb + ld.b_col]);
-        mma_pair<T>(os, np, za[kb], b);
-      }
-    }
-    FLASHQLA_ROLE_PHASE(0, kStO);
-    // this K half of S^T = gamma_C S^T + Y^T X
-#pragma unroll
-    for (int j = 0; j < 8; ++j)
-#pragma unroll
-      for (int e = 0; e < 4; ++e) sacc[j][e] *= gamma_c;
-    for_b_fragments<4, 4, true>(S.x + kKHalf * kh, kLdK, ld, [&](int kb, int np, const uint32_t (&b)[4]) {
-      mma_pair<T>(sacc, np, yh[kb], b);
-      mma_pair<T>(sacc, np, yl[kb], b);
-    });
-    if (c + kStages < wk.num_chunks) {  // (as in state_role)
-      bar_sync(kBarState, kStateThreads);
-      bar_arrive(kBarEmpty + st, kHandoffThreads);
-    }
-    FLASHQLA_ROLE_PHASE(0, kStUpdate);
-
-    if (!want_o) continue;
-    // O tile (64 chunk rows x 32 V): this warp's chunk columns transposed through shared memory, then 16-byte
-    // pieces of the rows to global
+    // O tile: this warp's rows transposed through shared memory, then 16-byte pieces of the rows to global
     T* ot = sm.o[c & 1];
 #pragma unroll
     for (int nt = 0; nt < 8; ++nt) {
@@ -921,15 +828,18 @@ CUTLASS_DEVICE void state_role_ksplit(const flashqla_gdn_fwd_params_t& p, Shared
     bar_sync(kBarState, kStateThreads);
     const int64_t t0 = c * kChunk;
 #pragma unroll
-    for (int it = 0; it < kChunk * kBlockVK / 8 / kStateThreads; ++it) {
-      const int i = tid + it * kStateThreads, r = i / (kBlockVK / 8), c8 = (i % (kBlockVK / 8)) * 8;
+    for (int it = 0; it < (kChunk << kOShift) / kStateThreads; ++it) {
+      // (the two spellings of row and piece keep each chain's code as measured)
+      const int i = tid + it * kStateThreads;
+      const int r = kKSplit ? i / 4 : i >> 3, c8 = kKSplit ? (i % 4) * 8 : (i & 7) * 8;
       if (r < rows)
         *reinterpret_cast<uint4*>(wk.o + (t0 + r) * p.o_stride_time + c8) = *reinterpret_cast<const uint4*>(&ot[r * kLdC + c8]);
     }
+#endif
     FLASHQLA_ROLE_PHASE(0, kStStore);
   }
 
-  if (p.final_state != nullptr) store_state_tile(p.final_state + wk.state_off + int64_t(kKHalf) * kh * kDimV, sacc, tq, v0);
+  if (p.final_state != nullptr) store_state_tile(p.final_state + wk.state_off + int64_t(kcol) * kDimV, sacc, tq, v0);
 }
 
 // Chunks of the sequences before n (all chunks of all sequences in order index dh); every lane of the warp
@@ -953,7 +863,7 @@ CUTLASS_DEVICE int64_t chunk_offset(const flashqla_gdn_fwd_params_t& p, int64_t 
   return base;
 }
 
-// kKSplit: the K-split chain (32-column V blocks, state_role_ksplit); split mode only (it borrows the loader
+// kKSplit: the K-split chain (32-column V blocks, state_role<T, true>); split mode only (it borrows the loader
 // groups' product scratch).
 template <typename T, typename IndexT, AuxMode kMode, bool kKSplit = false>
 __global__ void __launch_bounds__(kThreads, 1) gdn_fwd_mma_kernel(const __grid_constant__ flashqla_gdn_fwd_params_t p,
@@ -973,10 +883,7 @@ __global__ void __launch_bounds__(kThreads, 1) gdn_fwd_mma_kernel(const __grid_c
   if (threadIdx.x < kStateThreads) {
     cutlass::arch::warpgroup_reg_alloc<kStateRegs>();
     if (p.chunk_states != nullptr) wk.chunk0 = chunk_offset<IndexT>(p, ct.n, threadIdx.x & 31);
-    if constexpr (kKSplit)
-      state_role_ksplit<T>(p, sm, wk);
-    else
-      state_role<T>(p, sm, wk);
+    state_role<T, kKSplit>(p, sm, wk);
   } else {
     cutlass::arch::warpgroup_reg_dealloc<kAuxRegs>();
     aux_role<T, kMode, kBV>(p, sm, wk, (threadIdx.x - kStateThreads) / kAuxThreads, pb);
@@ -1189,7 +1096,7 @@ struct Workspace {
   }
 };
 
-// The chains with K split over warp pairs (state_role_ksplit, and the backward's dh_state_role_ksplit)?
+// The chains with K split over warp pairs (state_role<T, true>, and the backward's dh_state_role<T, true>)?
 // FLASHQLA_KSPLIT=0 never, 1 always, unset when their 32-column CTAs (four per sequence and value head) all fit
 // on the GPU at once: then a chain is bound by each state warp's products and SMs are idle (TP8 / TP4 single
 // sequences, the backward at hk4_hv8).
