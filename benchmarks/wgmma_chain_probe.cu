@@ -11,6 +11,10 @@
 // reference kernel with the same bf16 rounding points checks both. The wgmma
 // descriptor's two byte offsets are tried both ways round (LBO = K-direction
 // core-matrix stride first): the run reports which one the hardware takes.
+// Then the same chain on 128-byte swizzled tiles (gmma::sw128_off), the layout of the next chain design: K
+// K-major in two 64-wide K blocks, X itself (not X^T) MN-major in two 64-wide blocks of its K columns, as the
+// loaders would copy both from global rows; wgmma reads X with the transpose-B bit, mma.sync through
+// ldmatrix.trans. Both are checked against the reference.
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
@@ -36,6 +40,15 @@ struct Slot {
 
 using flashqla::gmma::kmaj_off;
 using flashqla::gmma::make_desc;
+using flashqla::gmma::make_desc_sw128;
+using flashqla::gmma::sw128_off;
+
+// The swizzled slot: K [c][K dim] and X [c][K dim], each as two [64 rows][64] SW128 blocks (1024-byte aligned).
+struct alignas(1024) SlotSw {
+  bf16 k[2][kC * 64];   // k[h]: rows c, columns K dim 64 h ..
+  bf16 x[2][kC * 64];   // x[h]: rows c, columns K dim 64 h ..
+  float vt[kV * kLdVt];
+};
 
 __device__ void load_slots(Slot* sl, const bf16* K, const bf16* XT, const float* VT) {
   for (int s = 0; s < kSlots; ++s) {
@@ -50,6 +63,19 @@ __device__ void load_slots(Slot* sl, const bf16* K, const bf16* XT, const float*
     for (int i = threadIdx.x; i < kV * kC; i += blockDim.x) sl[s].vt[(i / kC) * kLdVt + i % kC] = VT[s * kV * kC + i];
   }
   asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");  // generic stores -> async-proxy (wgmma) reads
+  __syncthreads();
+}
+
+__device__ void load_slots(SlotSw* sl, const bf16* K, const bf16* XT, const float* VT) {
+  for (int s = 0; s < kSlots; ++s) {
+    for (int i = threadIdx.x; i < kC * kK; i += blockDim.x) {  // element (c, d) of K, and of X = (X^T)^T
+      const int c = i / kK, d = i % kK;
+      *reinterpret_cast<bf16*>(reinterpret_cast<char*>(sl[s].k[d / 64]) + sw128_off(c, d % 64)) = K[s * kC * kK + i];
+      *reinterpret_cast<bf16*>(reinterpret_cast<char*>(sl[s].x[d / 64]) + sw128_off(c, d % 64)) = XT[s * kK * kC + d * kC + c];
+    }
+    for (int i = threadIdx.x; i < kV * kC; i += blockDim.x) sl[s].vt[(i / kC) * kLdVt + i % kC] = VT[s * kV * kC + i];
+  }
+  asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
   __syncthreads();
 }
 
@@ -77,7 +103,8 @@ __device__ void store_state(const float (&s)[16][4], float* S_out, const Lane& L
 }
 
 // Y^T = V^T - KS^T, rounded into the A fragments of the update product; then S^T *= decay.
-__device__ void chain_middle(const Slot& S, const float (&ks)[8][4], uint32_t (&ya)[4][4], float (&s)[16][4],
+template <class SlotT>
+__device__ void chain_middle(const SlotT& S, const float (&ks)[8][4], uint32_t (&ya)[4][4], float (&s)[16][4],
                              const Lane& L) {
   float y[8][4];
 #pragma unroll
@@ -96,15 +123,18 @@ __device__ void chain_middle(const Slot& S, const float (&ks)[8][4], uint32_t (&
 template <class Products>
 __device__ void run_chain(const bf16* K, const bf16* XT, const float* VT, const float* S0, float* S_out,
                           long long* cycles, int chunks, const Products& prod) {
+  using SlotT = typename Products::SlotT;
   extern __shared__ __align__(128) unsigned char smem_raw[];
-  Slot* sl = reinterpret_cast<Slot*>(smem_raw);
+  // (dynamic shared memory is 16-byte aligned; the swizzled slots want 1024: launches add 1 KB of slack)
+  SlotT* sl = reinterpret_cast<SlotT*>((reinterpret_cast<uintptr_t>(smem_raw) + alignof(SlotT) - 1) &
+                                       ~uintptr_t(alignof(SlotT) - 1));
   load_slots(sl, K, XT, VT);
   const Lane L;
   float s[16][4];
   load_state(s, S0, L);
   const long long t_start = clock64();
   for (int c = 0; c < chunks; ++c) {
-    const Slot& S = sl[c % kSlots];
+    const SlotT& S = sl[c % kSlots];
     uint32_t sa[8][4];
 #pragma unroll
     for (int kk = 0; kk < 8; ++kk) flashqla::warp::c_to_a<bf16>(sa[kk], s[2 * kk], s[2 * kk + 1]);
@@ -123,6 +153,7 @@ __device__ void run_chain(const bf16* K, const bf16* XT, const float* VT, const 
 // One warpgroup, wgmma with the register A operand; the descriptor offsets either way round.
 template <bool kSwap>
 struct WgmmaProducts {
+  using SlotT = Slot;
   static constexpr int kLboK = kSwap ? kK / 8 * 128 : 128, kSboK = kSwap ? 128 : kK / 8 * 128;
   static constexpr int kLboX = kSwap ? kC / 8 * 128 : 128, kSboX = kSwap ? 128 : kC / 8 * 128;
   __device__ void ks(float (&acc)[8][4], const uint32_t (&sa)[8][4], const Slot& S) const {
@@ -153,6 +184,7 @@ struct WgmmaProducts {
 
 // Four warps, mma.sync m16n8k16 (v2's state chain), the same shared-memory bytes through ldmatrix.
 struct MmaProducts {
+  using SlotT = Slot;
   template <int KS, int NP, int KT>
   __device__ static void product(float (&acc)[2 * NP][4], const uint32_t (&a)[KS][4], const bf16* tile) {
     using namespace flashqla::warp;
@@ -174,6 +206,76 @@ struct MmaProducts {
     product<4, 8, kC>(s, ya, S.xt);
   }
 };
+
+// The swizzled tiles: wgmma (K K-major: a k16 step at 32 bytes a step within its 64-wide block, 8-row groups
+// 1024 bytes apart; X MN-major: a k16 step = two 1024-byte atoms, its two 64-wide column blocks 8 KB apart:
+// LBO, with the 8-row groups SBO = 1024 apart, as CUTLASS reads its MN-major SW128 canonical layout; kSwapX tries
+// the two the other way round).
+template <bool kSwapX>
+struct WgmmaSwProducts {
+  using SlotT = SlotSw;
+  __device__ void ks(float (&acc)[8][4], const uint32_t (&sa)[8][4], const SlotSw& S) const {
+    using namespace flashqla::gmma;
+    auto& a32 = reinterpret_cast<float(&)[32]>(acc);
+    fence();
+    pin(a32);
+#pragma unroll
+    for (int kk = 0; kk < 8; ++kk)
+      wgmma_rs<64, bf16, 0>(a32, sa[kk], make_desc_sw128(reinterpret_cast<const char*>(S.k[kk / 4]) + 32 * (kk % 4), 16, 1024));
+    commit();
+    wait_all();
+    pin(a32);
+  }
+  __device__ void update(float (&s)[16][4], const uint32_t (&ya)[4][4], const SlotSw& S) const {
+    using namespace flashqla::gmma;
+    auto& s64 = reinterpret_cast<float(&)[64]>(s);
+    constexpr int kBlockBytes = kC * 64 * 2;  // x[0] -> x[1]
+    constexpr int kLbo = kSwapX ? 1024 : kBlockBytes, kSbo = kSwapX ? kBlockBytes : 1024;
+    fence();
+    pin(s64);
+#pragma unroll
+    for (int kk = 0; kk < 4; ++kk)
+      wgmma_rs<128, bf16, 1>(s64, ya[kk], make_desc_sw128(reinterpret_cast<const char*>(S.x[0]) + 2048 * kk, kLbo, kSbo));
+    commit();
+    wait_all();
+    pin(s64);
+  }
+};
+
+// mma.sync on the swizzled tiles: ldmatrix row addresses through the swizzle (K as [n][k], X as [k][n]).
+struct MmaSwProducts {
+  using SlotT = SlotSw;
+  __device__ void ks(float (&acc)[8][4], const uint32_t (&sa)[8][4], const SlotSw& S) const {
+    using namespace flashqla::warp;
+    const LdsmOffsets ld(threadIdx.x & 31);
+#pragma unroll
+    for (int kk = 0; kk < 8; ++kk)
+#pragma unroll
+      for (int np = 0; np < 4; ++np) {
+        uint32_t b[4];
+        ldsm_x4(b, reinterpret_cast<const char*>(S.k[kk / 4]) + sw128_off(16 * np + ld.b_row, 16 * (kk % 4) + ld.b_col));
+        mma_pair<bf16>(acc, np, sa[kk], b);
+      }
+  }
+  __device__ void update(float (&s)[16][4], const uint32_t (&ya)[4][4], const SlotSw& S) const {
+    using namespace flashqla::warp;
+    const LdsmOffsets ld(threadIdx.x & 31);
+#pragma unroll
+    for (int kk = 0; kk < 4; ++kk)
+#pragma unroll
+      for (int np = 0; np < 8; ++np) {
+        uint32_t b[4];
+        ldsm_x4_trans(b, reinterpret_cast<const char*>(S.x[np / 4]) + sw128_off(16 * kk + ld.bt_row, 16 * (np % 4) + ld.bt_col));
+        mma_pair<bf16>(s, np, ya[kk], b);
+      }
+  }
+};
+
+template <class Products>
+__global__ void __launch_bounds__(128, 1) chain_sw(const bf16* K, const bf16* XT, const float* VT, const float* S0,
+                                                   float* S_out, long long* cycles, int chunks) {
+  run_chain(K, XT, VT, S0, S_out, cycles, chunks, Products{});
+}
 
 template <bool kSwap>
 __global__ void __launch_bounds__(128, 1) chain_wgmma(const bf16* K, const bf16* XT, const float* VT, const float* S0,
@@ -256,17 +358,22 @@ int main() {
   chain_ref<<<1, 256>>>(K, XT, VT, S0, S_out, kCheckChunks);
   CUDA_OK(cudaGetLastError());
   CUDA_OK(cudaMemcpy(ref.data(), S_out, ref.size() * 4, cudaMemcpyDeviceToHost));
-  const size_t smem = kSlots * sizeof(Slot);
-  CUDA_OK(cudaFuncSetAttribute(chain_mma, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
-  CUDA_OK(cudaFuncSetAttribute(chain_wgmma<false>, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
-  CUDA_OK(cudaFuncSetAttribute(chain_wgmma<true>, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
+  const size_t smem_plain = kSlots * sizeof(Slot), smem_sw = kSlots * sizeof(SlotSw) + 1024;
   int clk_khz = 0;
   CUDA_OK(cudaDeviceGetAttribute(&clk_khz, cudaDevAttrClockRate, 0));
   using Kern = void (*)(const bf16*, const bf16*, const float*, const float*, float*, long long*, int);
-  const Kern kerns[3] = {chain_mma, chain_wgmma<false>, chain_wgmma<true>};
-  const char* names[3] = {"mma.sync (4 warps x 16 V rows)", "wgmma, LBO = k-direction stride", "wgmma, LBO/SBO swapped"};
+  constexpr int kVariants = 6;
+  const Kern kerns[kVariants] = {chain_mma, chain_wgmma<false>, chain_wgmma<true>, chain_sw<MmaSwProducts>,
+                                 chain_sw<WgmmaSwProducts<false>>, chain_sw<WgmmaSwProducts<true>>};
+  const size_t smems[kVariants] = {smem_plain, smem_plain, smem_plain, smem_sw, smem_sw, smem_sw};
+  const char* names[kVariants] = {"mma.sync (4 warps x 16 V rows)", "wgmma, LBO = k-direction stride",
+                                  "wgmma, LBO/SBO swapped", "mma.sync, 128-byte swizzle",
+                                  "wgmma, 128B swizzle (X: LBO = blocks)", "wgmma, 128B swizzle (X: swapped)"};
+  for (int v = 0; v < kVariants; ++v)
+    CUDA_OK(cudaFuncSetAttribute(kerns[v], cudaFuncAttributeMaxDynamicSharedMemorySize, int(smems[v])));
   std::printf("state chain per chunk: KS^T = S^T K^T (64x64x128), Y^T = V^T - KS^T, S^T = 0.95 S^T + Y^T X (64x128x64)\n");
-  for (int v = 0; v < 3; ++v) {
+  for (int v = 0; v < kVariants; ++v) {
+    const size_t smem = smems[v];
     CUDA_OK(cudaMemset(S_out, 0, hs0.size() * 4));
     kerns[v]<<<1, 128, smem>>>(K, XT, VT, S0, S_out, cyc, kCheckChunks);
     cudaError_t e = cudaDeviceSynchronize();
