@@ -115,7 +115,8 @@ int main() {
     const char* dh_names[fm::kStPhases] = {"wait full", "dS' store, K dS'^T", "dO^T Q (hi + lo)", "Z^T W' (hi + lo)",
                                            "release the stage", "-"};
     std::swap(p, b);  // roles() prints p's heads
-    // (32 heads x 4 CTAs of 32 V columns fit on the GPU: the K-split chains by default; then the unsplit ones)
+    // each chain alone with the K split, then without (the backward runs them side by side: unsplit there at
+    // 16/32 heads, since two chains of 32 heads x 4 CTAs would not fit on the GPU together)
     int bad = 0;
     for (const char* ks : {"1", "0"}) {
       setenv("FLASHQLA_KSPLIT", ks, 1);

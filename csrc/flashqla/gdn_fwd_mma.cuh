@@ -1099,11 +1099,13 @@ struct Workspace {
 // The chains with K split over warp pairs (state_role<T, true>, and the backward's dh_state_role<T, true>)?
 // FLASHQLA_KSPLIT=0 never, 1 always, unset when their 32-column CTAs (four per sequence and value head) all fit
 // on the GPU at once: then a chain is bound by each state warp's products and SMs are idle (TP8 / TP4 single
-// sequences, the backward at hk4_hv8).
-inline bool use_ksplit(const flashqla_gdn_fwd_params_t& p) {
+// sequences, the backward at hk4_hv8). side_by_side: chains that run at the same time (the backward's state
+// recompute and dS chain, one CTA per SM each): with twice the CTAs of the unsplit pair they would no longer
+// fit together and would run one after the other.
+inline bool use_ksplit(const flashqla_gdn_fwd_params_t& p, int side_by_side = 1) {
   const char* e = std::getenv("FLASHQLA_KSPLIT");
   if (e != nullptr && *e != '\0') return e[0] != '0';
-  return p.num_seqs * p.heads_v * kVBlocksK <= device_sm_count();
+  return side_by_side * p.num_seqs * p.heads_v * kVBlocksK <= device_sm_count();
 }
 
 template <typename T, AuxMode kMode, bool kKSplit = false>
@@ -1124,8 +1126,10 @@ cudaError_t launch_recurrent(const flashqla_gdn_fwd_params_t& p, const PrepBuffe
 // The split mode's chain on prepared X and W, K-split or not.
 template <typename T>
 cudaError_t launch_prepared(const flashqla_gdn_fwd_params_t& p, const PrepBuffers<T>& pb, cudaStream_t stream) {
-  return use_ksplit(p) ? launch_recurrent<T, AuxMode::kLoadPrepared, true>(p, pb, stream)
-                       : launch_recurrent<T, AuxMode::kLoadPrepared>(p, pb, stream);
+  // chunk states without o: the backward's state recompute, which runs beside the dS chain
+  const bool states_only = p.o == nullptr && p.chunk_states != nullptr;
+  return use_ksplit(p, states_only ? 2 : 1) ? launch_recurrent<T, AuxMode::kLoadPrepared, true>(p, pb, stream)
+                                            : launch_recurrent<T, AuxMode::kLoadPrepared>(p, pb, stream);
 }
 
 template <typename T>
