@@ -74,6 +74,9 @@ int main() {
   };
   const auto fwd = [&] { return fm::launch<__nv_bfloat16>(p, nullptr); };
   if (roles("v2 forward (TP1-like, the GPU full)", st_names, fwd) != 0) return 1;
+  setenv("FLASHQLA_WGMMA", "1", 1);  // the same with the chain's products as wgmma (swizzled stages)
+  if (roles("v2 forward (TP1-like, wgmma chain)", st_names, fwd) != 0) return 1;
+  unsetenv("FLASHQLA_WGMMA");
 
   // The split forward's chunk-parallel prep kernel on the same call: thread 0 of each CTA of value head 0, per
   // chunk (the prep holds ~half the TP1 forward's SM time: which phase of it?)
@@ -143,5 +146,8 @@ int main() {
   setenv("FLASHQLA_KSPLIT", "0", 1);
   if (roles("v2 forward (TP8-like, unsplit chain, 16 CTAs)", st_names, fwd) != 0) return 1;
   unsetenv("FLASHQLA_KSPLIT");
+  setenv("FLASHQLA_WGMMA", "1", 1);
+  if (roles("v2 forward (TP8-like, wgmma chain, 16 CTAs)", st_names, fwd) != 0) return 1;
+  unsetenv("FLASHQLA_WGMMA");
   return 0;
 }

@@ -350,12 +350,16 @@ def test_cp_pass_summaries_and_shared_chunk_products(monkeypatch, split):
     assert torch.equal(o1, fresh[0]) and torch.equal(s1, fresh[1])
 
 
+# the two variants of the prepared chain: FLASHQLA_KSPLIT=1 (K split over warp pairs, the default at few sequences
+# x heads: KS^T and QS^T summed as two K halves) and FLASHQLA_WGMMA=1 (the products as wgmma on swizzled stages,
+# off by default), each against the plain mma.sync chain and the float64 chunked form: the same products in
+# another order, so close, not bitwise; the chunk states of the backward's recompute too
+@pytest.mark.parametrize("switch", ["FLASHQLA_KSPLIT", "FLASHQLA_WGMMA"])
 @pytest.mark.parametrize("case", ["varlen", "dense_fp16_l2norm_no_h0", "gva4_strong"])
-def test_ksplit_chain_against_float64(monkeypatch, case):
-    # the prepared chain with K split over warp pairs (FLASHQLA_KSPLIT=1; the default at few sequences x
-    # heads) against the float64 chunked form and against the unsplit chain (=0): the same products but KS^T
-    # and QS^T summed as two K halves, so close, not bitwise; the chunk states of the backward's recompute too
+def test_chain_variants_against_float64(monkeypatch, switch, case):
     monkeypatch.setenv("FLASHQLA_CP", "0")
+    for other in ("FLASHQLA_KSPLIT", "FLASHQLA_WGMMA"):
+        monkeypatch.setenv(other, "0")
     kw = {}
     if case == "varlen":   # zero-length sequences, partial chunks, one long sequence
         lens = [0, 65, 1, 700, 0, 130, 2300]
@@ -371,7 +375,7 @@ def test_ksplit_chain_against_float64(monkeypatch, case):
     n = sum(-(-t // 64) for t in lens)  # chunks: the states' rows that hold a chunk's start
     out, states = {}, {}
     for mode in ("0", "1"):
-        monkeypatch.setenv("FLASHQLA_KSPLIT", mode)
+        monkeypatch.setenv(switch, mode)
         out[mode] = run_ours(d, **kw)
         args = (d["q"], d["k"], d["v"], d["g"], d["beta"], D ** -0.5, d["initial_state"], d["cu_seqlens"],
                 bool(kw))
@@ -381,7 +385,7 @@ def test_ksplit_chain_against_float64(monkeypatch, case):
     for mode in ("0", "1"):
         o, s = out[mode]
         eo, es = rel_l2(o, ro), rel_l2(s, rs)
-        print(f"{case} ksplit={mode}: o {eo:.2e} final {es:.2e}")
+        print(f"{case} {switch}={mode}: o {eo:.2e} final {es:.2e}")
         assert eo < 5e-3 and es < 5e-3
     assert rel_l2(out["1"][0], out["0"][0]) < 2e-3 and rel_l2(out["1"][1], out["0"][1]) < 2e-3
     assert torch.isfinite(states["1"]).all() and rel_l2(states["1"], states["0"]) < 2e-3

@@ -27,10 +27,12 @@
 #include "gdn_fwd_common.cuh"
 #include "kernels.h"
 #include "warp_mma.cuh"
+#include "wgmma.cuh"
 
 #include <cutlass/arch/reg_reconfig.h>
 
 #include <cstdlib>
+#include <type_traits>
 
 namespace flashqla {
 namespace gdn_fwd_mma {
@@ -131,6 +133,44 @@ struct SharedStorage {
 // The state warps stage half a chunk state (64 K rows x 16 V per warp, bf16) in the O buffer the chunk's O does
 // not use.
 static_assert(kStateWarps * 64 * 16 <= kChunk * kLdC, "state staging fits in an O buffer");
+
+// The stage of the chain whose products are wgmma (split mode, FLASHQLA_WGMMA=1): K, Q and X [tokens][K dim] as
+// two 64-column blocks each and W [tokens][tokens] as one, in the 128-byte swizzled layout wgmma reads
+// (gmma::sw128_off; the stage 1024-byte aligned); V as in Stage (the state warps read it by ldmatrix.trans).
+template <typename T>
+struct alignas(1024) StageSw {
+  T k[2][kChunk * 64];
+  T q[2][kChunk * 64];
+  T x[2][kChunk * 64];
+  T w[kChunk * 64];
+  T v[kChunk * kLdC];
+  float gamma[kChunk];
+  float decay[kChunk];
+};
+template <typename T>
+struct SharedStorageSw {
+  StageSw<T> stage[kStages];
+  AuxScratch<T> aux[kAuxGroups];
+  alignas(16) T o[2][kChunk * kLdC];
+};
+static_assert(sizeof(SharedStorageSw<__nv_bfloat16>) + 1024 <= 227 * 1024, "the swizzled storage, aligned, fits");
+// The 16 bytes at (row r, column c, a multiple of 8) of a stage tile, in either layout.
+template <typename T>
+CUTLASS_DEVICE T* tile16(T (&t)[kChunk * kLdK], int r, int c) { return &t[r * kLdK + c]; }
+template <typename T>
+CUTLASS_DEVICE T* tile16(T (&t)[kChunk * kLdC], int r, int c) { return &t[r * kLdC + c]; }
+template <typename T>
+CUTLASS_DEVICE T* tile16(T (&t)[2][kChunk * 64], int r, int c) {
+  return reinterpret_cast<T*>(reinterpret_cast<char*>(t[c >> 6]) + gmma::sw128_off(r, c & 63));
+}
+template <typename T>
+CUTLASS_DEVICE T* tile16(T (&t)[kChunk * 64], int r, int c) {
+  return reinterpret_cast<T*>(reinterpret_cast<char*>(t) + gmma::sw128_off(r, c));
+}
+template <typename StageT>
+constexpr bool kSwizzledStage = false;
+template <typename T>
+constexpr bool kSwizzledStage<StageSw<T>> = true;
 
 // Where one CTA's work lives.
 static_assert(kChunk == 64, "chunk_bound (kernels.h) counts 64-token chunks");
@@ -557,8 +597,8 @@ CUTLASS_DEVICE void aux_chunk(const flashqla_gdn_fwd_params_t& p, StageT& S, Aux
   for (int i = tid; i < kChunk * kDimK / 8; i += kAuxThreads) {
     const int r = i >> 4, c8 = (i & 15) * 8;
     const bool ok = r < rows;
-    cp_async_16(&S.k[r * kLdK + c8], ok ? wk.k + (t0 - wk.t0 + r) * p.k_stride_time + c8 : wk.k, ok);
-    if (want_q) cp_async_16(&S.q[r * kLdK + c8], ok ? wk.q + (t0 - wk.t0 + r) * p.q_stride_time + c8 : wk.q, ok);
+    cp_async_16(tile16(S.k, r, c8), ok ? wk.k + (t0 - wk.t0 + r) * p.k_stride_time + c8 : wk.k, ok);
+    if (want_q) cp_async_16(tile16(S.q, r, c8), ok ? wk.q + (t0 - wk.t0 + r) * p.q_stride_time + c8 : wk.q, ok);
   }
   if constexpr (kMode == AuxMode::kFused || kMode == AuxMode::kLoadPrepared || kMode == AuxMode::kLoadBwd) {
     for (int i = tid; i < kChunk * kBV / 8; i += kAuxThreads) {  // (kBV: the CTA's V columns)
@@ -577,13 +617,13 @@ CUTLASS_DEVICE void aux_chunk(const flashqla_gdn_fwd_params_t& p, StageT& S, Aux
     for (int i = tid; i < kChunk * kDimK / 8; i += kAuxThreads) {
       const int r = i >> 4, c8 = (i & 15) * 8;
       const bool ok = r < rows;
-      cp_async_16(&S.x[r * kLdK + c8], ok ? xs + int64_t(r) * p.heads_v * kDimK + c8 : xs, ok);
+      cp_async_16(tile16(S.x, r, c8), ok ? xs + int64_t(r) * p.heads_v * kDimK + c8 : xs, ok);
     }
     constexpr int kWCols = kMode == AuxMode::kLoadBwd ? kBV : kChunk;  // U: this CTA's columns only
     for (int i = tid; i < kChunk * kWCols / 8 && (kMode == AuxMode::kLoadBwd || wk.o != nullptr); i += kAuxThreads) {
       const int r = i / (kWCols / 8), c8 = (i % (kWCols / 8)) * 8;
       const bool ok = r < rows;
-      cp_async_16(&S.w[r * kLdC + c8], ok ? ws + int64_t(r) * p.heads_v * kWRow + c8 : ws, ok);
+      cp_async_16(tile16(S.w, r, c8), ok ? ws + int64_t(r) * p.heads_v * kWRow + c8 : ws, ok);
     }
   }
   issued();
@@ -595,12 +635,20 @@ CUTLASS_DEVICE void aux_chunk(const flashqla_gdn_fwd_params_t& p, StageT& S, Aux
 #if FLASHQLA_V2_EXPERIMENT != 1
   if (p.use_qk_l2norm) {
     // one thread per row: 64 K rows, then 64 Q rows (Q's threads idle when Q was not loaded)
-    T* row = tid < kChunk ? &S.k[tid * kLdK] : &S.q[(tid - kChunk) * kLdK];
+    T* row = nullptr;
+    if constexpr (!kSwizzledStage<StageT>) row = tid < kChunk ? &S.k[tid * kLdK] : &S.q[(tid - kChunk) * kLdK];
+    const int r = tid < kChunk ? tid : tid - kChunk;
+    const auto piece = [&](int j) -> T* {
+      if constexpr (kSwizzledStage<StageT>)
+        return tid < kChunk ? tile16(S.k, r, j) : tile16(S.q, r, j);
+      else
+        return row + j;
+    };
     if (tid < kChunk || want_q) {
       float ss = 0.f;
 #pragma unroll 4
       for (int j = 0; j < kDimK; j += 8) {
-        const uint4 u = *reinterpret_cast<const uint4*>(row + j);
+        const uint4 u = *reinterpret_cast<const uint4*>(piece(j));
         const uint32_t* pw = reinterpret_cast<const uint32_t*>(&u);
 #pragma unroll
         for (int e = 0; e < 4; ++e) {
@@ -611,14 +659,14 @@ CUTLASS_DEVICE void aux_chunk(const flashqla_gdn_fwd_params_t& p, StageT& S, Aux
       const float rn = rsqrtf(ss + 1e-6f);
 #pragma unroll 4
       for (int j = 0; j < kDimK; j += 8) {
-        uint4 u = *reinterpret_cast<const uint4*>(row + j);
+        uint4 u = *reinterpret_cast<const uint4*>(piece(j));
         uint32_t* pw = reinterpret_cast<uint32_t*>(&u);
 #pragma unroll
         for (int e = 0; e < 4; ++e) {
           const float2 f = unpack2<T>(pw[e]);
           pw[e] = pack2<T>(f.x * rn, f.y * rn);
         }
-        *reinterpret_cast<uint4*>(row + j) = u;
+        *reinterpret_cast<uint4*>(piece(j)) = u;
       }
     }
     bar_sync(bar_aux, kAuxThreads);
@@ -629,9 +677,9 @@ CUTLASS_DEVICE void aux_chunk(const flashqla_gdn_fwd_params_t& p, StageT& S, Aux
 #endif
 }
 
-template <typename T, AuxMode kMode, int kBV = kBlockV>
-CUTLASS_DEVICE void aux_role(const flashqla_gdn_fwd_params_t& p, SharedStorage<T>& sm, const Work<T>& wk,
-                             int group, const PrepBuffers<T>& pb) {
+template <typename T, AuxMode kMode, int kBV = kBlockV, typename Storage>
+CUTLASS_DEVICE void aux_role(const flashqla_gdn_fwd_params_t& p, Storage& sm, const Work<T>& wk, int group,
+                             const PrepBuffers<T>& pb) {
   using namespace warp;
   const int tid = (threadIdx.x - kStateThreads) % kAuxThreads;
   AuxScratch<T>& ax = sm.aux[group];
@@ -644,10 +692,12 @@ CUTLASS_DEVICE void aux_role(const flashqla_gdn_fwd_params_t& p, SharedStorage<T
   for (int64_t it = group; it < wk.num_chunks; it += kAuxGroups) {
     const int64_t c = kMode == AuxMode::kLoadBwd ? wk.num_chunks - 1 - it : it;  // the backward runs in reverse
     const int st = group;
-    Stage<T>& S = sm.stage[st];
+    auto& S = sm.stage[st];
     if (it >= kStages) bar_sync(kBarEmpty + st, kHandoffThreads);
     FLASHQLA_ROLE_PHASE(1, kAuxWaitEmpty);
     aux_chunk<T, kMode, kBV>(p, S, ax, wk, c, tid, bar_aux, pb, t_mark);
+    // the wgmma chain reads the tiles through the async proxy: this thread's copies and l2norm stores first
+    if constexpr (kSwizzledStage<std::remove_reference_t<decltype(S)>>) fence_async_smem();
     // bar.arrive orders this thread's stores before the state warps' bar.sync (PTX), but
     // compute-sanitizer's racecheck does not model that and flags W and X; one group-wide sync
     // first (the group's warps finish within a few cycles of each other) keeps racecheck usable.
@@ -690,10 +740,76 @@ static_assert(kStateWarps == 2 * (kBlockVK / 16), "two K halves per 16 V rows");
 // each warp's share of KS^T and QS^T, fragment by fragment (lane-major float4s: 512 contiguous bytes a store)
 static_assert(2 * (2 * 8 * 4 * 32) <= kChunk * kLdF, "a pair's shares fit in a loader group's la");
 
+// ---- The chain's products as wgmma (FLASHQLA_WGMMA=1; split mode, 64-column CTAs; unmeasured): the four state
+// warps are one warpgroup whose registers hold S^T, and per warp the A fragment of wgmma m64nNk16 is the
+// mma.sync A fragment of its 16 rows and the accumulator its N / 8 mma.sync C tiles
+// (benchmarks/wgmma_chain_probe.cu). B comes from the swizzled stage (StageSw), read once for the warpgroup
+// instead of once per warp. Each call waits for its products (the next step needs them).
+// KS^T (and QS^T) = S^T K^T (Q^T): 8 k16 steps over K, B = K (Q) K-major.
+template <typename T>
+CUTLASS_DEVICE void wg_ks_qs(const StageSw<T>& S, const uint32_t (&sa)[8][4], float (&ks)[8][4], float (&os)[8][4],
+                             bool want_o) {
+  using namespace gmma;
+  auto& k32 = reinterpret_cast<float(&)[32]>(ks);
+  auto& o32 = reinterpret_cast<float(&)[32]>(os);
+  const auto desc = [](const T (&t)[2][kChunk * 64], int kk) {  // k16 step kk: 32 bytes a step in its block
+    return make_desc_sw128(reinterpret_cast<const char*>(t[kk >> 2]) + 32 * (kk & 3), 16, 1024);
+  };
+  fence();
+  pin(k32);
+  pin(o32);
+#pragma unroll
+  for (int kk = 0; kk < 8; ++kk) wgmma_rs<64, T, 0>(k32, sa[kk], desc(S.k, kk));
+  if (want_o) {
+#pragma unroll
+    for (int kk = 0; kk < 8; ++kk) wgmma_rs<64, T, 0>(o32, sa[kk], desc(S.q, kk));
+  }
+  commit();
+  wait_all();
+  pin(k32);
+  pin(o32);
+}
+// O^T += Z^T W^T: 4 k16 steps over the chunk, B = W (K-major; its blocks above the diagonal hold zeros).
+template <typename T>
+CUTLASS_DEVICE void wg_o(const StageSw<T>& S, const uint32_t (&za)[4][4], float (&os)[8][4]) {
+  using namespace gmma;
+  auto& o32 = reinterpret_cast<float(&)[32]>(os);
+  fence();
+  pin(o32);
+#pragma unroll
+  for (int kb = 0; kb < 4; ++kb)
+    wgmma_rs<64, T, 0>(o32, za[kb], make_desc_sw128(reinterpret_cast<const char*>(S.w) + 32 * kb, 16, 1024));
+  commit();
+  wait_all();
+  pin(o32);
+}
+// S^T += Y^T X, Y^T as hi + lo: 4 k16 steps over the chunk, B = X MN-major (transpose-B; two 64-column blocks
+// kChunk * 64 elements apart, a k16 step = two 1024-byte atoms).
+template <typename T>
+CUTLASS_DEVICE void wg_update(const StageSw<T>& S, const uint32_t (&yh)[4][4], const uint32_t (&yl)[4][4],
+                              float (&sacc)[16][4]) {
+  using namespace gmma;
+  auto& s64 = reinterpret_cast<float(&)[64]>(sacc);
+  constexpr int kBlockBytes = kChunk * 64 * sizeof(T);
+  fence();
+  pin(s64);
+#pragma unroll
+  for (int kb = 0; kb < 4; ++kb) {
+    const uint64_t d = make_desc_sw128(reinterpret_cast<const char*>(S.x[0]) + 2048 * kb, kBlockBytes, 1024);
+    wgmma_rs<128, T, 1>(s64, yh[kb], d);
+    wgmma_rs<128, T, 1>(s64, yl[kb], d);
+  }
+  commit();
+  wait_all();
+  pin(s64);
+}
+
 // The state warps' chain. kKSplit false: warp s owns V rows 16 s .. 16 s + 15 of the CTA's 64 columns and all
-// 128 K columns of S^T. kKSplit true (above): V rows 16 (s / 2) .. of 32 columns and one K half.
-template <typename T, bool kKSplit>
-CUTLASS_DEVICE void state_role(const flashqla_gdn_fwd_params_t& p, SharedStorage<T>& sm, const Work<T>& wk) {
+// 128 K columns of S^T. kKSplit true (above): V rows 16 (s / 2) .. of 32 columns and one K half. kWg: the
+// products as wgmma on the swizzled stage (unsplit only).
+template <typename T, bool kKSplit, bool kWg = false, typename Storage>
+CUTLASS_DEVICE void state_role(const flashqla_gdn_fwd_params_t& p, Storage& sm, const Work<T>& wk) {
+  static_assert(!(kWg && kKSplit), "the wgmma chain is unsplit");
   using namespace warp;
   constexpr int kNT = kKSplit ? kDimK / 16 : kDimK / 8;  // C tiles of S^T per warp (8 K columns each)
   constexpr int kKS = kNT / 2;                            // k16 steps over this warp's K columns
@@ -709,7 +825,8 @@ CUTLASS_DEVICE void state_role(const flashqla_gdn_fwd_params_t& p, SharedStorage
   float sacc[kNT][4];  // S^T (this warp's K columns)
   load_state_tile(sacc, p.initial_state != nullptr ? p.initial_state + wk.state_off + int64_t(kcol) * kDimV : nullptr,
                   tq, v0);
-  const bool want_o = wk.o != nullptr;  // else the chain alone: no Q S^T, no intra-chunk O, no O store
+  // else the chain alone: no Q S^T, no intra-chunk O, no O store (warp-uniform for ptxas in the wgmma chain)
+  const bool want_o = kWg ? __shfl_sync(0xffffffffu, wk.o != nullptr, 0) != 0 : wk.o != nullptr;
   // the K-split pair's exchange: warp kh writes its shares at mine, reads the partner's at theirs
   float4* const mine = reinterpret_cast<float4*>(sm.aux[vg].la) + kh * (2 * 8 * 32);
   const float4* const theirs = reinterpret_cast<const float4*>(sm.aux[vg].la) + (kh ^ 1) * (2 * 8 * 32);
@@ -719,7 +836,7 @@ CUTLASS_DEVICE void state_role(const flashqla_gdn_fwd_params_t& p, SharedStorage
 
   for (int64_t c = 0; c < wk.num_chunks; ++c) {
     const int st = static_cast<int>(c % kStages);
-    const Stage<T>& S = sm.stage[st];
+    const auto& S = sm.stage[st];
     const int rows = static_cast<int>(wk.len - c * kChunk < kChunk ? wk.len - c * kChunk : kChunk);
     bar_sync(kBarFull + st, kHandoffThreads);
     FLASHQLA_ROLE_PHASE(0, kStWaitFull);
@@ -742,13 +859,17 @@ CUTLASS_DEVICE void state_role(const flashqla_gdn_fwd_params_t& p, SharedStorage
     float ks[8][4], os[8][4];
     zero_acc(ks);
     zero_acc(os);
-    for_b_fragments<kKS, 4, false>(S.k + kcol, kLdK, ld, [&](int kk, int np, const uint32_t (&b)[4]) {
-      mma_pair<T>(ks, np, sa[kk], b);
-    });
-    if (want_o)
-      for_b_fragments<kKS, 4, false>(S.q + kcol, kLdK, ld, [&](int kk, int np, const uint32_t (&b)[4]) {
-        mma_pair<T>(os, np, sa[kk], b);
+    if constexpr (kWg) {
+      wg_ks_qs<T>(S, sa, ks, os, want_o);
+    } else {
+      for_b_fragments<kKS, 4, false>(S.k + kcol, kLdK, ld, [&](int kk, int np, const uint32_t (&b)[4]) {
+        mma_pair<T>(ks, np, sa[kk], b);
       });
+      if (want_o)
+        for_b_fragments<kKS, 4, false>(S.q + kcol, kLdK, ld, [&](int kk, int np, const uint32_t (&b)[4]) {
+          mma_pair<T>(os, np, sa[kk], b);
+        });
+    }
     if constexpr (kKSplit) {
       // the pair adds its shares (the partner's previous reads ended before this chunk's full barrier); a + b is
       // the same float either way round, so both warps hold the same sums
@@ -785,14 +906,18 @@ CUTLASS_DEVICE void state_role(const flashqla_gdn_fwd_params_t& p, SharedStorage
     });
     // O^T += Z^T W^T  (W lower triangular: k block kb <= n block np)
     FLASHQLA_ROLE_PHASE(0, kStZY);
+    if constexpr (kWg) {
+      if (want_o) wg_o<T>(S, za, os);
+    } else {
 #pragma unroll
-    for (int kb = 0; kb < 4 && want_o; ++kb) {
+      for (int kb = 0; kb < 4 && want_o; ++kb) {
 #pragma unroll
-      for (int np = 0; np < 4; ++np) {
-        if (np < kb || !own_np(np)) continue;
-        uint32_t b[4];
-        ldsm_x4(b, &S.w[(16 * np + ld.b_row) * kLdC + 16 * kb + ld.b_col]);
-        mma_pair<T>(os, np, za[kb], b);
+        for (int np = 0; np < 4; ++np) {
+          if (np < kb || !own_np(np)) continue;
+          uint32_t b[4];
+          ldsm_x4(b, &S.w[(16 * np + ld.b_row) * kLdC + 16 * kb + ld.b_col]);
+          mma_pair<T>(os, np, za[kb], b);
+        }
       }
     }
     // S^T = gamma_C S^T + Y^T X  (this warp's K columns of X)
@@ -801,10 +926,14 @@ CUTLASS_DEVICE void state_role(const flashqla_gdn_fwd_params_t& p, SharedStorage
     for (int j = 0; j < kNT; ++j)
 #pragma unroll
       for (int e = 0; e < 4; ++e) sacc[j][e] *= gamma_c;
-    for_b_fragments<4, kNT / 2, true>(S.x + kcol, kLdK, ld, [&](int kb, int np, const uint32_t (&b)[4]) {
-      mma_pair<T>(sacc, np, yh[kb], b);
-      mma_pair<T>(sacc, np, yl[kb], b);
-    });
+    if constexpr (kWg) {
+      wg_update<T>(S, yh, yl, sacc);
+    } else {
+      for_b_fragments<4, kNT / 2, true>(S.x + kcol, kLdK, ld, [&](int kb, int np, const uint32_t (&b)[4]) {
+        mma_pair<T>(sacc, np, yh[kb], b);
+        mma_pair<T>(sacc, np, yl[kb], b);
+      });
+    }
 #endif
     if (c + kStages < wk.num_chunks) {
       // the stage's last reads are consumed by the mma's above, so bar.arrive alone releases it; the state
@@ -863,15 +992,20 @@ CUTLASS_DEVICE int64_t chunk_offset(const flashqla_gdn_fwd_params_t& p, int64_t 
   return base;
 }
 
-// kKSplit: the K-split chain (32-column V blocks, state_role<T, true>); split mode only (it borrows the loader
-// groups' product scratch).
-template <typename T, typename IndexT, AuxMode kMode, bool kKSplit = false>
+// kKSplit: the K-split chain (32-column V blocks, state_role<T, true>); kWg: the products as wgmma (swizzled
+// stages, SharedStorageSw, 1 KB of alignment slack in the launch); both split mode only (the K split borrows the
+// loader groups' product scratch; the fused mode's aux products read the padded tiles).
+template <typename T, typename IndexT, AuxMode kMode, bool kKSplit = false, bool kWg = false>
 __global__ void __launch_bounds__(kThreads, 1) gdn_fwd_mma_kernel(const __grid_constant__ flashqla_gdn_fwd_params_t p,
                                                                   const PrepBuffers<T> pb) {
   static_assert(!kKSplit || kMode == AuxMode::kLoadPrepared, "the K-split chain runs on prepared chunks");
+  static_assert(!kWg || (kMode == AuxMode::kLoadPrepared && !kKSplit), "the wgmma chain: prepared, unsplit");
   constexpr int kVB = kKSplit ? kVBlocksK : kVBlocks, kBV = kKSplit ? kBlockVK : kBlockV;
+  using Storage = std::conditional_t<kWg, SharedStorageSw<T>, SharedStorage<T>>;
   extern __shared__ __align__(128) unsigned char smem_raw[];
-  auto& sm = *reinterpret_cast<SharedStorage<T>*>(smem_raw);
+  unsigned char* base = smem_raw;
+  if constexpr (kWg) base = reinterpret_cast<unsigned char*>((reinterpret_cast<uintptr_t>(smem_raw) + 1023) & ~uintptr_t(1023));
+  auto& sm = *reinterpret_cast<Storage*>(base);
   const int64_t main_blocks = p.num_seqs * p.heads_v * kVB;
   if (static_cast<int64_t>(blockIdx.x) >= main_blocks) {
     if (p.o != nullptr) zero_rows_past_end<T, IndexT>(p, blockIdx.x - main_blocks, kTailBlocks, threadIdx.x, kThreads);
@@ -880,10 +1014,13 @@ __global__ void __launch_bounds__(kThreads, 1) gdn_fwd_mma_kernel(const __grid_c
   const CtaTile ct = decode_cta<IndexT>(p, blockIdx.x, kVB, kBV);
   Work<T> wk = make_work<T>(p, ct);
 
-  if (threadIdx.x < kStateThreads) {
+  // (the wgmma chain: the role test made warp-uniform for ptxas, as CUTLASS does, or it serialises the wgmmas)
+  const bool state_warps =
+      kWg ? __shfl_sync(0xffffffffu, threadIdx.x / kStateThreads, 0) == 0 : threadIdx.x < kStateThreads;
+  if (state_warps) {
     cutlass::arch::warpgroup_reg_alloc<kStateRegs>();
     if (p.chunk_states != nullptr) wk.chunk0 = chunk_offset<IndexT>(p, ct.n, threadIdx.x & 31);
-    state_role<T, kKSplit>(p, sm, wk);
+    state_role<T, kKSplit, kWg>(p, sm, wk);
   } else {
     cutlass::arch::warpgroup_reg_dealloc<kAuxRegs>();
     aux_role<T, kMode, kBV>(p, sm, wk, (threadIdx.x - kStateThreads) / kAuxThreads, pb);
@@ -1108,24 +1245,31 @@ inline bool use_ksplit(const flashqla_gdn_fwd_params_t& p, int side_by_side = 1)
   return side_by_side * p.num_seqs * p.heads_v * kVBlocksK <= device_sm_count();
 }
 
-template <typename T, AuxMode kMode, bool kKSplit = false>
+template <typename T, AuxMode kMode, bool kKSplit = false, bool kWg = false>
 cudaError_t launch_recurrent(const flashqla_gdn_fwd_params_t& p, const PrepBuffers<T>& pb, cudaStream_t stream) {
   const int64_t blocks =
       p.num_seqs * p.heads_v * (kKSplit ? kVBlocksK : kVBlocks) + (p.cu_seqlens != nullptr ? kTailBlocks : 0);
   if (blocks == 0) return cudaSuccess;
   auto kernel = p.cu_seqlens != nullptr && p.cu_seqlens_dtype == FLASHQLA_INT64
-                    ? gdn_fwd_mma_kernel<T, int64_t, kMode, kKSplit>
-                    : gdn_fwd_mma_kernel<T, int32_t, kMode, kKSplit>;
-  const size_t smem = sizeof(SharedStorage<T>);
+                    ? gdn_fwd_mma_kernel<T, int64_t, kMode, kKSplit, kWg>
+                    : gdn_fwd_mma_kernel<T, int32_t, kMode, kKSplit, kWg>;
+  const size_t smem = kWg ? sizeof(SharedStorageSw<T>) + 1024 : sizeof(SharedStorage<T>);
   cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem));
   if (err != cudaSuccess) return err;
   kernel<<<static_cast<unsigned>(blocks), kThreads, smem, stream>>>(p, pb);
   return cudaGetLastError();
 }
 
-// The split mode's chain on prepared X and W, K-split or not.
+// FLASHQLA_WGMMA=1: the prepared chain's products as wgmma (unmeasured; off by default).
+inline bool use_wgmma() {
+  const char* e = std::getenv("FLASHQLA_WGMMA");
+  return e != nullptr && e[0] == '1';
+}
+
+// The split mode's chain on prepared X and W: wgmma when asked, else K-split or not.
 template <typename T>
 cudaError_t launch_prepared(const flashqla_gdn_fwd_params_t& p, const PrepBuffers<T>& pb, cudaStream_t stream) {
+  if (use_wgmma()) return launch_recurrent<T, AuxMode::kLoadPrepared, false, true>(p, pb, stream);
   // chunk states without o: the backward's state recompute, which runs beside the dS chain
   const bool states_only = p.o == nullptr && p.chunk_states != nullptr;
   return use_ksplit(p, states_only ? 2 : 1) ? launch_recurrent<T, AuxMode::kLoadPrepared, true>(p, pb, stream)
