@@ -121,9 +121,10 @@ int main() {
     // each chain alone with the K split, then without (the backward runs them side by side: unsplit there at
     // 16/32 heads, since two chains of 32 heads x 4 CTAs would not fit on the GPU together)
     int bad = 0;
-    for (const char* ks : {"1", "0"}) {
-      setenv("FLASHQLA_KSPLIT", ks, 1);
-      const std::string tag = ks[0] == '1' ? " (K-split chain)" : " (unsplit chain)";
+    for (int variant = 0; variant < 3; ++variant) {  // K split, unsplit, the products as wgmma
+      setenv("FLASHQLA_KSPLIT", variant == 0 ? "1" : "0", 1);
+      setenv("FLASHQLA_WGMMA", variant == 2 ? "1" : "0", 1);
+      const std::string tag = variant == 0 ? " (K-split chain)" : variant == 1 ? " (unsplit chain)" : " (wgmma chain)";
       if (bad == 0)
         bad = roles(("backward state recompute" + tag).c_str(), rs_names,
                     [&] { return fm::launch<__nv_bfloat16>(rs, nullptr); });
@@ -132,6 +133,7 @@ int main() {
                     [&] { return flashqla::gdn_bwd_dh::launch<__nv_bfloat16>(rs, dh, nullptr, nullptr); });
     }
     unsetenv("FLASHQLA_KSPLIT");
+    unsetenv("FLASHQLA_WGMMA");
     std::swap(p, b);
     cudaFree(states);
     cudaFree(dh);

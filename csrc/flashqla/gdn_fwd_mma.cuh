@@ -147,13 +147,31 @@ struct alignas(1024) StageSw {
   float gamma[kChunk];
   float decay[kChunk];
 };
+// The dS chain's (gdn_bwd_dh.cuh): K, Q and W' swizzled; dO and U (this CTA's columns) padded, since the state
+// warps read both by ldmatrix.trans.
 template <typename T>
-struct SharedStorageSw {
-  StageSw<T> stage[kStages];
+struct alignas(1024) StageSwBwd {
+  T k[2][kChunk * 64];
+  T q[2][kChunk * 64];
+  T x[2][kChunk * 64];
+  T w[kChunk * kLdC];
+  T v[kChunk * kLdC];
+  float gamma[kChunk];
+  float decay[kChunk];
+};
+template <typename StageT, typename T>
+struct SharedStorageOf {
+  StageT stage[kStages];
   AuxScratch<T> aux[kAuxGroups];
   alignas(16) T o[2][kChunk * kLdC];
 };
-static_assert(sizeof(SharedStorageSw<__nv_bfloat16>) + 1024 <= 227 * 1024, "the swizzled storage, aligned, fits");
+template <typename T>
+using SharedStorageSw = SharedStorageOf<StageSw<T>, T>;
+template <typename T>
+using SharedStorageSwBwd = SharedStorageOf<StageSwBwd<T>, T>;
+static_assert(sizeof(SharedStorageSw<__nv_bfloat16>) + 1024 <= 227 * 1024 &&
+                  sizeof(SharedStorageSwBwd<__nv_bfloat16>) + 1024 <= 227 * 1024,
+              "the swizzled storage, aligned, fits");
 // The 16 bytes at (row r, column c, a multiple of 8) of a stage tile, in either layout.
 template <typename T>
 CUTLASS_DEVICE T* tile16(T (&t)[kChunk * kLdK], int r, int c) { return &t[r * kLdK + c]; }
@@ -171,6 +189,8 @@ template <typename StageT>
 constexpr bool kSwizzledStage = false;
 template <typename T>
 constexpr bool kSwizzledStage<StageSw<T>> = true;
+template <typename T>
+constexpr bool kSwizzledStage<StageSwBwd<T>> = true;
 
 // Where one CTA's work lives.
 static_assert(kChunk == 64, "chunk_bound (kernels.h) counts 64-token chunks");
@@ -745,25 +765,28 @@ static_assert(2 * (2 * 8 * 4 * 32) <= kChunk * kLdF, "a pair's shares fit in a l
 // mma.sync A fragment of its 16 rows and the accumulator its N / 8 mma.sync C tiles
 // (benchmarks/wgmma_chain_probe.cu). B comes from the swizzled stage (StageSw), read once for the warpgroup
 // instead of once per warp. Each call waits for its products (the next step needs them).
-// KS^T (and QS^T) = S^T K^T (Q^T): 8 k16 steps over K, B = K (Q) K-major.
+// acc (64 rows x 64 chunk columns) += A B^T over K: 8 k16 steps, A = the state warps' registers (sa), B = a
+// [tokens][K dim] tile K-major (K, Q). Issue only: the caller fences, commits and waits.
 template <typename T>
-CUTLASS_DEVICE void wg_ks_qs(const StageSw<T>& S, const uint32_t (&sa)[8][4], float (&ks)[8][4], float (&os)[8][4],
+CUTLASS_DEVICE void wg_issue_rows64(float (&acc)[8][4], const uint32_t (&sa)[8][4], const T (&tile)[2][kChunk * 64]) {
+  auto& a32 = reinterpret_cast<float(&)[32]>(acc);
+#pragma unroll
+  for (int kk = 0; kk < 8; ++kk)  // k16 step kk: 32 bytes a step within its 64-column block
+    gmma::wgmma_rs<64, T, 0>(a32, sa[kk],
+                             gmma::make_desc_sw128(reinterpret_cast<const char*>(tile[kk >> 2]) + 32 * (kk & 3), 16, 1024));
+}
+// KS^T (and QS^T) = S^T K^T (Q^T).
+template <typename T, typename StageT>
+CUTLASS_DEVICE void wg_ks_qs(const StageT& S, const uint32_t (&sa)[8][4], float (&ks)[8][4], float (&os)[8][4],
                              bool want_o) {
   using namespace gmma;
   auto& k32 = reinterpret_cast<float(&)[32]>(ks);
   auto& o32 = reinterpret_cast<float(&)[32]>(os);
-  const auto desc = [](const T (&t)[2][kChunk * 64], int kk) {  // k16 step kk: 32 bytes a step in its block
-    return make_desc_sw128(reinterpret_cast<const char*>(t[kk >> 2]) + 32 * (kk & 3), 16, 1024);
-  };
   fence();
   pin(k32);
   pin(o32);
-#pragma unroll
-  for (int kk = 0; kk < 8; ++kk) wgmma_rs<64, T, 0>(k32, sa[kk], desc(S.k, kk));
-  if (want_o) {
-#pragma unroll
-    for (int kk = 0; kk < 8; ++kk) wgmma_rs<64, T, 0>(o32, sa[kk], desc(S.q, kk));
-  }
+  wg_issue_rows64<T>(ks, sa, S.k);
+  if (want_o) wg_issue_rows64<T>(os, sa, S.q);
   commit();
   wait_all();
   pin(k32);
@@ -783,10 +806,11 @@ CUTLASS_DEVICE void wg_o(const StageSw<T>& S, const uint32_t (&za)[4][4], float 
   wait_all();
   pin(o32);
 }
-// S^T += Y^T X, Y^T as hi + lo: 4 k16 steps over the chunk, B = X MN-major (transpose-B; two 64-column blocks
-// kChunk * 64 elements apart, a k16 step = two 1024-byte atoms).
+// sacc (64 rows x 128 K) += (hi + lo) B: 4 k16 steps over the chunk, B = a [tokens][K dim] tile MN-major
+// (transpose-B; two 64-column blocks kChunk * 64 elements apart, a k16 step = two 1024-byte atoms): the
+// forward's S^T += Y^T X, the dS chain's dO^T Q and Z^T W'.
 template <typename T>
-CUTLASS_DEVICE void wg_update(const StageSw<T>& S, const uint32_t (&yh)[4][4], const uint32_t (&yl)[4][4],
+CUTLASS_DEVICE void wg_update(const T (&tile)[2][kChunk * 64], const uint32_t (&hi)[4][4], const uint32_t (&lo)[4][4],
                               float (&sacc)[16][4]) {
   using namespace gmma;
   auto& s64 = reinterpret_cast<float(&)[64]>(sacc);
@@ -795,9 +819,9 @@ CUTLASS_DEVICE void wg_update(const StageSw<T>& S, const uint32_t (&yh)[4][4], c
   pin(s64);
 #pragma unroll
   for (int kb = 0; kb < 4; ++kb) {
-    const uint64_t d = make_desc_sw128(reinterpret_cast<const char*>(S.x[0]) + 2048 * kb, kBlockBytes, 1024);
-    wgmma_rs<128, T, 1>(s64, yh[kb], d);
-    wgmma_rs<128, T, 1>(s64, yl[kb], d);
+    const uint64_t d = make_desc_sw128(reinterpret_cast<const char*>(tile[0]) + 2048 * kb, kBlockBytes, 1024);
+    wgmma_rs<128, T, 1>(s64, hi[kb], d);
+    wgmma_rs<128, T, 1>(s64, lo[kb], d);
   }
   commit();
   wait_all();
@@ -927,7 +951,7 @@ CUTLASS_DEVICE void state_role(const flashqla_gdn_fwd_params_t& p, Storage& sm, 
 #pragma unroll
       for (int e = 0; e < 4; ++e) sacc[j][e] *= gamma_c;
     if constexpr (kWg) {
-      wg_update<T>(S, yh, yl, sacc);
+      wg_update<T>(S.x, yh, yl, sacc);
     } else {
       for_b_fragments<4, kNT / 2, true>(S.x + kcol, kLdK, ld, [&](int kb, int np, const uint32_t (&b)[4]) {
         mma_pair<T>(sacc, np, yh[kb], b);
