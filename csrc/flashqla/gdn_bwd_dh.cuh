@@ -263,14 +263,7 @@ CUTLASS_DEVICE void dh_state_role(const flashqla_gdn_fwd_params_t& p, Storage& s
         const float2 gm = *reinterpret_cast<const float2*>(&S.gamma[col]);
         split_hi_lo<T>(p.scale * gm.x * dd.x, p.scale * gm.y * dd.y, dh_[kb][r], dl[kb][r]);
       });
-      if constexpr (kWg) {
-        wg_update<T>(S.q, dh_, dl, sacc);
-      } else {
-        for_b_fragments<4, kNT / 2, true>(S.q + kcol, kLdK, ld, [&](int kb, int np, const uint32_t (&b)[4]) {
-          mma_pair<T>(sacc, np, dh_[kb], b);
-          mma_pair<T>(sacc, np, dl[kb], b);
-        });
-      }
+      update_hi_lo<T, kWg>(S.q, kcol, ld, dh_, dl, sacc);
     }
     FLASHQLA_ROLE_PHASE(0, kStZY);
     // dS^T -= Z^T W',  Z^T = KdS^T diag(rho) + U^T (hi + lo)
@@ -279,14 +272,7 @@ CUTLASS_DEVICE void dh_state_role(const flashqla_gdn_fwd_params_t& p, Storage& s
       const float2 rho = *reinterpret_cast<const float2*>(&S.decay[col]);
       split_hi_lo<T>(-(rho.x * kd[nt][e] + uu.x), -(rho.y * kd[nt][e + 1] + uu.y), zh[kb][r], zl[kb][r]);
     });
-    if constexpr (kWg) {
-      wg_update<T>(S.x, zh, zl, sacc);
-    } else {
-      for_b_fragments<4, kNT / 2, true>(S.x + kcol, kLdK, ld, [&](int kb, int np, const uint32_t (&b)[4]) {
-        mma_pair<T>(sacc, np, zh[kb], b);
-        mma_pair<T>(sacc, np, zl[kb], b);
-      });
-    }
+    update_hi_lo<T, kWg>(S.x, kcol, ld, zh, zl, sacc);
     FLASHQLA_ROLE_PHASE(0, kStO);
     if (it + kStages < wk.num_chunks) {
       // the stage's last reads are consumed by the mma's above, so bar.arrive alone releases it; the state

@@ -828,6 +828,21 @@ CUTLASS_DEVICE void wg_update(const T (&tile)[2][kChunk * 64], const uint32_t (&
   pin(s64);
 }
 
+// The chains' hi + lo updates, sacc (this warp's S^T or dS^T columns, from K column kcol) += (hi + lo) B over
+// the chunk with B a [tokens][K dim] stage tile: wgmma (swizzled, unsplit) or mma.sync (padded).
+template <typename T, bool kWg, int kNT, typename Tile>
+CUTLASS_DEVICE void update_hi_lo(const Tile& tile, int kcol, const warp::LdsmOffsets& ld, const uint32_t (&hi)[4][4],
+                                 const uint32_t (&lo)[4][4], float (&sacc)[kNT][4]) {
+  if constexpr (kWg) {
+    wg_update<T>(tile, hi, lo, sacc);
+  } else {
+    warp::for_b_fragments<4, kNT / 2, true>(tile + kcol, kLdK, ld, [&](int kb, int np, const uint32_t (&b)[4]) {
+      warp::mma_pair<T>(sacc, np, hi[kb], b);
+      warp::mma_pair<T>(sacc, np, lo[kb], b);
+    });
+  }
+}
+
 // The state warps' chain. kKSplit false: warp s owns V rows 16 s .. 16 s + 15 of the CTA's 64 columns and all
 // 128 K columns of S^T. kKSplit true (above): V rows 16 (s / 2) .. of 32 columns and one K half. kWg: the
 // products as wgmma on the swizzled stage (unsplit only).
@@ -950,14 +965,7 @@ CUTLASS_DEVICE void state_role(const flashqla_gdn_fwd_params_t& p, Storage& sm, 
     for (int j = 0; j < kNT; ++j)
 #pragma unroll
       for (int e = 0; e < 4; ++e) sacc[j][e] *= gamma_c;
-    if constexpr (kWg) {
-      wg_update<T>(S.x, yh, yl, sacc);
-    } else {
-      for_b_fragments<4, kNT / 2, true>(S.x + kcol, kLdK, ld, [&](int kb, int np, const uint32_t (&b)[4]) {
-        mma_pair<T>(sacc, np, yh[kb], b);
-        mma_pair<T>(sacc, np, yl[kb], b);
-      });
-    }
+    update_hi_lo<T, kWg>(S.x, kcol, ld, yh, yl, sacc);
 #endif
     if (c + kStages < wk.num_chunks) {
       // the stage's last reads are consumed by the mma's above, so bar.arrive alone releases it; the state
