@@ -193,8 +193,7 @@ CUTLASS_DEVICE void dh_state_role(const flashqla_gdn_fwd_params_t& p, SharedStor
 
   float sacc[kNT][4];  // dS^T, starting from dht
   load_state_tile(sacc, p.initial_state != nullptr ? p.initial_state + wk.state_off + koff : nullptr, tq, v0);
-  float4* const mine = reinterpret_cast<float4*>(sm.aux[vg].la) + kh * (8 * 32);
-  const float4* const theirs = reinterpret_cast<const float4*>(sm.aux[vg].la) + (kh ^ 1) * (8 * 32);
+  const PairShares pair(sm.aux[vg].la, kh);  // (the K split)
 
   for (int64_t it = 0; it < wk.num_chunks; ++it) {
     const int64_t c = wk.num_chunks - 1 - it;
@@ -224,15 +223,10 @@ CUTLASS_DEVICE void dh_state_role(const flashqla_gdn_fwd_params_t& p, SharedStor
       if (np == 3 && store_ds) store_state_tiles(ds_dst, sacc, 2 * kk, tq, v0);
 #endif
     });
-    if constexpr (kKSplit) {  // the pair adds its shares (as in state_role)
-#pragma unroll
-      for (int nt = 0; nt < 8; ++nt) mine[nt * 32 + lane] = make_float4(kd[nt][0], kd[nt][1], kd[nt][2], kd[nt][3]);
+    if constexpr (kKSplit) {  // the pair adds its shares
+      pair.put(kd, 0, lane);
       bar_sync(kBarPair + vg, 64);
-#pragma unroll
-      for (int nt = 0; nt < 8; ++nt) {
-        const float4 a = theirs[nt * 32 + lane];
-        kd[nt][0] += a.x; kd[nt][1] += a.y; kd[nt][2] += a.z; kd[nt][3] += a.w;
-      }
+      pair.add(kd, 0, lane);
     }
     FLASHQLA_ROLE_PHASE(0, kStKsQs);
 
