@@ -23,15 +23,6 @@ namespace gdn_bwd_dh {
 
 using namespace gdn_fwd_mma;
 
-// How the dS chain writes dS' (fp32, 64 values per lane a chunk, straight from the fragments): 0 all up front;
-// 2 two C tiles after each k step of K dS'^T, so they drain beside the products (hk4_hv8 32k backward 2.73 ->
-// 2.55 ms). (1, through per-warp shared staging as 16-byte pieces, measured slower: step 5.8k -> 6.2k cycles,
-// and is gone.) A compile-time switch for the phase profiler's A/B.
-#ifndef FLASHQLA_DS_STORE
-#define FLASHQLA_DS_STORE 2
-#endif
-static_assert(FLASHQLA_DS_STORE == 0 || FLASHQLA_DS_STORE == 2, "FLASHQLA_DS_STORE: 0 or 2");
-
 // ---- prep: W' and U per (chunk, value head)
 // Two 64 x 128 tiles (~67 KB with the aux scratch: three CTAs per SM, as the forward's prep): dO arrives in
 // Q's space once Q K^T is in registers, so its load overlaps only the inverse's epilogue, not the Gram, and the
@@ -206,9 +197,6 @@ CUTLASS_DEVICE void dh_state_role(const flashqla_gdn_fwd_params_t& p, SharedStor
     // <S0, dS'> reads it unrounded)
     const bool store_ds = wk.chunk0 + c < chunk_bound(p);  // (malformed cu_seqlens can name more chunks than dh has slots)
     float* ds_dst = dh + ((wk.chunk0 + c) * p.heads_v + wk.h) * int64_t(kDimK) * kDimV + koff + wk.col0;
-#if FLASHQLA_DS_STORE == 0
-    if (store_ds) store_state_tile(ds_dst, sacc, tq, v0);
-#endif
 
     uint32_t sa[kKS][4];
 #pragma unroll
@@ -217,11 +205,11 @@ CUTLASS_DEVICE void dh_state_role(const flashqla_gdn_fwd_params_t& p, SharedStor
     zero_acc(kd);
     for_b_fragments<kKS, 4, false>(S.k + kcol, kLdK, ld, [&](int kk, int np, const uint32_t (&b)[4]) {
       mma_pair<T>(kd, np, sa[kk], b);
-#if FLASHQLA_DS_STORE == 2
       // dS' tiles 2 kk, 2 kk + 1 (K columns 16 kk ..), between this k step's products: the stores drain while
-      // the tensor pipe works instead of all 64 ahead of it (sacc changes only after this loop)
+      // the tensor pipe works instead of all 64 ahead of it (sacc changes only after this loop). Measured against
+      // all 64 up front (session 10): hk4_hv8 32k backward 2.73 -> 2.55 ms; through per-warp shared staging the
+      // step was slower (5.8k -> 6.2k cycles).
       if (np == 3 && store_ds) store_state_tiles(ds_dst, sacc, 2 * kk, tq, v0);
-#endif
     });
     if constexpr (kKSplit) {  // the pair adds its shares
       pair.put(kd, 0, lane);
