@@ -150,6 +150,21 @@ __device__ void run_chain(const bf16* K, const bf16* XT, const float* VT, const 
   if (blockIdx.x == 0) store_state(s, S_out, L);
 }
 
+// acc (a warpgroup's 64 x N accumulator, the four warps' mma.sync C tiles) += a B by wgmma with the register A
+// operand over KS k16 steps, desc(kk) giving B's descriptor of step kk; waits for the products.
+template <int N, int kTransB, int KS, class Desc>
+__device__ void wg_product(float (&acc)[N / 8][4], const uint32_t (&a)[KS][4], Desc&& desc) {
+  using namespace flashqla::gmma;
+  auto& d = reinterpret_cast<float(&)[N / 2]>(acc);
+  fence();
+  pin(d);
+#pragma unroll
+  for (int kk = 0; kk < KS; ++kk) wgmma_rs<N, bf16, kTransB>(d, a[kk], desc(kk));
+  commit();
+  wait_all();
+  pin(d);
+}
+
 // One warpgroup, wgmma with the register A operand; the descriptor offsets either way round.
 template <bool kSwap>
 struct WgmmaProducts {
@@ -157,53 +172,47 @@ struct WgmmaProducts {
   static constexpr int kLboK = kSwap ? kK / 8 * 128 : 128, kSboK = kSwap ? 128 : kK / 8 * 128;
   static constexpr int kLboX = kSwap ? kC / 8 * 128 : 128, kSboX = kSwap ? 128 : kC / 8 * 128;
   __device__ void ks(float (&acc)[8][4], const uint32_t (&sa)[8][4], const Slot& S) const {
-    using namespace flashqla::gmma;
-    auto& a32 = reinterpret_cast<float(&)[32]>(acc);
-    fence();
-    pin(a32);
-#pragma unroll
-    for (int kk = 0; kk < 8; ++kk)  // 16 K columns per step: two core matrices along k
-      wgmma_rs<64, bf16>(a32, sa[kk], make_desc(reinterpret_cast<const char*>(S.k) + kmaj_off(0, 16 * kk, kK), kLboK, kSboK));
-    commit();
-    wait_all();
-    pin(a32);
+    wg_product<64, 0>(acc, sa, [&](int kk) {  // 16 K columns per step: two core matrices along k
+      return make_desc(reinterpret_cast<const char*>(S.k) + kmaj_off(0, 16 * kk, kK), kLboK, kSboK);
+    });
   }
   __device__ void update(float (&s)[16][4], const uint32_t (&ya)[4][4], const Slot& S) const {
-    using namespace flashqla::gmma;
-    auto& s64 = reinterpret_cast<float(&)[64]>(s);
-    fence();
-    pin(s64);
-#pragma unroll
-    for (int kk = 0; kk < 4; ++kk)  // 16 chunk rows per step
-      wgmma_rs<128, bf16>(s64, ya[kk], make_desc(reinterpret_cast<const char*>(S.xt) + kmaj_off(0, 16 * kk, kC), kLboX, kSboX));
-    commit();
-    wait_all();
-    pin(s64);
+    wg_product<128, 0>(s, ya, [&](int kk) {  // 16 chunk rows per step
+      return make_desc(reinterpret_cast<const char*>(S.xt) + kmaj_off(0, 16 * kk, kC), kLboX, kSboX);
+    });
   }
 };
+
+// acc += a B by mma.sync m16n8k16 over KS k16 steps and NP pairs of n-tiles, load_b(b, kk, np, ld) bringing
+// B's fragments of one step and pair (each variant's layout).
+template <int KS, int NP, class LoadB>
+__device__ void mma_product(float (&acc)[2 * NP][4], const uint32_t (&a)[KS][4], LoadB&& load_b) {
+  using namespace flashqla::warp;
+  const LdsmOffsets ld(threadIdx.x & 31);
+#pragma unroll
+  for (int kk = 0; kk < KS; ++kk)
+#pragma unroll
+    for (int np = 0; np < NP; ++np) {
+      uint32_t b[4];
+      load_b(b, kk, np, ld);
+      mma_pair<bf16>(acc, np, a[kk], b);
+    }
+}
 
 // Four warps, mma.sync m16n8k16 (v2's state chain), the same shared-memory bytes through ldmatrix.
 struct MmaProducts {
   using SlotT = Slot;
-  template <int KS, int NP, int KT>
-  __device__ static void product(float (&acc)[2 * NP][4], const uint32_t (&a)[KS][4], const bf16* tile) {
-    using namespace flashqla::warp;
-    const LdsmOffsets ld(threadIdx.x & 31);
-    const char* base = reinterpret_cast<const char*>(tile);
-#pragma unroll
-    for (int kk = 0; kk < KS; ++kk)
-#pragma unroll
-      for (int np = 0; np < NP; ++np) {
-        uint32_t b[4];
-        ldsm_x4(b, base + kmaj_off(16 * np + ld.b_row, 16 * kk + ld.b_col, KT));
-        mma_pair<bf16>(acc, np, a[kk], b);
-      }
+  template <int KT>
+  __device__ static auto kmajor(const bf16* tile) {  // B stored [n][k], core-matrix blocked
+    return [tile](uint32_t (&b)[4], int kk, int np, const flashqla::warp::LdsmOffsets& ld) {
+      flashqla::warp::ldsm_x4(b, reinterpret_cast<const char*>(tile) + kmaj_off(16 * np + ld.b_row, 16 * kk + ld.b_col, KT));
+    };
   }
   __device__ void ks(float (&acc)[8][4], const uint32_t (&sa)[8][4], const Slot& S) const {
-    product<8, 4, kK>(acc, sa, S.k);
+    mma_product<8, 4>(acc, sa, kmajor<kK>(S.k));
   }
   __device__ void update(float (&s)[16][4], const uint32_t (&ya)[4][4], const Slot& S) const {
-    product<4, 8, kC>(s, ya, S.xt);
+    mma_product<4, 8>(s, ya, kmajor<kC>(S.xt));
   }
 };
 
@@ -215,30 +224,16 @@ template <bool kSwapX>
 struct WgmmaSwProducts {
   using SlotT = SlotSw;
   __device__ void ks(float (&acc)[8][4], const uint32_t (&sa)[8][4], const SlotSw& S) const {
-    using namespace flashqla::gmma;
-    auto& a32 = reinterpret_cast<float(&)[32]>(acc);
-    fence();
-    pin(a32);
-#pragma unroll
-    for (int kk = 0; kk < 8; ++kk)
-      wgmma_rs<64, bf16, 0>(a32, sa[kk], make_desc_sw128(reinterpret_cast<const char*>(S.k[kk / 4]) + 32 * (kk % 4), 16, 1024));
-    commit();
-    wait_all();
-    pin(a32);
+    wg_product<64, 0>(acc, sa, [&](int kk) {
+      return make_desc_sw128(reinterpret_cast<const char*>(S.k[kk / 4]) + 32 * (kk % 4), 16, 1024);
+    });
   }
   __device__ void update(float (&s)[16][4], const uint32_t (&ya)[4][4], const SlotSw& S) const {
-    using namespace flashqla::gmma;
-    auto& s64 = reinterpret_cast<float(&)[64]>(s);
     constexpr int kBlockBytes = kC * 64 * 2;  // x[0] -> x[1]
     constexpr int kLbo = kSwapX ? 1024 : kBlockBytes, kSbo = kSwapX ? kBlockBytes : 1024;
-    fence();
-    pin(s64);
-#pragma unroll
-    for (int kk = 0; kk < 4; ++kk)
-      wgmma_rs<128, bf16, 1>(s64, ya[kk], make_desc_sw128(reinterpret_cast<const char*>(S.x[0]) + 2048 * kk, kLbo, kSbo));
-    commit();
-    wait_all();
-    pin(s64);
+    wg_product<128, 1>(s, ya, [&](int kk) {
+      return make_desc_sw128(reinterpret_cast<const char*>(S.x[0]) + 2048 * kk, kLbo, kSbo);
+    });
   }
 };
 
@@ -246,28 +241,14 @@ struct WgmmaSwProducts {
 struct MmaSwProducts {
   using SlotT = SlotSw;
   __device__ void ks(float (&acc)[8][4], const uint32_t (&sa)[8][4], const SlotSw& S) const {
-    using namespace flashqla::warp;
-    const LdsmOffsets ld(threadIdx.x & 31);
-#pragma unroll
-    for (int kk = 0; kk < 8; ++kk)
-#pragma unroll
-      for (int np = 0; np < 4; ++np) {
-        uint32_t b[4];
-        ldsm_x4(b, reinterpret_cast<const char*>(S.k[kk / 4]) + sw128_off(16 * np + ld.b_row, 16 * (kk % 4) + ld.b_col));
-        mma_pair<bf16>(acc, np, sa[kk], b);
-      }
+    mma_product<8, 4>(acc, sa, [&](uint32_t (&b)[4], int kk, int np, const flashqla::warp::LdsmOffsets& ld) {
+      flashqla::warp::ldsm_x4(b, reinterpret_cast<const char*>(S.k[kk / 4]) + sw128_off(16 * np + ld.b_row, 16 * (kk % 4) + ld.b_col));
+    });
   }
   __device__ void update(float (&s)[16][4], const uint32_t (&ya)[4][4], const SlotSw& S) const {
-    using namespace flashqla::warp;
-    const LdsmOffsets ld(threadIdx.x & 31);
-#pragma unroll
-    for (int kk = 0; kk < 4; ++kk)
-#pragma unroll
-      for (int np = 0; np < 8; ++np) {
-        uint32_t b[4];
-        ldsm_x4_trans(b, reinterpret_cast<const char*>(S.x[np / 4]) + sw128_off(16 * kk + ld.bt_row, 16 * (np % 4) + ld.bt_col));
-        mma_pair<bf16>(s, np, ya[kk], b);
-      }
+    mma_product<4, 8>(s, ya, [&](uint32_t (&b)[4], int kk, int np, const flashqla::warp::LdsmOffsets& ld) {
+      flashqla::warp::ldsm_x4_trans(b, reinterpret_cast<const char*>(S.x[np / 4]) + sw128_off(16 * kk + ld.bt_row, 16 * (np % 4) + ld.bt_col));
+    });
   }
 };
 

@@ -23,15 +23,6 @@ namespace gdn_bwd_dh {
 
 using namespace gdn_fwd_mma;
 
-// How the dS chain writes dS' (fp32, 64 values per lane a chunk, straight from the fragments): 0 all up front;
-// 2 two C tiles after each k step of K dS'^T, so they drain beside the products (hk4_hv8 32k backward 2.73 ->
-// 2.55 ms). (1, through per-warp shared staging as 16-byte pieces, measured slower: step 5.8k -> 6.2k cycles,
-// and is gone.) A compile-time switch for the phase profiler's A/B.
-#ifndef FLASHQLA_DS_STORE
-#define FLASHQLA_DS_STORE 2
-#endif
-static_assert(FLASHQLA_DS_STORE == 0 || FLASHQLA_DS_STORE == 2, "FLASHQLA_DS_STORE: 0 or 2");
-
 // ---- prep: W' and U per (chunk, value head)
 // Two 64 x 128 tiles (~67 KB with the aux scratch: three CTAs per SM, as the forward's prep): dO arrives in
 // Q's space once Q K^T is in registers, so its load overlaps only the inverse's epilogue, not the Gram, and the
@@ -194,8 +185,7 @@ CUTLASS_DEVICE void dh_state_role(const flashqla_gdn_fwd_params_t& p, Storage& s
 
   float sacc[kNT][4];  // dS^T, starting from dht
   load_state_tile(sacc, p.initial_state != nullptr ? p.initial_state + wk.state_off + koff : nullptr, tq, v0);
-  float4* const mine = reinterpret_cast<float4*>(sm.aux[vg].la) + kh * (8 * 32);
-  const float4* const theirs = reinterpret_cast<const float4*>(sm.aux[vg].la) + (kh ^ 1) * (8 * 32);
+  const PairShares pair(sm.aux[vg].la, kh);  // (the K split)
 
   for (int64_t it = 0; it < wk.num_chunks; ++it) {
     const int64_t c = wk.num_chunks - 1 - it;
@@ -208,10 +198,6 @@ CUTLASS_DEVICE void dh_state_role(const flashqla_gdn_fwd_params_t& p, Storage& s
     // <S0, dS'> reads it unrounded)
     const bool store_ds = wk.chunk0 + c < chunk_bound(p);  // (malformed cu_seqlens can name more chunks than dh has slots)
     float* ds_dst = dh + ((wk.chunk0 + c) * p.heads_v + wk.h) * int64_t(kDimK) * kDimV + koff + wk.col0;
-#if FLASHQLA_DS_STORE == 0
-    if constexpr (!kWg)
-      if (store_ds) store_state_tile(ds_dst, sacc, tq, v0);
-#endif
 
     uint32_t sa[kKS][4];
 #pragma unroll
@@ -231,22 +217,17 @@ CUTLASS_DEVICE void dh_state_role(const flashqla_gdn_fwd_params_t& p, Storage& s
     } else {
       for_b_fragments<kKS, 4, false>(S.k + kcol, kLdK, ld, [&](int kk, int np, const uint32_t (&b)[4]) {
         mma_pair<T>(kd, np, sa[kk], b);
-#if FLASHQLA_DS_STORE == 2
         // dS' tiles 2 kk, 2 kk + 1 (K columns 16 kk ..), between this k step's products: the stores drain while
-        // the tensor pipe works instead of all 64 ahead of it (sacc changes only after this loop)
+        // the tensor pipe works instead of all 64 ahead of it (sacc changes only after this loop). Measured
+        // against all 64 up front (session 10): hk4_hv8 32k backward 2.73 -> 2.55 ms; through per-warp shared
+        // staging the step was slower (5.8k -> 6.2k cycles).
         if (np == 3 && store_ds) store_state_tiles(ds_dst, sacc, 2 * kk, tq, v0);
-#endif
       });
     }
-    if constexpr (kKSplit) {  // the pair adds its shares (as in state_role)
-#pragma unroll
-      for (int nt = 0; nt < 8; ++nt) mine[nt * 32 + lane] = make_float4(kd[nt][0], kd[nt][1], kd[nt][2], kd[nt][3]);
+    if constexpr (kKSplit) {  // the pair adds its shares
+      pair.put(kd, 0, lane);
       bar_sync(kBarPair + vg, 64);
-#pragma unroll
-      for (int nt = 0; nt < 8; ++nt) {
-        const float4 a = theirs[nt * 32 + lane];
-        kd[nt][0] += a.x; kd[nt][1] += a.y; kd[nt][2] += a.z; kd[nt][3] += a.w;
-      }
+      pair.add(kd, 0, lane);
     }
     FLASHQLA_ROLE_PHASE(0, kStKsQs);
 

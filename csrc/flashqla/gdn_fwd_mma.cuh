@@ -757,8 +757,31 @@ constexpr int kBlockVK = 32;  // V columns per CTA of the K-split chain
 constexpr int kVBlocksK = kDimV / kBlockVK;
 constexpr int kKHalf = kDimK / 2;
 static_assert(kStateWarps == 2 * (kBlockVK / 16), "two K halves per 16 V rows");
-// each warp's share of KS^T and QS^T, fragment by fragment (lane-major float4s: 512 contiguous bytes a store)
-static_assert(2 * (2 * 8 * 4 * 32) <= kChunk * kLdF, "a pair's shares fit in a loader group's la");
+// The pair's exchange of shares (8 C tiles a slot, fragment by fragment as lane-major float4s: 512 contiguous
+// bytes a store) through the product scratch of loader group vg: warp kh puts its shares in its half, the pair
+// meets at kBarPair + vg, and each adds the partner's. A + b is the same float either way round, so both warps
+// hold the same sums. The partner's reads of a chunk end before the next chunk's full barrier, which both pass
+// before putting again.
+struct PairShares {
+  static constexpr int kSlots = 2;  // KS^T and QS^T (the dS chain: KdS^T alone)
+  float4* mine;
+  const float4* theirs;
+  CUTLASS_DEVICE PairShares(float* la, int kh)
+      : mine(reinterpret_cast<float4*>(la) + kh * (kSlots * 8 * 32)),
+        theirs(reinterpret_cast<const float4*>(la) + (kh ^ 1) * (kSlots * 8 * 32)) {}
+  CUTLASS_DEVICE void put(const float (&acc)[8][4], int slot, int lane) const {
+#pragma unroll
+    for (int nt = 0; nt < 8; ++nt) mine[(8 * slot + nt) * 32 + lane] = make_float4(acc[nt][0], acc[nt][1], acc[nt][2], acc[nt][3]);
+  }
+  CUTLASS_DEVICE void add(float (&acc)[8][4], int slot, int lane) const {
+#pragma unroll
+    for (int nt = 0; nt < 8; ++nt) {
+      const float4 a = theirs[(8 * slot + nt) * 32 + lane];
+      acc[nt][0] += a.x; acc[nt][1] += a.y; acc[nt][2] += a.z; acc[nt][3] += a.w;
+    }
+  }
+};
+static_assert(2 * PairShares::kSlots * 8 * 4 * 32 <= kChunk * kLdF, "a pair's shares fit in a loader group's la");
 
 // ---- The chain's products as wgmma (FLASHQLA_WGMMA=1; split mode, 64-column CTAs; unmeasured): the four state
 // warps are one warpgroup whose registers hold S^T, and per warp the A fragment of wgmma m64nNk16 is the
@@ -866,9 +889,7 @@ CUTLASS_DEVICE void state_role(const flashqla_gdn_fwd_params_t& p, Storage& sm, 
                   tq, v0);
   // else the chain alone: no Q S^T, no intra-chunk O, no O store (warp-uniform for ptxas in the wgmma chain)
   const bool want_o = kWg ? __shfl_sync(0xffffffffu, wk.o != nullptr, 0) != 0 : wk.o != nullptr;
-  // the K-split pair's exchange: warp kh writes its shares at mine, reads the partner's at theirs
-  float4* const mine = reinterpret_cast<float4*>(sm.aux[vg].la) + kh * (2 * 8 * 32);
-  const float4* const theirs = reinterpret_cast<const float4*>(sm.aux[vg].la) + (kh ^ 1) * (2 * 8 * 32);
+  const PairShares pair(sm.aux[vg].la, kh);  // (the K split)
   // the O products and rows of this warp: all (unsplit), n pairs {0, 3} (kh 0) or {1, 2} (kh 1) of the chunk's
   // columns (K-split: five products each, W being lower triangular)
   const auto own_np = [&](int np) { return !kKSplit || (np == 1 || np == 2) == (kh == 1); };
@@ -909,24 +930,12 @@ CUTLASS_DEVICE void state_role(const flashqla_gdn_fwd_params_t& p, Storage& sm, 
           mma_pair<T>(os, np, sa[kk], b);
         });
     }
-    if constexpr (kKSplit) {
-      // the pair adds its shares (the partner's previous reads ended before this chunk's full barrier); a + b is
-      // the same float either way round, so both warps hold the same sums
-#pragma unroll
-      for (int nt = 0; nt < 8; ++nt) {
-        mine[nt * 32 + lane] = make_float4(ks[nt][0], ks[nt][1], ks[nt][2], ks[nt][3]);
-        if (want_o) mine[(8 + nt) * 32 + lane] = make_float4(os[nt][0], os[nt][1], os[nt][2], os[nt][3]);
-      }
+    if constexpr (kKSplit) {  // the pair adds its shares
+      pair.put(ks, 0, lane);
+      if (want_o) pair.put(os, 1, lane);
       bar_sync(kBarPair + vg, 64);
-#pragma unroll
-      for (int nt = 0; nt < 8; ++nt) {
-        const float4 a = theirs[nt * 32 + lane];
-        ks[nt][0] += a.x; ks[nt][1] += a.y; ks[nt][2] += a.z; ks[nt][3] += a.w;
-        if (want_o) {
-          const float4 b = theirs[(8 + nt) * 32 + lane];
-          os[nt][0] += b.x; os[nt][1] += b.y; os[nt][2] += b.z; os[nt][3] += b.w;
-        }
-      }
+      pair.add(ks, 0, lane);
+      if (want_o) pair.add(os, 1, lane);
     }
     FLASHQLA_ROLE_PHASE(0, kStKsQs);
 
@@ -990,9 +999,7 @@ CUTLASS_DEVICE void state_role(const flashqla_gdn_fwd_params_t& p, Storage& sm, 
     const int64_t t0 = c * kChunk;
 #pragma unroll
     for (int it = 0; it < (kChunk << kOShift) / kStateThreads; ++it) {
-      // (the two spellings of row and piece keep each chain's code as measured)
-      const int i = tid + it * kStateThreads;
-      const int r = kKSplit ? i / 4 : i >> 3, c8 = kKSplit ? (i % 4) * 8 : (i & 7) * 8;
+      const int i = tid + it * kStateThreads, r = i >> kOShift, c8 = (i & ((1 << kOShift) - 1)) * 8;
       if (r < rows)
         *reinterpret_cast<uint4*>(wk.o + (t0 + r) * p.o_stride_time + c8) = *reinterpret_cast<const uint4*>(&ot[r * kLdC + c8]);
     }
@@ -1292,20 +1299,22 @@ cudaError_t launch_recurrent(const flashqla_gdn_fwd_params_t& p, const PrepBuffe
   return cudaGetLastError();
 }
 
-// FLASHQLA_WGMMA=1: the prepared chain's products as wgmma (unmeasured; off by default).
+// FLASHQLA_WGMMA=1: the prepared chains' products as wgmma (unmeasured; off by default).
 inline bool use_wgmma() {
   const char* e = std::getenv("FLASHQLA_WGMMA");
   return e != nullptr && e[0] == '1';
 }
 
+// Chunk states without o: the backward's state recompute (its prep computes X alone, and it runs beside the
+// dS chain).
+inline bool states_only(const flashqla_gdn_fwd_params_t& p) { return p.o == nullptr && p.chunk_states != nullptr; }
+
 // The split mode's chain on prepared X and W: wgmma when asked, else K-split or not.
 template <typename T>
 cudaError_t launch_prepared(const flashqla_gdn_fwd_params_t& p, const PrepBuffers<T>& pb, cudaStream_t stream) {
   if (use_wgmma()) return launch_recurrent<T, AuxMode::kLoadPrepared, false, true>(p, pb, stream);
-  // chunk states without o: the backward's state recompute, which runs beside the dS chain
-  const bool states_only = p.o == nullptr && p.chunk_states != nullptr;
-  return use_ksplit(p, states_only ? 2 : 1) ? launch_recurrent<T, AuxMode::kLoadPrepared, true>(p, pb, stream)
-                                            : launch_recurrent<T, AuxMode::kLoadPrepared>(p, pb, stream);
+  return use_ksplit(p, states_only(p) ? 2 : 1) ? launch_recurrent<T, AuxMode::kLoadPrepared, true>(p, pb, stream)
+                                               : launch_recurrent<T, AuxMode::kLoadPrepared>(p, pb, stream);
 }
 
 template <typename T>
@@ -1321,11 +1330,10 @@ cudaError_t launch(const flashqla_gdn_fwd_params_t& p, cudaStream_t stream) {
   PrepBuffers<T> pb{static_cast<T*>(ws.ptr), static_cast<T*>(ws.ptr) + rows * p.heads_v * kDimK};
   if (p.prep_ready && !ws.owned) return launch_prepared<T>(p, pb, stream);  // X, W in place
   const bool ix64 = p.cu_seqlens != nullptr && p.cu_seqlens_dtype == FLASHQLA_INT64;
-  // the backward's state recompute (chunk states, no o) needs X alone; its workspace then holds no W (a later
-  // prep_ready call with o needs a workspace filled by a call with o)
-  const bool states_only = p.o == nullptr && p.chunk_states != nullptr;
-  const int hpc = states_only ? 1 : prep_heads_per_cta(p, chunks);
-  auto prep = states_only ? (ix64 ? gdn_prep_kernel<T, int64_t, false, true> : gdn_prep_kernel<T, int32_t, false, true>)
+  // the state recompute's workspace then holds no W (a later prep_ready call with o needs a workspace filled by
+  // a call with o)
+  const int hpc = states_only(p) ? 1 : prep_heads_per_cta(p, chunks);
+  auto prep = states_only(p) ? (ix64 ? gdn_prep_kernel<T, int64_t, false, true> : gdn_prep_kernel<T, int32_t, false, true>)
               : hpc > 1   ? (ix64 ? gdn_prep_kernel<T, int64_t, true> : gdn_prep_kernel<T, int32_t, true>)
                           : (ix64 ? gdn_prep_kernel<T, int64_t, false> : gdn_prep_kernel<T, int32_t, false>);
   const size_t smem = sizeof(PrepStorage<T>);
