@@ -73,9 +73,15 @@ int main() {
     return 0;
   };
   const auto fwd = [&] { return fm::launch<__nv_bfloat16>(p, nullptr); };
-  if (roles("v2 forward (TP1-like, the GPU full)", st_names, fwd) != 0) return 1;
+  // O beside the chain (FLASHQLA_WGMMA=2): the state warps' phases without O, and the publishing of S^T, Z^T
+  const char* ob_names[fm::kStPhases] = {"wait full", "S->bf16, publish, KS^T", "gates, V^T, Z, Y, publish",
+                                         "(O beside)", "S^T update (hi + lo)", "(O beside)"};
+  setenv("FLASHQLA_WGMMA", "0", 1);
+  if (roles("v2 forward (TP1-like, the GPU full, mma.sync chain)", st_names, fwd) != 0) return 1;
   setenv("FLASHQLA_WGMMA", "1", 1);  // the same with the chain's products as wgmma (swizzled stages)
   if (roles("v2 forward (TP1-like, wgmma chain)", st_names, fwd) != 0) return 1;
+  setenv("FLASHQLA_WGMMA", "2", 1);
+  if (roles("v2 forward (TP1-like, wgmma chain, O beside, 3 stages)", ob_names, fwd) != 0) return 1;
   unsetenv("FLASHQLA_WGMMA");
 
   // The split forward's chunk-parallel prep kernel on the same call: thread 0 of each CTA of value head 0, per
@@ -146,10 +152,13 @@ int main() {
   // the K-split chain (the default here: 32 CTAs of 32 V columns), then the unsplit one (16 CTAs of 64)
   if (roles("v2 forward (TP8-like, K-split chain, 32 CTAs)", st_names, fwd) != 0) return 1;
   setenv("FLASHQLA_KSPLIT", "0", 1);
+  setenv("FLASHQLA_WGMMA", "0", 1);
   if (roles("v2 forward (TP8-like, unsplit chain, 16 CTAs)", st_names, fwd) != 0) return 1;
   unsetenv("FLASHQLA_KSPLIT");
   setenv("FLASHQLA_WGMMA", "1", 1);
   if (roles("v2 forward (TP8-like, wgmma chain, 16 CTAs)", st_names, fwd) != 0) return 1;
+  setenv("FLASHQLA_WGMMA", "2", 1);
+  if (roles("v2 forward (TP8-like, wgmma chain, O beside, 3 stages, 16 CTAs)", ob_names, fwd) != 0) return 1;
   unsetenv("FLASHQLA_WGMMA");
   return 0;
 }
