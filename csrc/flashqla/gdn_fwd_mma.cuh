@@ -1459,13 +1459,16 @@ cudaError_t launch_recurrent(const flashqla_gdn_fwd_params_t& p, const PrepBuffe
 
 // Which chain runs on prepared chunks (the forward's, the state recompute, the backward's dS chain).
 // FLASHQLA_WGMMA: 0 = mma.sync (K-split or not, as use_ksplit says), 1 = the wgmma chain, 2 = the wgmma chain
-// with O beside it where there is an O to form (with_o; else 1). Unset: the K split where use_ksplit chooses it,
-// else the wgmma chain (session 11's A/B: forward rows -1..-4% against mma.sync, the backward within 1%).
+// with O beside it where there is an O to form (with_o; else 1). Unset: O beside the wgmma chain where there is an
+// O, else the K split where use_ksplit chooses it, else the wgmma chain. Session 11's A/B on the anchors: O beside
+// the chain -3..-12% on every forward row against the best of the others (also against the K split on the
+// 1 x 2048 rows); the wgmma chain -1..-4% against mma.sync on the forward, the backward's chains within 1%
+// (FLASHQLA_WGMMA=1 there loses 19% at hk4_hv8 32k_1seq, where the K split fits).
 enum class ChainForm { kMma, kKSplit, kWgmma, kWgmmaOb };
 inline ChainForm chain_form(const flashqla_gdn_fwd_params_t& p, int side_by_side, bool with_o) {
   const char* e = std::getenv("FLASHQLA_WGMMA");
   const int mode = e != nullptr && *e != '\0' ? std::atoi(e) : -1;
-  if (mode == 2) return with_o ? ChainForm::kWgmmaOb : ChainForm::kWgmma;
+  if (mode == 2 || (mode < 0 && with_o)) return with_o ? ChainForm::kWgmmaOb : ChainForm::kWgmma;
   if (mode == 1) return ChainForm::kWgmma;
   if (use_ksplit(p, side_by_side)) return ChainForm::kKSplit;
   return mode == 0 ? ChainForm::kMma : ChainForm::kWgmma;
