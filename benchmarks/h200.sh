@@ -149,7 +149,7 @@ if has phases; then
   for defs in "${defsets[@]}"; do
     say "forward v1 phase timers ${defs}"
     cuda_tool benchmarks/profile_fwd_phases.cu /tmp/fq_phases "$defs"
-    /tmp/fq_phases 2>&1 | tee -a "$LOG"
+    timeout ${PHASES_TIMEOUT:-150} /tmp/fq_phases 2>&1 | tee -a "$LOG"
     [ "${PIPESTATUS[0]}" -eq 0 ] || status=1
   done
 fi

@@ -73,7 +73,16 @@ int main() {
     return 0;
   };
   const auto fwd = [&] { return fm::launch<__nv_bfloat16>(p, nullptr); };
-  if (roles("v2 forward (TP1-like, the GPU full)", st_names, fwd) != 0) return 1;
+  // O beside the chain (FLASHQLA_WGMMA=2): the state warps' phases without O, and the publishing of S^T, Z^T
+  const char* ob_names[fm::kStPhases] = {"wait full", "S->bf16, publish, KS^T", "gates, V^T, Z, Y, publish",
+                                         "(O beside)", "S^T update (hi + lo)", "(O beside)"};
+  setenv("FLASHQLA_WGMMA", "0", 1);
+  if (roles("v2 forward (TP1-like, the GPU full, mma.sync chain)", st_names, fwd) != 0) return 1;
+  setenv("FLASHQLA_WGMMA", "1", 1);  // the same with the chain's products as wgmma (swizzled stages)
+  if (roles("v2 forward (TP1-like, wgmma chain)", st_names, fwd) != 0) return 1;
+  setenv("FLASHQLA_WGMMA", "2", 1);
+  if (roles("v2 forward (TP1-like, wgmma chain, O beside, 3 stages)", ob_names, fwd) != 0) return 1;
+  unsetenv("FLASHQLA_WGMMA");
 
   // The split forward's chunk-parallel prep kernel on the same call: thread 0 of each CTA of value head 0, per
   // chunk (the prep holds ~half the TP1 forward's SM time: which phase of it?)
@@ -118,9 +127,10 @@ int main() {
     // each chain alone with the K split, then without (the backward runs them side by side: unsplit there at
     // 16/32 heads, since two chains of 32 heads x 4 CTAs would not fit on the GPU together)
     int bad = 0;
-    for (const char* ks : {"1", "0"}) {
-      setenv("FLASHQLA_KSPLIT", ks, 1);
-      const std::string tag = ks[0] == '1' ? " (K-split chain)" : " (unsplit chain)";
+    for (int variant = 0; variant < 3; ++variant) {  // K split, unsplit, the products as wgmma
+      setenv("FLASHQLA_KSPLIT", variant == 0 ? "1" : "0", 1);
+      setenv("FLASHQLA_WGMMA", variant == 2 ? "1" : "0", 1);
+      const std::string tag = variant == 0 ? " (K-split chain)" : variant == 1 ? " (unsplit chain)" : " (wgmma chain)";
       if (bad == 0)
         bad = roles(("backward state recompute" + tag).c_str(), rs_names,
                     [&] { return fm::launch<__nv_bfloat16>(rs, nullptr); });
@@ -129,6 +139,7 @@ int main() {
                     [&] { return flashqla::gdn_bwd_dh::launch<__nv_bfloat16>(rs, dh, nullptr, nullptr); });
     }
     unsetenv("FLASHQLA_KSPLIT");
+    unsetenv("FLASHQLA_WGMMA");
     std::swap(p, b);
     cudaFree(states);
     cudaFree(dh);
@@ -141,7 +152,13 @@ int main() {
   // the K-split chain (the default here: 32 CTAs of 32 V columns), then the unsplit one (16 CTAs of 64)
   if (roles("v2 forward (TP8-like, K-split chain, 32 CTAs)", st_names, fwd) != 0) return 1;
   setenv("FLASHQLA_KSPLIT", "0", 1);
+  setenv("FLASHQLA_WGMMA", "0", 1);
   if (roles("v2 forward (TP8-like, unsplit chain, 16 CTAs)", st_names, fwd) != 0) return 1;
   unsetenv("FLASHQLA_KSPLIT");
+  setenv("FLASHQLA_WGMMA", "1", 1);
+  if (roles("v2 forward (TP8-like, wgmma chain, 16 CTAs)", st_names, fwd) != 0) return 1;
+  setenv("FLASHQLA_WGMMA", "2", 1);
+  if (roles("v2 forward (TP8-like, wgmma chain, O beside, 3 stages, 16 CTAs)", ob_names, fwd) != 0) return 1;
+  unsetenv("FLASHQLA_WGMMA");
   return 0;
 }

@@ -46,10 +46,12 @@ def run_kernel(d):
     return dh[: d["chunks"]], dh0
 
 
-@pytest.mark.parametrize("ksplit", ["1", "0"])  # the dS chain with K split over warp pairs (the default here) or not
+# the dS chain with K split over warp pairs (the default at these sizes), unsplit, or with its products as wgmma
+@pytest.mark.parametrize("variant", ["ksplit", "plain", "wgmma"])
 @pytest.mark.parametrize("case", ["varlen", "dense", "gva4_fp16_l2norm", "strong_decay", "no_dht", "long"])
-def test_state_grad_kernel_matches_float64(monkeypatch, case, ksplit):
-    monkeypatch.setenv("FLASHQLA_KSPLIT", ksplit)
+def test_state_grad_kernel_matches_float64(monkeypatch, case, variant):
+    monkeypatch.setenv("FLASHQLA_KSPLIT", "1" if variant == "ksplit" else "0")
+    monkeypatch.setenv("FLASHQLA_WGMMA", "1" if variant == "wgmma" else "0")
     d = {"varlen": lambda: make([0, 65, 1, 700, 0, 130, 1300], 2, 4, seed=1),
          "dense": lambda: make([333], 1, 3, dense_B=3, seed=2),
          "gva4_fp16_l2norm": lambda: make([64, 191, 900], 2, 8, dtype=torch.float16, l2=True, seed=3),

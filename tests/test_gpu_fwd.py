@@ -264,7 +264,8 @@ def test_split_and_fused_forward_agree_bitwise(monkeypatch, case, prep_heads):
     # same X and W in the same dtype as the fused mode, only through global memory: outputs must be identical,
     # also when one prep CTA serves a whole GVA group (FLASHQLA_PREP_HEADS=8: groups of 2, 3 and 4 heads here)
     monkeypatch.setenv("FLASHQLA_PREP_HEADS", prep_heads)
-    monkeypatch.setenv("FLASHQLA_KSPLIT", "0")  # the fused kernel's chain (the K-split one sums KS^T in halves)
+    monkeypatch.setenv("FLASHQLA_KSPLIT", "0")  # the fused kernel's chain (the K-split one sums KS^T in halves,
+    monkeypatch.setenv("FLASHQLA_WGMMA", "0")   # wgmma in its own order)
     if case == "varlen":   # zero-length sequences, tails, one long sequence, GVA 2
         d, kw = make([0, 65, 1, 700, 0, 130, 2300], 2, 4, seed=21), {}
     elif case == "dense":
@@ -288,7 +289,8 @@ def test_states_recompute_prep_agrees_bitwise(monkeypatch, l2norm):
     # the backward's state recompute (chunk_gdn_fwd_states: chunk states, no o) runs a prep kernel that computes
     # X alone (no Q, Q K^T, M or W); its chunk states and final states equal, bit for bit, the fused mode's,
     # whose aux warps compute every product
-    monkeypatch.setenv("FLASHQLA_KSPLIT", "0")  # the fused kernel's chain (the K-split one sums KS^T in halves)
+    monkeypatch.setenv("FLASHQLA_KSPLIT", "0")  # the fused kernel's chain (the K-split one sums KS^T in halves,
+    monkeypatch.setenv("FLASHQLA_WGMMA", "0")   # wgmma in its own order)
     d = make([64, 191, 1500, 0, 77], 2, 8, dtype=torch.float16, seed=26)
     if l2norm:
         d["q"], d["k"] = d["q"] * 3, d["k"] * 0.5
@@ -350,12 +352,18 @@ def test_cp_pass_summaries_and_shared_chunk_products(monkeypatch, split):
     assert torch.equal(o1, fresh[0]) and torch.equal(s1, fresh[1])
 
 
+# the variants of the prepared chain: FLASHQLA_KSPLIT=1 (K split over warp pairs, the default at few sequences
+# x heads: KS^T and QS^T summed as two K halves), FLASHQLA_WGMMA=1 (the products as wgmma on swizzled stages, the
+# default elsewhere) and FLASHQLA_WGMMA=2 (wgmma, O formed by a warpgroup beside the chain, three stages), each
+# against the plain mma.sync chain and the float64 chunked form: the same products in another order, so close, not
+# bitwise; the chunk states of the backward's recompute too (=2 runs them as =1: no O there)
+@pytest.mark.parametrize("variant", ["FLASHQLA_KSPLIT=1", "FLASHQLA_WGMMA=1", "FLASHQLA_WGMMA=2"])
 @pytest.mark.parametrize("case", ["varlen", "dense_fp16_l2norm_no_h0", "gva4_strong"])
-def test_ksplit_chain_against_float64(monkeypatch, case):
-    # the prepared chain with K split over warp pairs (FLASHQLA_KSPLIT=1; the default at few sequences x
-    # heads) against the float64 chunked form and against the unsplit chain (=0): the same products but KS^T
-    # and QS^T summed as two K halves, so close, not bitwise; the chunk states of the backward's recompute too
+def test_chain_variants_against_float64(monkeypatch, variant, case):
+    switch, value = variant.split("=")
     monkeypatch.setenv("FLASHQLA_CP", "0")
+    for other in ("FLASHQLA_KSPLIT", "FLASHQLA_WGMMA"):
+        monkeypatch.setenv(other, "0")
     kw = {}
     if case == "varlen":   # zero-length sequences, partial chunks, one long sequence
         lens = [0, 65, 1, 700, 0, 130, 2300]
@@ -371,7 +379,7 @@ def test_ksplit_chain_against_float64(monkeypatch, case):
     n = sum(-(-t // 64) for t in lens)  # chunks: the states' rows that hold a chunk's start
     out, states = {}, {}
     for mode in ("0", "1"):
-        monkeypatch.setenv("FLASHQLA_KSPLIT", mode)
+        monkeypatch.setenv(switch, "0" if mode == "0" else value)
         out[mode] = run_ours(d, **kw)
         args = (d["q"], d["k"], d["v"], d["g"], d["beta"], D ** -0.5, d["initial_state"], d["cu_seqlens"],
                 bool(kw))
@@ -381,7 +389,9 @@ def test_ksplit_chain_against_float64(monkeypatch, case):
     for mode in ("0", "1"):
         o, s = out[mode]
         eo, es = rel_l2(o, ro), rel_l2(s, rs)
-        print(f"{case} ksplit={mode}: o {eo:.2e} final {es:.2e}")
+        print(f"{case} {switch}={'0' if mode == '0' else value}: o {eo:.2e} final {es:.2e}")
         assert eo < 5e-3 and es < 5e-3
     assert rel_l2(out["1"][0], out["0"][0]) < 2e-3 and rel_l2(out["1"][1], out["0"][1]) < 2e-3
     assert torch.isfinite(states["1"]).all() and rel_l2(states["1"], states["0"]) < 2e-3
+    again = run_ours(d, **kw)  # the variant is deterministic (its pipeline orders nothing by timing)
+    assert torch.equal(again[0], out["1"][0]) and torch.equal(again[1], out["1"][1])

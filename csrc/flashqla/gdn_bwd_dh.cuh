@@ -167,9 +167,10 @@ __global__ void __launch_bounds__(kAuxThreads, kBwdPrepCtasPerSm)
 // kKHalf (s % 2) ..; each warp forms its K half's share of KdS^T, the pair adds the shares through the loader
 // groups' product scratch (unused here), and each updates its own K half (dO^T Q and Z^T W' on that half of
 // Q's and W''s columns): ~160 mma per warp a chunk instead of ~320.
-template <typename T, bool kKSplit>
-CUTLASS_DEVICE void dh_state_role(const flashqla_gdn_fwd_params_t& p, SharedStorage<T>& sm, const Work<T>& wk,
-                                  float* dh) {
+// kWg: the products as wgmma on the swizzled stage (StageSwBwd; unsplit only), as the forward's state_role.
+template <typename T, bool kKSplit, bool kWg = false, typename Storage>
+CUTLASS_DEVICE void dh_state_role(const flashqla_gdn_fwd_params_t& p, Storage& sm, const Work<T>& wk, float* dh) {
+  static_assert(!(kWg && kKSplit), "the wgmma chain is unsplit");
   using namespace warp;
   constexpr int kNT = kKSplit ? kDimK / 16 : kDimK / 8;  // C tiles of dS^T per warp
   constexpr int kKS = kNT / 2;
@@ -189,7 +190,7 @@ CUTLASS_DEVICE void dh_state_role(const flashqla_gdn_fwd_params_t& p, SharedStor
   for (int64_t it = 0; it < wk.num_chunks; ++it) {
     const int64_t c = wk.num_chunks - 1 - it;
     const int st = static_cast<int>(it % kStages);
-    const Stage<T>& S = sm.stage[st];
+    const auto& S = sm.stage[st];
     bar_sync(kBarFull + st, kHandoffThreads);
     FLASHQLA_ROLE_PHASE(0, kStWaitFull);
 
@@ -203,14 +204,26 @@ CUTLASS_DEVICE void dh_state_role(const flashqla_gdn_fwd_params_t& p, SharedStor
     for (int kk = 0; kk < kKS; ++kk) c_to_a<T>(sa[kk], sacc[2 * kk], sacc[2 * kk + 1]);
     float kd[8][4];  // KdS^T, 16 V rows x 64 chunk columns (K-split: this K half's share)
     zero_acc(kd);
-    for_b_fragments<kKS, 4, false>(S.k + kcol, kLdK, ld, [&](int kk, int np, const uint32_t (&b)[4]) {
-      mma_pair<T>(kd, np, sa[kk], b);
-      // dS' tiles 2 kk, 2 kk + 1 (K columns 16 kk ..), between this k step's products: the stores drain while
-      // the tensor pipe works instead of all 64 ahead of it (sacc changes only after this loop). Measured against
-      // all 64 up front (session 10): hk4_hv8 32k backward 2.73 -> 2.55 ms; through per-warp shared staging the
-      // step was slower (5.8k -> 6.2k cycles).
-      if (np == 3 && store_ds) store_state_tiles(ds_dst, sacc, 2 * kk, tq, v0);
-    });
+    if constexpr (kWg) {
+      // the products issued, dS' goes out while they run (they read sa, not sacc)
+      auto& k32 = reinterpret_cast<float(&)[32]>(kd);
+      gmma::fence();
+      gmma::pin(k32);
+      wg_issue_rows64<T>(kd, sa, S.k);
+      gmma::commit();
+      if (store_ds) store_state_tile(ds_dst, sacc, tq, v0);
+      gmma::wait_all();
+      gmma::pin(k32);
+    } else {
+      for_b_fragments<kKS, 4, false>(S.k + kcol, kLdK, ld, [&](int kk, int np, const uint32_t (&b)[4]) {
+        mma_pair<T>(kd, np, sa[kk], b);
+        // dS' tiles 2 kk, 2 kk + 1 (K columns 16 kk ..), between this k step's products: the stores drain while
+        // the tensor pipe works instead of all 64 ahead of it (sacc changes only after this loop). Measured
+        // against all 64 up front (session 10): hk4_hv8 32k backward 2.73 -> 2.55 ms; through per-warp shared
+        // staging the step was slower (5.8k -> 6.2k cycles).
+        if (np == 3 && store_ds) store_state_tiles(ds_dst, sacc, 2 * kk, tq, v0);
+      });
+    }
     if constexpr (kKSplit) {  // the pair adds its shares
       pair.put(kd, 0, lane);
       bar_sync(kBarPair + vg, 64);
@@ -231,10 +244,7 @@ CUTLASS_DEVICE void dh_state_role(const flashqla_gdn_fwd_params_t& p, SharedStor
         const float2 gm = *reinterpret_cast<const float2*>(&S.gamma[col]);
         split_hi_lo<T>(p.scale * gm.x * dd.x, p.scale * gm.y * dd.y, dh_[kb][r], dl[kb][r]);
       });
-      for_b_fragments<4, kNT / 2, true>(S.q + kcol, kLdK, ld, [&](int kb, int np, const uint32_t (&b)[4]) {
-        mma_pair<T>(sacc, np, dh_[kb], b);
-        mma_pair<T>(sacc, np, dl[kb], b);
-      });
+      update_hi_lo<T, kWg>(S.q, kcol, ld, dh_, dl, sacc);
     }
     FLASHQLA_ROLE_PHASE(0, kStZY);
     // dS^T -= Z^T W',  Z^T = KdS^T diag(rho) + U^T (hi + lo)
@@ -243,10 +253,7 @@ CUTLASS_DEVICE void dh_state_role(const flashqla_gdn_fwd_params_t& p, SharedStor
       const float2 rho = *reinterpret_cast<const float2*>(&S.decay[col]);
       split_hi_lo<T>(-(rho.x * kd[nt][e] + uu.x), -(rho.y * kd[nt][e + 1] + uu.y), zh[kb][r], zl[kb][r]);
     });
-    for_b_fragments<4, kNT / 2, true>(S.x + kcol, kLdK, ld, [&](int kb, int np, const uint32_t (&b)[4]) {
-      mma_pair<T>(sacc, np, zh[kb], b);
-      mma_pair<T>(sacc, np, zl[kb], b);
-    });
+    update_hi_lo<T, kWg>(S.x, kcol, ld, zh, zl, sacc);
     FLASHQLA_ROLE_PHASE(0, kStO);
     if (it + kStages < wk.num_chunks) {
       // the stage's last reads are consumed by the mma's above, so bar.arrive alone releases it; the state
@@ -261,19 +268,25 @@ CUTLASS_DEVICE void dh_state_role(const flashqla_gdn_fwd_params_t& p, SharedStor
   if (p.final_state != nullptr) store_state_tile(p.final_state + wk.state_off + koff, sacc, tq, v0);  // dh0
 }
 
-template <typename T, typename IndexT, bool kKSplit = false>
+template <typename T, typename IndexT, bool kKSplit = false, bool kWg = false>
 __global__ void __launch_bounds__(kThreads, 1) gdn_bwd_dh_kernel(const __grid_constant__ flashqla_gdn_fwd_params_t p,
                                                                  const PrepBuffers<T> pb, float* dh) {
   constexpr int kVB = kKSplit ? kVBlocksK : kVBlocks, kBV = kKSplit ? kBlockVK : kBlockV;
+  using Storage = std::conditional_t<kWg, SharedStorageSwBwd<T>, SharedStorage<T>>;
   extern __shared__ __align__(128) unsigned char smem_raw[];
-  auto& sm = *reinterpret_cast<SharedStorage<T>*>(smem_raw);
+  unsigned char* base = smem_raw;
+  if constexpr (kWg) base = reinterpret_cast<unsigned char*>((reinterpret_cast<uintptr_t>(smem_raw) + 1023) & ~uintptr_t(1023));
+  auto& sm = *reinterpret_cast<Storage*>(base);
   const CtaTile ct = decode_cta<IndexT>(p, blockIdx.x, kVB, kBV);
   Work<T> wk = make_work<T>(p, ct);
   wk.o = nullptr;
-  if (threadIdx.x < kStateThreads) {
+  // (warp-uniform for ptxas in the wgmma chain, as in gdn_fwd_mma_kernel)
+  const bool state_warps =
+      kWg ? __shfl_sync(0xffffffffu, threadIdx.x / kStateThreads, 0) == 0 : threadIdx.x < kStateThreads;
+  if (state_warps) {
     cutlass::arch::warpgroup_reg_alloc<kStateRegs>();
     wk.chunk0 = chunk_offset<IndexT>(p, ct.n, threadIdx.x & 31);
-    dh_state_role<T, kKSplit>(p, sm, wk, dh);
+    dh_state_role<T, kKSplit, kWg>(p, sm, wk, dh);
   } else {
     cutlass::arch::warpgroup_reg_dealloc<kAuxRegs>();
     aux_role<T, AuxMode::kLoadBwd, kBV>(p, sm, wk, (threadIdx.x - kStateThreads) / kAuxThreads, pb);
@@ -314,7 +327,8 @@ cudaError_t launch_prep(const flashqla_gdn_fwd_params_t& p, void* workspace, flo
 // or [batch * seqlen, heads_v, 64] fp32, the inverse's rows (flashqla_gdn_bwd_dh_params_t::a).
 template <typename T>
 cudaError_t launch(const flashqla_gdn_fwd_params_t& p, float* dh, float* a, cudaStream_t stream) {
-  const bool ksplit = use_ksplit(p, 2);  // (beside the state recompute)
+  const ChainForm form = chain_form(p, 2, false, false);  // (beside the state recompute)
+  const bool wg = form == ChainForm::kWgmma, ksplit = form == ChainForm::kKSplit;
   const int64_t ctas = p.num_seqs * p.heads_v * (ksplit ? kVBlocksK : kVBlocks);
   if (ctas == 0) return cudaSuccess;
   const int64_t chunks = chunk_bound(p);
@@ -329,9 +343,10 @@ cudaError_t launch(const flashqla_gdn_fwd_params_t& p, float* dh, float* a, cuda
     if (!(p.prep_ready && !ws.owned)) err = launch_prep<T>(p, ws.ptr, a, nullptr, stream);
   }
   if (err == cudaSuccess) {
-    auto kernel = ksplit ? (ix64 ? gdn_bwd_dh_kernel<T, int64_t, true> : gdn_bwd_dh_kernel<T, int32_t, true>)
-                         : (ix64 ? gdn_bwd_dh_kernel<T, int64_t> : gdn_bwd_dh_kernel<T, int32_t>);
-    const size_t smem = sizeof(SharedStorage<T>);
+    auto kernel = wg       ? (ix64 ? gdn_bwd_dh_kernel<T, int64_t, false, true> : gdn_bwd_dh_kernel<T, int32_t, false, true>)
+                  : ksplit ? (ix64 ? gdn_bwd_dh_kernel<T, int64_t, true> : gdn_bwd_dh_kernel<T, int32_t, true>)
+                           : (ix64 ? gdn_bwd_dh_kernel<T, int64_t> : gdn_bwd_dh_kernel<T, int32_t>);
+    const size_t smem = wg ? sizeof(SharedStorageSwBwd<T>) + 1024 : sizeof(SharedStorage<T>);
     err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem));
     if (err == cudaSuccess) {
       kernel<<<static_cast<unsigned>(ctas), kThreads, smem, stream>>>(p, pb, dh);

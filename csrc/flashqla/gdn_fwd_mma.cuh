@@ -27,10 +27,12 @@
 #include "gdn_fwd_common.cuh"
 #include "kernels.h"
 #include "warp_mma.cuh"
+#include "wgmma.cuh"
 
 #include <cutlass/arch/reg_reconfig.h>
 
 #include <cstdlib>
+#include <type_traits>
 
 namespace flashqla {
 namespace gdn_fwd_mma {
@@ -65,6 +67,37 @@ enum Barrier : uint32_t {
   kBarPair = kBarState + 1,          // + V group: the two state warps of the K-split chain that share V rows
 };
 
+// O beside the chain (FLASHQLA_WGMMA=2; the wgmma chain only): a fourth warpgroup forms O from the S^T and Z^T the
+// state warps publish each chunk, so Q S^T, Z^T W^T and the O store leave the serial path. With the state step
+// shorter, two stages no longer hide the loads (a group needs ~6k cycles a chunk, and a stage now stays busy until
+// the O warps are done with it): three stages, filled by the two loader groups in turn (chunk c: stage c % 3,
+// group c % 2). The empty barrier of chunk c's stage is waited by the loader of chunk c + 3; with one id per
+// c % 6 each id always has the same loader group, so no group can arrive at another's barrier generation.
+constexpr int kOThreads = 128;
+constexpr int kObStages = 3;
+constexpr int kObThreads = kStateThreads + kOThreads + kAuxGroups * kAuxThreads;
+#ifndef FLASHQLA_OB_O_REGS
+#define FLASHQLA_OB_O_REGS 120
+#endif
+// state (no O accumulators), O, loaders (they only copy here)
+constexpr int kObORegs = FLASHQLA_OB_O_REGS, kObLoadRegs = 96, kObStateRegs = 224 - (kObORegs - 96) / 8 * 8;
+static_assert(kObStateRegs * kStateThreads + kObORegs * kOThreads + kObLoadRegs * kAuxGroups * kAuxThreads <= 64 * 1024,
+              "the O-beside kernel's registers");
+namespace ob {
+enum Barrier : uint32_t {
+  kFull = 1,                    // + stage (3): loader -> state
+  kEmpty = kFull + kObStages,   // + chunk % 6: state and O -> the loader of chunk + 3
+  kAux = kEmpty + 6,            // + group
+  kState = kAux + kAuxGroups,   // among the state warps
+  kPub = kState + 1,            // state -> O: the chunk's S^T and Z^T are published
+  kFree = kPub + 1,             // O -> state: read, may be overwritten
+  kOWarps = kFree + 1,          // among the O warps
+};
+static_assert(kOWarps <= 15, "16 named barriers");
+constexpr int kEmptyThreads = kStateThreads + kOThreads + kAuxThreads;
+constexpr int kPubThreads = kStateThreads + kOThreads;
+}  // namespace ob
+
 // Diagnostics only (benchmarks/profile_fwd_phases.cu): with FLASHQLA_PHASE_TIMERS,
 // lane 0 of the first warp of each role in CTA 0 adds the cycles of each phase
 // (including the barrier wait that ends it) to g_role_cycles[role][phase].
@@ -84,13 +117,13 @@ __device__ unsigned long long g_prep_cycles[8];
 __device__ int g_time_prep;
 #define FLASHQLA_ROLE_PHASE(role, ph)                                                                    \
   do {                                                                                                   \
-    if (blockDim.x != kThreads) {                                                                        \
+    if (blockDim.x == kAuxThreads) {                                                                     \
       if ((role) == 1 && g_time_prep && blockIdx.y == 0 && threadIdx.x == 0) {                           \
         const long long now_ = clock64();                                                                \
         atomicAdd(&g_prep_cycles[ph], (unsigned long long)(now_ - t_mark));                              \
         t_mark = now_;                                                                                   \
       }                                                                                                  \
-    } else if (blockIdx.x == 0 && threadIdx.x == ((role) == 0 ? 0 : kStateThreads)) {                    \
+    } else if (blockIdx.x == 0 && threadIdx.x == ((role) == 0 ? 0 : blockDim.x - kAuxGroups * kAuxThreads)) { \
       const long long now_ = clock64();                                                                  \
       g_role_cycles[role][ph] += (unsigned long long)(now_ - t_mark);                                    \
       t_mark = now_;                                                                                     \
@@ -131,6 +164,79 @@ struct SharedStorage {
 // The state warps stage half a chunk state (64 K rows x 16 V per warp, bf16) in the O buffer the chunk's O does
 // not use.
 static_assert(kStateWarps * 64 * 16 <= kChunk * kLdC, "state staging fits in an O buffer");
+
+// The stage of the chain whose products are wgmma (split mode, FLASHQLA_WGMMA=1): K, Q and X [tokens][K dim] as
+// two 64-column blocks each and W [tokens][tokens] as one, in the 128-byte swizzled layout wgmma reads
+// (gmma::sw128_off; the stage 1024-byte aligned); V as in Stage (the state warps read it by ldmatrix.trans).
+template <typename T>
+struct alignas(1024) StageSw {
+  T k[2][kChunk * 64];
+  T q[2][kChunk * 64];
+  T x[2][kChunk * 64];
+  T w[kChunk * 64];
+  T v[kChunk * kLdC];
+  float gamma[kChunk];
+  float decay[kChunk];
+};
+// The dS chain's (gdn_bwd_dh.cuh): K, Q and W' swizzled; dO and U (this CTA's columns) padded, since the state
+// warps read both by ldmatrix.trans.
+template <typename T>
+struct alignas(1024) StageSwBwd {
+  T k[2][kChunk * 64];
+  T q[2][kChunk * 64];
+  T x[2][kChunk * 64];
+  T w[kChunk * kLdC];
+  T v[kChunk * kLdC];
+  float gamma[kChunk];
+  float decay[kChunk];
+};
+template <typename StageT, typename T>
+struct SharedStorageOf {
+  StageT stage[kStages];
+  AuxScratch<T> aux[kAuxGroups];
+  alignas(16) T o[2][kChunk * kLdC];
+};
+template <typename T>
+using SharedStorageSw = SharedStorageOf<StageSw<T>, T>;
+template <typename T>
+using SharedStorageSwBwd = SharedStorageOf<StageSwBwd<T>, T>;
+static_assert(sizeof(SharedStorageSw<__nv_bfloat16>) + 1024 <= 227 * 1024 &&
+                  sizeof(SharedStorageSwBwd<__nv_bfloat16>) + 1024 <= 227 * 1024,
+              "the swizzled storage, aligned, fits");
+// The O-beside kernel's: three stages; S^T (64 V rows x 128 K, two 64-column blocks) and Z^T (64 V rows x 64
+// tokens) as the state warps publish them for the O warps (bf16, swizzled: stmatrix in, ldmatrix out, conflict
+// free); of the loaders' scratch only the gates (they compute no products in split mode). The O warps stage their
+// output tile in the stage's Q, dead once their products are done.
+struct GateScratch {
+  float G[kChunk], beta[kChunk];
+};
+template <typename T>
+struct SharedStorageOb {
+  StageSw<T> stage[kObStages];
+  alignas(1024) T pub_s[2][kChunk * 64];
+  alignas(1024) T pub_z[kChunk * 64];
+  GateScratch aux[kAuxGroups];
+};
+static_assert(sizeof(SharedStorageOb<__nv_bfloat16>) + 1024 <= 227 * 1024, "the O-beside storage, aligned, fits");
+// The 16 bytes at (row r, column c, a multiple of 8) of a stage tile, in either layout.
+template <typename T>
+CUTLASS_DEVICE T* tile16(T (&t)[kChunk * kLdK], int r, int c) { return &t[r * kLdK + c]; }
+template <typename T>
+CUTLASS_DEVICE T* tile16(T (&t)[kChunk * kLdC], int r, int c) { return &t[r * kLdC + c]; }
+template <typename T>
+CUTLASS_DEVICE T* tile16(T (&t)[2][kChunk * 64], int r, int c) {
+  return reinterpret_cast<T*>(reinterpret_cast<char*>(t[c >> 6]) + gmma::sw128_off(r, c & 63));
+}
+template <typename T>
+CUTLASS_DEVICE T* tile16(T (&t)[kChunk * 64], int r, int c) {
+  return reinterpret_cast<T*>(reinterpret_cast<char*>(t) + gmma::sw128_off(r, c));
+}
+template <typename StageT>
+constexpr bool kSwizzledStage = false;
+template <typename T>
+constexpr bool kSwizzledStage<StageSw<T>> = true;
+template <typename T>
+constexpr bool kSwizzledStage<StageSwBwd<T>> = true;
 
 // Where one CTA's work lives.
 static_assert(kChunk == 64, "chunk_bound (kernels.h) counts 64-token chunks");
@@ -500,8 +606,8 @@ CUTLASS_DEVICE void aux_products(StageT& S, AuxScratch<T>& ax, int tid, uint32_t
 
 // Warp 0: chunk c's gates for value head wk.h: the chunk-local cumsum G and beta (ax), gamma = e^G and
 // decay = e^(G_C - G) (S); rows past the end have g = 0, beta = 0.
-template <typename T, typename StageT>
-CUTLASS_DEVICE void load_gates(const flashqla_gdn_fwd_params_t& p, StageT& S, AuxScratch<T>& ax, const Work<T>& wk,
+template <typename T, typename StageT, typename Ax>
+CUTLASS_DEVICE void load_gates(const flashqla_gdn_fwd_params_t& p, StageT& S, Ax& ax, const Work<T>& wk,
                                int64_t c, int lane) {
   const int64_t g_off = wk.b * p.g_stride_batch + wk.h * p.g_stride_head;
   const int64_t beta_off = wk.b * p.beta_stride_batch + wk.h * p.beta_stride_head;
@@ -540,8 +646,8 @@ CUTLASS_DEVICE void load_gates(const flashqla_gdn_fwd_params_t& p, StageT& S, Au
 struct NoHook {
   CUTLASS_DEVICE void operator()() const {}
 };
-template <typename T, AuxMode kMode, int kBV = kBlockV, typename StageT, typename Issued = NoHook>
-CUTLASS_DEVICE void aux_chunk(const flashqla_gdn_fwd_params_t& p, StageT& S, AuxScratch<T>& ax, const Work<T>& wk,
+template <typename T, AuxMode kMode, int kBV = kBlockV, typename StageT, typename Ax, typename Issued = NoHook>
+CUTLASS_DEVICE void aux_chunk(const flashqla_gdn_fwd_params_t& p, StageT& S, Ax& ax, const Work<T>& wk,
                               int64_t c, int tid, uint32_t bar_aux, const PrepBuffers<T>& pb, long long& t_mark,
                               Issued issued = Issued{}) {
   using namespace warp;
@@ -557,8 +663,8 @@ CUTLASS_DEVICE void aux_chunk(const flashqla_gdn_fwd_params_t& p, StageT& S, Aux
   for (int i = tid; i < kChunk * kDimK / 8; i += kAuxThreads) {
     const int r = i >> 4, c8 = (i & 15) * 8;
     const bool ok = r < rows;
-    cp_async_16(&S.k[r * kLdK + c8], ok ? wk.k + (t0 - wk.t0 + r) * p.k_stride_time + c8 : wk.k, ok);
-    if (want_q) cp_async_16(&S.q[r * kLdK + c8], ok ? wk.q + (t0 - wk.t0 + r) * p.q_stride_time + c8 : wk.q, ok);
+    cp_async_16(tile16(S.k, r, c8), ok ? wk.k + (t0 - wk.t0 + r) * p.k_stride_time + c8 : wk.k, ok);
+    if (want_q) cp_async_16(tile16(S.q, r, c8), ok ? wk.q + (t0 - wk.t0 + r) * p.q_stride_time + c8 : wk.q, ok);
   }
   if constexpr (kMode == AuxMode::kFused || kMode == AuxMode::kLoadPrepared || kMode == AuxMode::kLoadBwd) {
     for (int i = tid; i < kChunk * kBV / 8; i += kAuxThreads) {  // (kBV: the CTA's V columns)
@@ -577,13 +683,13 @@ CUTLASS_DEVICE void aux_chunk(const flashqla_gdn_fwd_params_t& p, StageT& S, Aux
     for (int i = tid; i < kChunk * kDimK / 8; i += kAuxThreads) {
       const int r = i >> 4, c8 = (i & 15) * 8;
       const bool ok = r < rows;
-      cp_async_16(&S.x[r * kLdK + c8], ok ? xs + int64_t(r) * p.heads_v * kDimK + c8 : xs, ok);
+      cp_async_16(tile16(S.x, r, c8), ok ? xs + int64_t(r) * p.heads_v * kDimK + c8 : xs, ok);
     }
     constexpr int kWCols = kMode == AuxMode::kLoadBwd ? kBV : kChunk;  // U: this CTA's columns only
     for (int i = tid; i < kChunk * kWCols / 8 && (kMode == AuxMode::kLoadBwd || wk.o != nullptr); i += kAuxThreads) {
       const int r = i / (kWCols / 8), c8 = (i % (kWCols / 8)) * 8;
       const bool ok = r < rows;
-      cp_async_16(&S.w[r * kLdC + c8], ok ? ws + int64_t(r) * p.heads_v * kWRow + c8 : ws, ok);
+      cp_async_16(tile16(S.w, r, c8), ok ? ws + int64_t(r) * p.heads_v * kWRow + c8 : ws, ok);
     }
   }
   issued();
@@ -595,12 +701,20 @@ CUTLASS_DEVICE void aux_chunk(const flashqla_gdn_fwd_params_t& p, StageT& S, Aux
 #if FLASHQLA_V2_EXPERIMENT != 1
   if (p.use_qk_l2norm) {
     // one thread per row: 64 K rows, then 64 Q rows (Q's threads idle when Q was not loaded)
-    T* row = tid < kChunk ? &S.k[tid * kLdK] : &S.q[(tid - kChunk) * kLdK];
+    T* row = nullptr;
+    if constexpr (!kSwizzledStage<StageT>) row = tid < kChunk ? &S.k[tid * kLdK] : &S.q[(tid - kChunk) * kLdK];
+    const int r = tid < kChunk ? tid : tid - kChunk;
+    const auto piece = [&](int j) -> T* {
+      if constexpr (kSwizzledStage<StageT>)
+        return tid < kChunk ? tile16(S.k, r, j) : tile16(S.q, r, j);
+      else
+        return row + j;
+    };
     if (tid < kChunk || want_q) {
       float ss = 0.f;
 #pragma unroll 4
       for (int j = 0; j < kDimK; j += 8) {
-        const uint4 u = *reinterpret_cast<const uint4*>(row + j);
+        const uint4 u = *reinterpret_cast<const uint4*>(piece(j));
         const uint32_t* pw = reinterpret_cast<const uint32_t*>(&u);
 #pragma unroll
         for (int e = 0; e < 4; ++e) {
@@ -611,14 +725,14 @@ CUTLASS_DEVICE void aux_chunk(const flashqla_gdn_fwd_params_t& p, StageT& S, Aux
       const float rn = rsqrtf(ss + 1e-6f);
 #pragma unroll 4
       for (int j = 0; j < kDimK; j += 8) {
-        uint4 u = *reinterpret_cast<const uint4*>(row + j);
+        uint4 u = *reinterpret_cast<const uint4*>(piece(j));
         uint32_t* pw = reinterpret_cast<uint32_t*>(&u);
 #pragma unroll
         for (int e = 0; e < 4; ++e) {
           const float2 f = unpack2<T>(pw[e]);
           pw[e] = pack2<T>(f.x * rn, f.y * rn);
         }
-        *reinterpret_cast<uint4*>(row + j) = u;
+        *reinterpret_cast<uint4*>(piece(j)) = u;
       }
     }
     bar_sync(bar_aux, kAuxThreads);
@@ -629,13 +743,14 @@ CUTLASS_DEVICE void aux_chunk(const flashqla_gdn_fwd_params_t& p, StageT& S, Aux
 #endif
 }
 
-template <typename T, AuxMode kMode, int kBV = kBlockV>
-CUTLASS_DEVICE void aux_role(const flashqla_gdn_fwd_params_t& p, SharedStorage<T>& sm, const Work<T>& wk,
-                             int group, const PrepBuffers<T>& pb) {
+// kOb: the O-beside kernel's pipeline (three stages, its barrier ids; see ob::Barrier).
+template <typename T, AuxMode kMode, int kBV = kBlockV, bool kOb = false, typename Storage>
+CUTLASS_DEVICE void aux_role(const flashqla_gdn_fwd_params_t& p, Storage& sm, const Work<T>& wk, int group,
+                             const PrepBuffers<T>& pb) {
   using namespace warp;
-  const int tid = (threadIdx.x - kStateThreads) % kAuxThreads;
-  AuxScratch<T>& ax = sm.aux[group];
-  const uint32_t bar_aux = kBarAux + group;
+  const int tid = threadIdx.x % kAuxThreads;
+  auto& ax = sm.aux[group];
+  const uint32_t bar_aux = (kOb ? ob::kAux : kBarAux) + group;
   long long t_mark = 0;
 #ifdef FLASHQLA_PHASE_TIMERS
   t_mark = clock64();
@@ -643,16 +758,22 @@ CUTLASS_DEVICE void aux_role(const flashqla_gdn_fwd_params_t& p, SharedStorage<T
 
   for (int64_t it = group; it < wk.num_chunks; it += kAuxGroups) {
     const int64_t c = kMode == AuxMode::kLoadBwd ? wk.num_chunks - 1 - it : it;  // the backward runs in reverse
-    const int st = group;
-    Stage<T>& S = sm.stage[st];
-    if (it >= kStages) bar_sync(kBarEmpty + st, kHandoffThreads);
+    const int st = kOb ? static_cast<int>(it % kObStages) : group;
+    auto& S = sm.stage[st];
+    if constexpr (kOb) {
+      if (it >= kObStages) bar_sync(ob::kEmpty + (it - kObStages) % 6, ob::kEmptyThreads);
+    } else {
+      if (it >= kStages) bar_sync(kBarEmpty + st, kHandoffThreads);
+    }
     FLASHQLA_ROLE_PHASE(1, kAuxWaitEmpty);
     aux_chunk<T, kMode, kBV>(p, S, ax, wk, c, tid, bar_aux, pb, t_mark);
+    // the wgmma chain reads the tiles through the async proxy: this thread's copies and l2norm stores first
+    if constexpr (kSwizzledStage<std::remove_reference_t<decltype(S)>>) fence_async_smem();
     // bar.arrive orders this thread's stores before the state warps' bar.sync (PTX), but
     // compute-sanitizer's racecheck does not model that and flags W and X; one group-wide sync
     // first (the group's warps finish within a few cycles of each other) keeps racecheck usable.
     bar_sync(bar_aux, kAuxThreads);
-    bar_arrive(kBarFull + st, kHandoffThreads);
+    bar_arrive((kOb ? ob::kFull : kBarFull) + st, kHandoffThreads);
   }
 }
 
@@ -713,10 +834,97 @@ struct PairShares {
 };
 static_assert(2 * PairShares::kSlots * 8 * 4 * 32 <= kChunk * kLdF, "a pair's shares fit in a loader group's la");
 
+// ---- The chain's products as wgmma (FLASHQLA_WGMMA=1; split mode, 64-column CTAs; unmeasured): the four state
+// warps are one warpgroup whose registers hold S^T, and per warp the A fragment of wgmma m64nNk16 is the
+// mma.sync A fragment of its 16 rows and the accumulator its N / 8 mma.sync C tiles
+// (benchmarks/wgmma_chain_probe.cu). B comes from the swizzled stage (StageSw), read once for the warpgroup
+// instead of once per warp. Each call waits for its products (the next step needs them).
+// acc (64 rows x 64 chunk columns) += A B^T over K: 8 k16 steps, A = the state warps' registers (sa), B = a
+// [tokens][K dim] tile K-major (K, Q). Issue only: the caller fences, commits and waits.
+template <typename T>
+CUTLASS_DEVICE void wg_issue_rows64(float (&acc)[8][4], const uint32_t (&sa)[8][4], const T (&tile)[2][kChunk * 64]) {
+  auto& a32 = reinterpret_cast<float(&)[32]>(acc);
+#pragma unroll
+  for (int kk = 0; kk < 8; ++kk)  // k16 step kk: 32 bytes a step within its 64-column block
+    gmma::wgmma_rs<64, T, 0>(a32, sa[kk],
+                             gmma::make_desc_sw128(reinterpret_cast<const char*>(tile[kk >> 2]) + 32 * (kk & 3), 16, 1024));
+}
+// KS^T (and QS^T) = S^T K^T (Q^T). kQs false: KS^T alone (os untouched).
+template <typename T, bool kQs = true, typename StageT>
+CUTLASS_DEVICE void wg_ks_qs(const StageT& S, const uint32_t (&sa)[8][4], float (&ks)[8][4], float (&os)[8][4],
+                             bool want_o) {
+  using namespace gmma;
+  auto& k32 = reinterpret_cast<float(&)[32]>(ks);
+  auto& o32 = reinterpret_cast<float(&)[32]>(os);
+  fence();
+  pin(k32);
+  if constexpr (kQs) pin(o32);
+  wg_issue_rows64<T>(ks, sa, S.k);
+  if (kQs && want_o) wg_issue_rows64<T>(os, sa, S.q);
+  commit();
+  wait_all();
+  pin(k32);
+  if constexpr (kQs) pin(o32);
+}
+// O^T += Z^T W^T: 4 k16 steps over the chunk, B = W (K-major; its blocks above the diagonal hold zeros).
+template <typename T>
+CUTLASS_DEVICE void wg_o(const StageSw<T>& S, const uint32_t (&za)[4][4], float (&os)[8][4]) {
+  using namespace gmma;
+  auto& o32 = reinterpret_cast<float(&)[32]>(os);
+  fence();
+  pin(o32);
+#pragma unroll
+  for (int kb = 0; kb < 4; ++kb)
+    wgmma_rs<64, T, 0>(o32, za[kb], make_desc_sw128(reinterpret_cast<const char*>(S.w) + 32 * kb, 16, 1024));
+  commit();
+  wait_all();
+  pin(o32);
+}
+// sacc (64 rows x 128 K) += (hi + lo) B: 4 k16 steps over the chunk, B = a [tokens][K dim] tile MN-major
+// (transpose-B; two 64-column blocks kChunk * 64 elements apart, a k16 step = two 1024-byte atoms): the
+// forward's S^T += Y^T X, the dS chain's dO^T Q and Z^T W'.
+template <typename T>
+CUTLASS_DEVICE void wg_update(const T (&tile)[2][kChunk * 64], const uint32_t (&hi)[4][4], const uint32_t (&lo)[4][4],
+                              float (&sacc)[16][4]) {
+  using namespace gmma;
+  auto& s64 = reinterpret_cast<float(&)[64]>(sacc);
+  constexpr int kBlockBytes = kChunk * 64 * sizeof(T);
+  fence();
+  pin(s64);
+#pragma unroll
+  for (int kb = 0; kb < 4; ++kb) {
+    const uint64_t d = make_desc_sw128(reinterpret_cast<const char*>(tile[0]) + 2048 * kb, kBlockBytes, 1024);
+    wgmma_rs<128, T, 1>(s64, hi[kb], d);
+    wgmma_rs<128, T, 1>(s64, lo[kb], d);
+  }
+  commit();
+  wait_all();
+  pin(s64);
+}
+
+// The chains' hi + lo updates, sacc (this warp's S^T or dS^T columns, from K column kcol) += (hi + lo) B over
+// the chunk with B a [tokens][K dim] stage tile: wgmma (swizzled, unsplit) or mma.sync (padded).
+template <typename T, bool kWg, int kNT, typename Tile>
+CUTLASS_DEVICE void update_hi_lo(const Tile& tile, int kcol, const warp::LdsmOffsets& ld, const uint32_t (&hi)[4][4],
+                                 const uint32_t (&lo)[4][4], float (&sacc)[kNT][4]) {
+  if constexpr (kWg) {
+    wg_update<T>(tile, hi, lo, sacc);
+  } else {
+    warp::for_b_fragments<4, kNT / 2, true>(tile + kcol, kLdK, ld, [&](int kb, int np, const uint32_t (&b)[4]) {
+      warp::mma_pair<T>(sacc, np, hi[kb], b);
+      warp::mma_pair<T>(sacc, np, lo[kb], b);
+    });
+  }
+}
+
 // The state warps' chain. kKSplit false: warp s owns V rows 16 s .. 16 s + 15 of the CTA's 64 columns and all
-// 128 K columns of S^T. kKSplit true (above): V rows 16 (s / 2) .. of 32 columns and one K half.
-template <typename T, bool kKSplit>
-CUTLASS_DEVICE void state_role(const flashqla_gdn_fwd_params_t& p, SharedStorage<T>& sm, const Work<T>& wk) {
+// 128 K columns of S^T. kKSplit true (above): V rows 16 (s / 2) .. of 32 columns and one K half. kWg: the
+// products as wgmma on the swizzled stage (unsplit only). kOb (with kWg): O beside the chain: the state warps
+// publish S^T and Z^T for the O warps (o_role) and form no O themselves.
+template <typename T, bool kKSplit, bool kWg = false, bool kOb = false, typename Storage>
+CUTLASS_DEVICE void state_role(const flashqla_gdn_fwd_params_t& p, Storage& sm, const Work<T>& wk) {
+  static_assert(!(kWg && kKSplit), "the wgmma chain is unsplit");
+  static_assert(!kOb || kWg, "O beside the wgmma chain");
   using namespace warp;
   constexpr int kNT = kKSplit ? kDimK / 16 : kDimK / 8;  // C tiles of S^T per warp (8 K columns each)
   constexpr int kKS = kNT / 2;                            // k16 steps over this warp's K columns
@@ -732,17 +940,22 @@ CUTLASS_DEVICE void state_role(const flashqla_gdn_fwd_params_t& p, SharedStorage
   float sacc[kNT][4];  // S^T (this warp's K columns)
   load_state_tile(sacc, p.initial_state != nullptr ? p.initial_state + wk.state_off + int64_t(kcol) * kDimV : nullptr,
                   tq, v0);
-  const bool want_o = wk.o != nullptr;  // else the chain alone: no Q S^T, no intra-chunk O, no O store
-  const PairShares pair(sm.aux[vg].la, kh);  // (the K split)
+  // else the chain alone: no Q S^T, no intra-chunk O, no O store (warp-uniform for ptxas in the wgmma chain)
+  // (kOb: the O warps form O; the host launches that kernel only with o and without chunk states)
+  const bool want_o = !kOb && (kWg ? __shfl_sync(0xffffffffu, wk.o != nullptr, 0) != 0 : wk.o != nullptr);
+  float* pair_scratch = nullptr;  // (the K split)
+  if constexpr (kKSplit) pair_scratch = sm.aux[vg].la;
+  const PairShares pair(pair_scratch, kh);
   // the O products and rows of this warp: all (unsplit), n pairs {0, 3} (kh 0) or {1, 2} (kh 1) of the chunk's
   // columns (K-split: five products each, W being lower triangular)
   const auto own_np = [&](int np) { return !kKSplit || (np == 1 || np == 2) == (kh == 1); };
 
+  constexpr int kSt = kOb ? kObStages : kStages;
   for (int64_t c = 0; c < wk.num_chunks; ++c) {
-    const int st = static_cast<int>(c % kStages);
-    const Stage<T>& S = sm.stage[st];
+    const int st = static_cast<int>(c % kSt);
+    const auto& S = sm.stage[st];
     const int rows = static_cast<int>(wk.len - c * kChunk < kChunk ? wk.len - c * kChunk : kChunk);
-    bar_sync(kBarFull + st, kHandoffThreads);
+    bar_sync((kOb ? ob::kFull : kBarFull) + st, kHandoffThreads);
     FLASHQLA_ROLE_PHASE(0, kStWaitFull);
 
 #if FLASHQLA_V2_EXPERIMENT != 2
@@ -750,26 +963,37 @@ CUTLASS_DEVICE void state_role(const flashqla_gdn_fwd_params_t& p, SharedStorage
     uint32_t sa[kKS][4];
 #pragma unroll
     for (int kk = 0; kk < kKS; ++kk) c_to_a<T>(sa[kk], sacc[2 * kk], sacc[2 * kk + 1]);
-    if (p.chunk_states != nullptr && wk.chunk0 + c < chunk_bound(p)) {  // the state at the chunk's start, in T
-      // staged in the O buffer chunk c does not use (chunk c - 1's tile went out before this chunk's full barrier)
-      T* const dst = static_cast<T*>(p.chunk_states) + ((wk.chunk0 + c) * p.heads_v + wk.h) * int64_t(kDimK) * kDimV +
-                     int64_t(kcol) * kDimV + wk.col0 + 16 * vg;
-      if constexpr (kKSplit)
-        store_state_rows64(dst, sa, sm.o[(c + 1) & 1] + s * 64 * 16, lane);
-      else
-        store_state_tile(dst, sa, sm.o[(c + 1) & 1] + s * 64 * 16, lane);
+    if constexpr (kOb) {  // publish S^T for the O warps (once they have read the previous chunk's)
+      if (c > 0) bar_sync(ob::kFree, ob::kPubThreads);
+#pragma unroll
+      for (int kk = 0; kk < kKS; ++kk) stsm_x4(tile16(sm.pub_s, 16 * s + ld.a_row, 16 * kk + ld.a_col), sa[kk]);
+    }
+    if constexpr (!kOb) {
+      if (p.chunk_states != nullptr && wk.chunk0 + c < chunk_bound(p)) {  // the state at the chunk's start, in T
+        // staged in the O buffer chunk c does not use (chunk c - 1's tile went out before this chunk's full barrier)
+        T* const dst = static_cast<T*>(p.chunk_states) + ((wk.chunk0 + c) * p.heads_v + wk.h) * int64_t(kDimK) * kDimV +
+                       int64_t(kcol) * kDimV + wk.col0 + 16 * vg;
+        if constexpr (kKSplit)
+          store_state_rows64(dst, sa, sm.o[(c + 1) & 1] + s * 64 * 16, lane);
+        else
+          store_state_tile(dst, sa, sm.o[(c + 1) & 1] + s * 64 * 16, lane);
+      }
     }
     // KS^T and QS^T (16 V rows x 64 chunk columns; K-split: this K half's shares)
     float ks[8][4], os[8][4];
     zero_acc(ks);
     zero_acc(os);
-    for_b_fragments<kKS, 4, false>(S.k + kcol, kLdK, ld, [&](int kk, int np, const uint32_t (&b)[4]) {
-      mma_pair<T>(ks, np, sa[kk], b);
-    });
-    if (want_o)
-      for_b_fragments<kKS, 4, false>(S.q + kcol, kLdK, ld, [&](int kk, int np, const uint32_t (&b)[4]) {
-        mma_pair<T>(os, np, sa[kk], b);
+    if constexpr (kWg) {
+      wg_ks_qs<T, !kOb>(S, sa, ks, os, want_o);
+    } else {
+      for_b_fragments<kKS, 4, false>(S.k + kcol, kLdK, ld, [&](int kk, int np, const uint32_t (&b)[4]) {
+        mma_pair<T>(ks, np, sa[kk], b);
       });
+      if (want_o)
+        for_b_fragments<kKS, 4, false>(S.q + kcol, kLdK, ld, [&](int kk, int np, const uint32_t (&b)[4]) {
+          mma_pair<T>(os, np, sa[kk], b);
+        });
+    }
     if constexpr (kKSplit) {  // the pair adds its shares
       pair.put(ks, 0, lane);
       if (want_o) pair.put(os, 1, lane);
@@ -792,16 +1016,26 @@ CUTLASS_DEVICE void state_role(const flashqla_gdn_fwd_params_t& p, SharedStorage
       za[kb][r] = pack2<T>(z0, z1);
       split_hi_lo<T>(y0, y1, yh[kb][r], yl[kb][r]);
     });
+    if constexpr (kOb) {  // publish Z^T: the O warps may start on this chunk
+#pragma unroll
+      for (int kb = 0; kb < 4; ++kb) stsm_x4(tile16(sm.pub_z, 16 * s + ld.a_row, 16 * kb + ld.a_col), za[kb]);
+      bar_sync(ob::kState, kStateThreads);  // (for racecheck, as before the aux groups' full arrive)
+      bar_arrive(ob::kPub, ob::kPubThreads);
+    }
     // O^T += Z^T W^T  (W lower triangular: k block kb <= n block np)
     FLASHQLA_ROLE_PHASE(0, kStZY);
+    if constexpr (kWg) {
+      if (want_o) wg_o<T>(S, za, os);
+    } else {
 #pragma unroll
-    for (int kb = 0; kb < 4 && want_o; ++kb) {
+      for (int kb = 0; kb < 4 && want_o; ++kb) {
 #pragma unroll
-      for (int np = 0; np < 4; ++np) {
-        if (np < kb || !own_np(np)) continue;
-        uint32_t b[4];
-        ldsm_x4(b, &S.w[(16 * np + ld.b_row) * kLdC + 16 * kb + ld.b_col]);
-        mma_pair<T>(os, np, za[kb], b);
+        for (int np = 0; np < 4; ++np) {
+          if (np < kb || !own_np(np)) continue;
+          uint32_t b[4];
+          ldsm_x4(b, &S.w[(16 * np + ld.b_row) * kLdC + 16 * kb + ld.b_col]);
+          mma_pair<T>(os, np, za[kb], b);
+        }
       }
     }
     // S^T = gamma_C S^T + Y^T X  (this warp's K columns of X)
@@ -810,21 +1044,24 @@ CUTLASS_DEVICE void state_role(const flashqla_gdn_fwd_params_t& p, SharedStorage
     for (int j = 0; j < kNT; ++j)
 #pragma unroll
       for (int e = 0; e < 4; ++e) sacc[j][e] *= gamma_c;
-    for_b_fragments<4, kNT / 2, true>(S.x + kcol, kLdK, ld, [&](int kb, int np, const uint32_t (&b)[4]) {
-      mma_pair<T>(sacc, np, yh[kb], b);
-      mma_pair<T>(sacc, np, yl[kb], b);
-    });
+    update_hi_lo<T, kWg>(S.x, kcol, ld, yh, yl, sacc);
 #endif
-    if (c + kStages < wk.num_chunks) {
+    if (c + kSt < wk.num_chunks) {
       // the stage's last reads are consumed by the mma's above, so bar.arrive alone releases it; the state
       // warps' sync first is for racecheck, which flags the aux group's refill otherwise (the mirror of the
       // aux group's sync before its full arrive)
-      bar_sync(kBarState, kStateThreads);
-      bar_arrive(kBarEmpty + st, kHandoffThreads);
+      if constexpr (kOb) {
+        bar_sync(ob::kState, kStateThreads);
+        bar_arrive(ob::kEmpty + c % 6, ob::kEmptyThreads);
+      } else {
+        bar_sync(kBarState, kStateThreads);
+        bar_arrive(kBarEmpty + st, kHandoffThreads);
+      }
     }
     FLASHQLA_ROLE_PHASE(0, kStUpdate);
 
 #if FLASHQLA_V2_EXPERIMENT != 2
+    if constexpr (!kOb) {
     if (!want_o) continue;
     // O tile: this warp's rows transposed through shared memory, then 16-byte pieces of the rows to global
     T* ot = sm.o[c & 1];
@@ -842,11 +1079,85 @@ CUTLASS_DEVICE void state_role(const flashqla_gdn_fwd_params_t& p, SharedStorage
       if (r < rows)
         *reinterpret_cast<uint4*>(wk.o + (t0 + r) * p.o_stride_time + c8) = *reinterpret_cast<const uint4*>(&ot[r * kLdC + c8]);
     }
+    }  // !kOb
 #endif
     FLASHQLA_ROLE_PHASE(0, kStStore);
   }
 
   if (p.final_state != nullptr) store_state_tile(p.final_state + wk.state_off + int64_t(kcol) * kDimV, sacc, tq, v0);
+}
+
+// The O warps of the O-beside kernel: per chunk, once the state warps have published S^T (the state at the chunk's
+// start) and Z^T, O^T = scale (S^T Q^T diag(gamma) + Z^T W^T) as two wgmma products with A from registers (read
+// back from the published tiles) and B the stage's Q and W, then the O rows out: each warp's 16 V columns x 64
+// tokens transposed by stmatrix into 2 KB of the stage's Q (dead by then) and stored as 16-byte pieces. The stage
+// is released after that; the published tiles as soon as they are in registers.
+template <typename T>
+CUTLASS_DEVICE void o_role(const flashqla_gdn_fwd_params_t& p, SharedStorageOb<T>& sm, const Work<T>& wk) {
+  using namespace warp;
+  const int tid = threadIdx.x - kStateThreads, w = tid >> 5, lane = tid & 31, tq = lane & 3;
+  const LdsmOffsets ld(lane);
+  for (int64_t c = 0; c < wk.num_chunks; ++c) {
+    auto& S = sm.stage[c % kObStages];
+    const int rows = static_cast<int>(wk.len - c * kChunk < kChunk ? wk.len - c * kChunk : kChunk);
+    bar_sync(ob::kPub, ob::kPubThreads);
+    uint32_t sa[8][4], za[4][4];
+#pragma unroll
+    for (int kk = 0; kk < 8; ++kk) ldsm_x4(sa[kk], tile16(sm.pub_s, 16 * w + ld.a_row, 16 * kk + ld.a_col));
+#pragma unroll
+    for (int kb = 0; kb < 4; ++kb) ldsm_x4(za[kb], tile16(sm.pub_z, 16 * w + ld.a_row, 16 * kb + ld.a_col));
+    bar_sync(ob::kOWarps, kOThreads);  // (for racecheck: bar.arrive orders the reads, racecheck does not model it)
+    bar_arrive(ob::kFree, ob::kPubThreads);
+
+    float os[8][4];
+    zero_acc(os);
+    {
+      auto& o32 = reinterpret_cast<float(&)[32]>(os);
+      gmma::fence();
+      gmma::pin(o32);
+      wg_issue_rows64<T>(os, sa, S.q);
+      gmma::commit();
+      gmma::wait_all();
+      gmma::pin(o32);
+    }
+#pragma unroll
+    for (int nt = 0; nt < 8; ++nt) {
+      const float2 gm = *reinterpret_cast<const float2*>(&S.gamma[8 * nt + 2 * tq]);
+      os[nt][0] *= gm.x;
+      os[nt][1] *= gm.y;
+      os[nt][2] *= gm.x;
+      os[nt][3] *= gm.y;
+    }
+    wg_o<T>(S, za, os);
+    bar_sync(ob::kOWarps, kOThreads);  // every warp's product has read Q: its tile may take the O rows
+
+    // O^T C tiles (V rows gq, gq + 8 of the warp; tokens 8 nt + 2 tq, + 1) -> [token][16 V] rows of 32 bytes, the
+    // two 16-byte halves swapped on tokens 4..7 mod 8 (an stmatrix's 8 rows then hit distinct banks)
+    T* stg = reinterpret_cast<T*>(S.q[0]) + w * (kChunk * 16);
+    const auto piece = [&](int tok, int half) { return stg + tok * 16 + 8 * (half ^ ((tok >> 2) & 1)); };
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {
+      const uint32_t r[4] = {pack2<T>(p.scale * os[2 * j][0], p.scale * os[2 * j][1]),
+                             pack2<T>(p.scale * os[2 * j][2], p.scale * os[2 * j][3]),
+                             pack2<T>(p.scale * os[2 * j + 1][0], p.scale * os[2 * j + 1][1]),
+                             pack2<T>(p.scale * os[2 * j + 1][2], p.scale * os[2 * j + 1][3])};
+      const int m = lane >> 3;  // matrix m: tokens 8 (2 j + m / 2) .., V half m % 2
+      stsm_x4_trans(piece(8 * (2 * j + (m >> 1)) + (lane & 7), m & 1), r);
+    }
+    __syncwarp();
+    const int64_t t0 = c * kChunk;
+#pragma unroll
+    for (int it = 0; it < 4; ++it) {
+      const int i = lane + 32 * it, tok = i >> 1, half = i & 1;
+      if (tok < rows)
+        *reinterpret_cast<uint4*>(wk.o + (t0 + tok) * p.o_stride_time + 16 * w + 8 * half) =
+            *reinterpret_cast<const uint4*>(piece(tok, half));
+    }
+    if (c + kObStages < wk.num_chunks) {
+      bar_sync(ob::kOWarps, kOThreads);  // (racecheck, as above)
+      bar_arrive(ob::kEmpty + c % 6, ob::kEmptyThreads);
+    }
+  }
 }
 
 // Chunks of the sequences before n (all chunks of all sequences in order index dh); every lane of the warp
@@ -870,30 +1181,45 @@ CUTLASS_DEVICE int64_t chunk_offset(const flashqla_gdn_fwd_params_t& p, int64_t 
   return base;
 }
 
-// kKSplit: the K-split chain (32-column V blocks, state_role<T, true>); split mode only (it borrows the loader
-// groups' product scratch).
-template <typename T, typename IndexT, AuxMode kMode, bool kKSplit = false>
-__global__ void __launch_bounds__(kThreads, 1) gdn_fwd_mma_kernel(const __grid_constant__ flashqla_gdn_fwd_params_t p,
-                                                                  const PrepBuffers<T> pb) {
+// kKSplit: the K-split chain (32-column V blocks, state_role<T, true>); kWg: the products as wgmma (swizzled
+// stages, SharedStorageSw, 1 KB of alignment slack in the launch); both split mode only (the K split borrows the
+// loader groups' product scratch; the fused mode's aux products read the padded tiles).
+// kOb (with kWg): O beside the chain (o_role; 512 threads: state, O, two loader groups).
+template <typename T, typename IndexT, AuxMode kMode, bool kKSplit = false, bool kWg = false, bool kOb = false>
+__global__ void __launch_bounds__(kOb ? kObThreads : kThreads, 1)
+    gdn_fwd_mma_kernel(const __grid_constant__ flashqla_gdn_fwd_params_t p, const PrepBuffers<T> pb) {
   static_assert(!kKSplit || kMode == AuxMode::kLoadPrepared, "the K-split chain runs on prepared chunks");
+  static_assert(!kWg || (kMode == AuxMode::kLoadPrepared && !kKSplit), "the wgmma chain: prepared, unsplit");
+  static_assert(!kOb || kWg, "O beside the wgmma chain");
   constexpr int kVB = kKSplit ? kVBlocksK : kVBlocks, kBV = kKSplit ? kBlockVK : kBlockV;
+  constexpr int kCtaThreads = kOb ? kObThreads : kThreads;
+  using Storage = std::conditional_t<kOb, SharedStorageOb<T>, std::conditional_t<kWg, SharedStorageSw<T>, SharedStorage<T>>>;
   extern __shared__ __align__(128) unsigned char smem_raw[];
-  auto& sm = *reinterpret_cast<SharedStorage<T>*>(smem_raw);
+  unsigned char* base = smem_raw;
+  if constexpr (kWg || kOb) base = reinterpret_cast<unsigned char*>((reinterpret_cast<uintptr_t>(smem_raw) + 1023) & ~uintptr_t(1023));
+  auto& sm = *reinterpret_cast<Storage*>(base);
   const int64_t main_blocks = p.num_seqs * p.heads_v * kVB;
   if (static_cast<int64_t>(blockIdx.x) >= main_blocks) {
-    if (p.o != nullptr) zero_rows_past_end<T, IndexT>(p, blockIdx.x - main_blocks, kTailBlocks, threadIdx.x, kThreads);
+    if (p.o != nullptr)
+      zero_rows_past_end<T, IndexT>(p, blockIdx.x - main_blocks, kTailBlocks, threadIdx.x, kCtaThreads);
     return;
   }
   const CtaTile ct = decode_cta<IndexT>(p, blockIdx.x, kVB, kBV);
   Work<T> wk = make_work<T>(p, ct);
 
-  if (threadIdx.x < kStateThreads) {
-    cutlass::arch::warpgroup_reg_alloc<kStateRegs>();
+  // (the wgmma chain: the role test made warp-uniform for ptxas, as CUTLASS does, or it serialises the wgmmas)
+  const int role = kWg ? __shfl_sync(0xffffffffu, threadIdx.x / kStateThreads, 0) : (threadIdx.x < kStateThreads ? 0 : 1);
+  if (role == 0) {
+    cutlass::arch::warpgroup_reg_alloc<kOb ? kObStateRegs : kStateRegs>();
     if (p.chunk_states != nullptr) wk.chunk0 = chunk_offset<IndexT>(p, ct.n, threadIdx.x & 31);
-    state_role<T, kKSplit>(p, sm, wk);
+    state_role<T, kKSplit, kWg, kOb>(p, sm, wk);
+  } else if (kOb && role == 1) {
+    cutlass::arch::warpgroup_reg_dealloc<kObORegs>();
+    if constexpr (kOb) o_role<T>(p, sm, wk);
   } else {
-    cutlass::arch::warpgroup_reg_dealloc<kAuxRegs>();
-    aux_role<T, kMode, kBV>(p, sm, wk, (threadIdx.x - kStateThreads) / kAuxThreads, pb);
+    constexpr int kFirstLoader = kCtaThreads - kAuxGroups * kAuxThreads;
+    cutlass::arch::warpgroup_reg_dealloc<kOb ? kObLoadRegs : kAuxRegs>();
+    aux_role<T, kMode, kBV, kOb>(p, sm, wk, (threadIdx.x - kFirstLoader) / kAuxThreads, pb);
   }
 }
 
@@ -1115,30 +1441,55 @@ inline bool use_ksplit(const flashqla_gdn_fwd_params_t& p, int side_by_side = 1)
   return side_by_side * p.num_seqs * p.heads_v * kVBlocksK <= device_sm_count();
 }
 
-template <typename T, AuxMode kMode, bool kKSplit = false>
+template <typename T, AuxMode kMode, bool kKSplit = false, bool kWg = false, bool kOb = false>
 cudaError_t launch_recurrent(const flashqla_gdn_fwd_params_t& p, const PrepBuffers<T>& pb, cudaStream_t stream) {
   const int64_t blocks =
       p.num_seqs * p.heads_v * (kKSplit ? kVBlocksK : kVBlocks) + (p.cu_seqlens != nullptr ? kTailBlocks : 0);
   if (blocks == 0) return cudaSuccess;
   auto kernel = p.cu_seqlens != nullptr && p.cu_seqlens_dtype == FLASHQLA_INT64
-                    ? gdn_fwd_mma_kernel<T, int64_t, kMode, kKSplit>
-                    : gdn_fwd_mma_kernel<T, int32_t, kMode, kKSplit>;
-  const size_t smem = sizeof(SharedStorage<T>);
+                    ? gdn_fwd_mma_kernel<T, int64_t, kMode, kKSplit, kWg, kOb>
+                    : gdn_fwd_mma_kernel<T, int32_t, kMode, kKSplit, kWg, kOb>;
+  const size_t smem = kOb ? sizeof(SharedStorageOb<T>) + 1024
+                      : kWg ? sizeof(SharedStorageSw<T>) + 1024 : sizeof(SharedStorage<T>);
   cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem));
   if (err != cudaSuccess) return err;
-  kernel<<<static_cast<unsigned>(blocks), kThreads, smem, stream>>>(p, pb);
+  kernel<<<static_cast<unsigned>(blocks), kOb ? kObThreads : kThreads, smem, stream>>>(p, pb);
   return cudaGetLastError();
+}
+
+// Which chain runs on prepared chunks (the forward's, the state recompute, the backward's dS chain).
+// FLASHQLA_WGMMA: 0 = mma.sync (K-split or not, as use_ksplit says), 1 = the wgmma chain, 2 = the wgmma chain
+// with O beside it where there is an O to form (with_o; else 1). Unset: for the forward's passes (fwd_pass) O beside
+// the wgmma chain, or without an O the wgmma chain, whose state arithmetic is the same bit for bit (exact
+// parallelism's summaries-only passes must leave the chain as a full pass does); for the backward's chains the K
+// split where use_ksplit chooses it, else the wgmma chain. Session 11's A/B on the anchors: O beside
+// the chain -3..-12% on every forward row against the best of the others (also against the K split on the
+// 1 x 2048 rows); the wgmma chain -1..-4% against mma.sync on the forward, the backward's chains within 1%
+// (FLASHQLA_WGMMA=1 there loses 19% at hk4_hv8 32k_1seq, where the K split fits).
+enum class ChainForm { kMma, kKSplit, kWgmma, kWgmmaOb };
+inline ChainForm chain_form(const flashqla_gdn_fwd_params_t& p, int side_by_side, bool with_o, bool fwd_pass) {
+  const char* e = std::getenv("FLASHQLA_WGMMA");
+  const int mode = e != nullptr && *e != '\0' ? std::atoi(e) : -1;
+  if (mode == 2 || (mode < 0 && fwd_pass)) return with_o ? ChainForm::kWgmmaOb : ChainForm::kWgmma;
+  if (mode == 1) return ChainForm::kWgmma;
+  if (use_ksplit(p, side_by_side)) return ChainForm::kKSplit;
+  return mode == 0 ? ChainForm::kMma : ChainForm::kWgmma;
 }
 
 // Chunk states without o: the backward's state recompute (its prep computes X alone, and it runs beside the
 // dS chain).
 inline bool states_only(const flashqla_gdn_fwd_params_t& p) { return p.o == nullptr && p.chunk_states != nullptr; }
 
-// The split mode's chain on prepared X and W, K-split or not.
+// The split mode's chain on prepared X and W (chain_form).
 template <typename T>
 cudaError_t launch_prepared(const flashqla_gdn_fwd_params_t& p, const PrepBuffers<T>& pb, cudaStream_t stream) {
-  return use_ksplit(p, states_only(p) ? 2 : 1) ? launch_recurrent<T, AuxMode::kLoadPrepared, true>(p, pb, stream)
-                                               : launch_recurrent<T, AuxMode::kLoadPrepared>(p, pb, stream);
+  constexpr AuxMode kM = AuxMode::kLoadPrepared;
+  switch (chain_form(p, states_only(p) ? 2 : 1, p.o != nullptr && p.chunk_states == nullptr, !states_only(p))) {
+    case ChainForm::kWgmmaOb: return launch_recurrent<T, kM, false, true, true>(p, pb, stream);
+    case ChainForm::kWgmma: return launch_recurrent<T, kM, false, true>(p, pb, stream);
+    case ChainForm::kKSplit: return launch_recurrent<T, kM, true>(p, pb, stream);
+    default: return launch_recurrent<T, kM>(p, pb, stream);
+  }
 }
 
 template <typename T>

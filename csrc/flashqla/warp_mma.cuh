@@ -210,6 +210,15 @@ CUTLASS_DEVICE void stsm_x4_trans(void* row_addr, const uint32_t (&r)[4]) {
                : "memory");
 }
 
+// The same four matrices stored as they are (not transposed): lane l gives the address of row l % 8 of matrix l / 8;
+// with the mma A-fragment order (a0..a3) and lane l at row l % 16, column 8 (l / 16) of a 16 x 16 block, the
+// block is stored as ldsm_x4 reads it back.
+CUTLASS_DEVICE void stsm_x4(void* row_addr, const uint32_t (&r)[4]) {
+  asm volatile("stmatrix.sync.aligned.m8n8.x4.shared.b16 [%0], {%1, %2, %3, %4};\n" ::"r"(smem_addr(row_addr)),
+               "r"(r[0]), "r"(r[1]), "r"(r[2]), "r"(r[3])
+               : "memory");
+}
+
 // 16-byte global -> shared copy; pred false fills the destination with zeros.
 CUTLASS_DEVICE void cp_async_16(void* dst, const void* src, bool pred) {
   asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(smem_addr(dst)), "l"(src), "r"(pred ? 16 : 0));
