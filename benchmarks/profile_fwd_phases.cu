@@ -93,7 +93,7 @@ int main() {
     CUDA_OK(cudaMemcpyToSymbol(fm::g_time_prep, &off, sizeof(off)));
     unsigned long long pc[8];
     CUDA_OK(cudaMemcpyFromSymbol(pc, fm::g_prep_cycles, sizeof(pc)));
-    const char* prep_names[fm::kAuxPhases] = {"store X, W", "loads + cumsum", "l2norm", "KK^T, QK^T, L, P",
+    const char* prep_names[fm::kAuxPhases] = {"store X", "loads + cumsum", "l2norm", "KK^T, QK^T, L, P",
                                               "inverse diagonal", "inverse merges", "M", "W, X"};
     const int order[fm::kAuxPhases] = {1, 2, 3, 4, 5, 6, 7, 0};  // in program order
     unsigned long long tot = 0;

@@ -357,12 +357,12 @@ CUTLASS_DEVICE Work<T> make_work(const flashqla_gdn_fwd_params_t& p, const CtaTi
 }
 
 // kFused: load and compute in the recurrent kernel; kLoadPrepared: load K, Q, V, X, W (split mode);
-// kPrep: load K, Q and compute (the prep kernel); kInputsOnly: load K, Q, gates and l2norm only (the backward's prep).
+// kInputsOnly: load K, Q, gates and l2norm only (the prep kernels, which then compute the products themselves).
 // kLoadBwd (gdn_bwd_dh.cuh): the backward's recurrent loader, chunks in reverse: K, Q, dO (in v), W' (in x) and
 // U (in w, this CTA's columns).
 // kPrepStates: the prep kernel for a recurrence without o (the backward's state recompute): X only (no Q, no
 // Q K^T, no M, no W: they serve O alone).
-enum class AuxMode { kFused, kLoadPrepared, kPrep, kInputsOnly, kLoadBwd, kPrepStates };
+enum class AuxMode { kFused, kLoadPrepared, kInputsOnly, kLoadBwd, kPrepStates };
 
 // ---- The chunk's products (K K^T, Q K^T, L, P, the inverse A, M, W, X) from the loaded K, Q, G and beta.
 
@@ -400,8 +400,8 @@ CUTLASS_DEVICE void aux_gram_raw(const StageT& S, int tid, float (&kk)[8][4], fl
 
 // P = Q K^T * Gamma (masked lower) of C tile nt in this warp's rows [16w, 16w + 16), from the raw Q K^T tile
 // and this head's G (ax.G).
-template <typename T>
-CUTLASS_DEVICE void gate_p_tile(const AuxScratch<T>& ax, const AuxLane& al, int nt, const float (&raw)[4],
+template <typename T, typename Ax>
+CUTLASS_DEVICE void gate_p_tile(const Ax& ax, const AuxLane& al, int nt, const float (&raw)[4],
                                 float (&out)[4]) {
   const int j = 8 * nt + 2 * al.tq, i0 = al.i0, i1 = al.i1;
   const float G0 = ax.G[i0], G1 = ax.G[i1], Gj0 = ax.G[j], Gj1 = ax.G[j + 1];
@@ -415,8 +415,8 @@ CUTLASS_DEVICE void gate_p_tile(const AuxScratch<T>& ax, const AuxLane& al, int 
 // the inverse A = (I + L)^-1 in ax.la (fp32). Only A's 16 x 16 blocks on and below the diagonal are written
 // (the diagonal blocks with zeros above the diagonal); the blocks above keep whatever was there: A is lower
 // triangular, and readers that touch that region mask it (the gradient kernel's A^T did not, see NOTES).
-template <typename T>
-CUTLASS_DEVICE void aux_gates_inverse(AuxScratch<T>& ax, int tid, uint32_t bar_aux, long long& t_mark,
+template <typename T, typename Ax>
+CUTLASS_DEVICE void aux_gates_inverse(Ax& ax, int tid, uint32_t bar_aux, long long& t_mark,
                                       const float (&kk)[8][4]) {
   using namespace warp;
   (void)t_mark;
@@ -487,8 +487,8 @@ CUTLASS_DEVICE void aux_gates_inverse(AuxScratch<T>& ax, int tid, uint32_t bar_a
 
 // K K^T, Q K^T, L, P and the inverse: A = (I + L)^-1 in ax.la (fp32), P = Q K^T * Gamma (masked lower) for
 // rows [16w, 16w + 16) in `qk` (C fragments). The forward's and the backward's products both start here.
-template <typename T, typename StageT>
-CUTLASS_DEVICE void aux_gram_inverse(StageT& S, AuxScratch<T>& ax, int tid, uint32_t bar_aux, long long& t_mark,
+template <typename T, typename StageT, typename Ax>
+CUTLASS_DEVICE void aux_gram_inverse(StageT& S, Ax& ax, int tid, uint32_t bar_aux, long long& t_mark,
                                      float (&qk)[8][4]) {
   float kk[8][4];
   aux_gram_raw<T>(S, tid, kk, qk);
@@ -503,8 +503,8 @@ CUTLASS_DEVICE void aux_gram_inverse(StageT& S, AuxScratch<T>& ax, int tid, uint
 // [64 half, 64 half + 64), from A in ax.la (fp32) and K in S.k: A operand (i, m) = beta_i A[m][i], m >= 16w;
 // b0, b1 = beta of this thread's rows al.i0, al.i1. The forward's prep and the backward's shared prep both form X
 // here (bitwise the same X).
-template <typename T, typename StageT>
-CUTLASS_DEVICE void x_half(const StageT& S, const AuxScratch<T>& ax, const AuxLane& al, int half, float b0, float b1,
+template <typename T, typename StageT, typename Ax>
+CUTLASS_DEVICE void x_half(const StageT& S, const Ax& ax, const AuxLane& al, int half, float b0, float b1,
                            float (&xa)[8][4]) {
   using namespace warp;
   const int w = al.w, tq = al.tq, i0 = al.i0, i1 = al.i1;
@@ -528,12 +528,29 @@ CUTLASS_DEVICE void x_half(const StageT& S, const AuxScratch<T>& ax, const AuxLa
   }
 }
 
+// Where W = P M goes: the stage's w (default), or a caller's sink (the prep kernel stores it to global memory
+// straight from the fragments).
+struct WToStage {
+  template <typename StageT>
+  CUTLASS_DEVICE void operator()(StageT& S, int w, const float (&wa)[8][4], int lane) const {
+    using T = std::remove_cv_t<std::remove_reference_t<decltype(S.w[0])>>;
+    warp::store_c_tiles<T>(&S.w[16 * w * kLdC], kLdC, wa, lane);
+  }
+};
+// A layout whose M shares memory with X (the prep kernel's, PrepStorage below): X waits for every warp's W.
+template <typename StageT>
+constexpr bool kMSharesX = false;
+template <typename T>
+struct PrepStorage;
+template <typename T>
+constexpr bool kMSharesX<PrepStorage<T>> = true;
+
 // The forward's products after the inverse: M, W = P M and X into the stage. qk holds P, or with kRawQK the
 // raw Q K^T, gated here tile by tile (the prep kernel keeps it for all heads of a GVA group). kW false: X
 // alone (M and W serve O only; qk is not read).
-template <typename T, bool kRawQK = false, bool kW = true, typename StageT>
-CUTLASS_DEVICE void aux_mwx(StageT& S, AuxScratch<T>& ax, int tid, uint32_t bar_aux, long long& t_mark,
-                            const float (&qk)[8][4]) {
+template <typename T, bool kRawQK = false, bool kW = true, typename StageT, typename Ax, typename WSink = WToStage>
+CUTLASS_DEVICE void aux_mwx(StageT& S, Ax& ax, int tid, uint32_t bar_aux, long long& t_mark,
+                            const float (&qk)[8][4], WSink w_sink = WSink{}) {
   using namespace warp;
   (void)t_mark;
   const AuxLane al(tid);
@@ -541,10 +558,14 @@ CUTLASS_DEVICE void aux_mwx(StageT& S, AuxScratch<T>& ax, int tid, uint32_t bar_
   const LdsmOffsets& ld = al.ld;
   if constexpr (kW) {
 
-  // ---- M = (Gamma * A) diag(beta) (shared, T)
-#pragma unroll 4
-  for (int e = tid; e < kChunk * kChunk; e += kAuxThreads) {
-    const int i = e >> 6, j = e & 63;
+  // ---- M = (Gamma * A) diag(beta) (shared, T): only the 10 16 x 16 blocks on and below the diagonal, the ones
+  // W = P M reads (the blocks above keep whatever was there). Element e of block b: 256 b + e; thread tid's
+  // iteration it (unrolled) lands in block it / 2, at 128 (it % 2) + tid of it.
+#pragma unroll
+  for (int it = 0; it < 20; ++it) {
+    constexpr unsigned char kBlocks[10] = {0x00, 0x10, 0x11, 0x20, 0x21, 0x22, 0x30, 0x31, 0x32, 0x33};
+    const int blk = kBlocks[it >> 1], e = 128 * (it & 1) + tid;
+    const int i = 16 * (blk >> 4) + (e >> 4), j = 16 * (blk & 15) + (e & 15);
     const float val = j <= i ? __expf(ax.G[i] - ax.G[j]) * ax.la[i * kLdF + j] * ax.beta[j] : 0.f;
     ax.m[i * kLdC + j] = from_f<T>(val);
   }
@@ -575,8 +596,9 @@ CUTLASS_DEVICE void aux_mwx(StageT& S, AuxScratch<T>& ax, int tid, uint32_t bar_
         mma_pair<T>(wa, np, pa, b);
       }
     }
-    store_c_tiles<T>(&S.w[16 * w * kLdC], kLdC, wa, lane);
+    w_sink(S, w, wa, lane);
   }
+  if constexpr (kMSharesX<StageT>) bar_sync(bar_aux, kAuxThreads);  // every warp has read M
   }  // kW
   // ---- X = diag(beta) A^T K, rows [16w, 16w + 16), in two 64-column halves (half the accumulators)
   const float b0 = ax.beta[al.i0], b1 = ax.beta[al.i1];
@@ -591,8 +613,8 @@ CUTLASS_DEVICE void aux_mwx(StageT& S, AuxScratch<T>& ax, int tid, uint32_t bar_
 
 // The forward's products: the inverse (aux_gram_inverse), then M, W and X into the stage; kW false (no o):
 // K K^T, the inverse and X alone.
-template <typename T, bool kW = true, typename StageT>
-CUTLASS_DEVICE void aux_products(StageT& S, AuxScratch<T>& ax, int tid, uint32_t bar_aux, long long& t_mark) {
+template <typename T, bool kW = true, typename StageT, typename Ax>
+CUTLASS_DEVICE void aux_products(StageT& S, Ax& ax, int tid, uint32_t bar_aux, long long& t_mark) {
   float qk[8][4];
   if constexpr (kW) {
     aux_gram_inverse<T>(S, ax, tid, bar_aux, t_mark, qk);
@@ -640,8 +662,8 @@ CUTLASS_DEVICE void load_gates(const flashqla_gdn_fwd_params_t& p, StageT& S, Ax
   S.decay[2 * lane + 1] = __expf(Gc - G1);
 }
 
-// One chunk's aux work on `S` by one 128-thread group: loads (K, Q, g, beta; V unless kPrep; X and W when
-// kLoadPrepared), the gates, l2norm, and unless kLoadPrepared the products (aux_products). Ends before the
+// One chunk's aux work on `S` by one 128-thread group: loads (K, Q, g, beta; V in the recurrent kernels; X and W
+// when kLoadPrepared), the gates, l2norm, and with kFused or kPrepStates the products (aux_products). Ends before the
 // group's closing sync (the callers do it). issued() runs once the tiles' copies are issued (before the gates).
 struct NoHook {
   CUTLASS_DEVICE void operator()() const {}
@@ -738,7 +760,7 @@ CUTLASS_DEVICE void aux_chunk(const flashqla_gdn_fwd_params_t& p, StageT& S, Ax&
     bar_sync(bar_aux, kAuxThreads);
   }
   FLASHQLA_ROLE_PHASE(1, kAuxL2norm);
-  if constexpr (kMode == AuxMode::kFused || kMode == AuxMode::kPrep) aux_products<T>(S, ax, tid, bar_aux, t_mark);
+  if constexpr (kMode == AuxMode::kFused) aux_products<T>(S, ax, tid, bar_aux, t_mark);
   if constexpr (kMode == AuxMode::kPrepStates) aux_products<T, false>(S, ax, tid, bar_aux, t_mark);
 #endif
 }
@@ -1225,23 +1247,26 @@ __global__ void __launch_bounds__(kOb ? kObThreads : kThreads, 1)
 
 // ---- split mode: the chunk-parallel prep kernel
 constexpr int kPrepThreads = kAuxThreads;
-constexpr int kPrepCtasPerSm = 3;  // ~75 KB of shared memory each: three latency-bound CTAs share an SM
-// The prep kernel's stage: no V, and X overwrites Q (Q is dead once Q K^T is in registers).
+// Latency-bound CTAs of 4 warps (104 registers): four share an SM (three before session 11, at ~75 KB of shared
+// memory each); the GVA-group kernel (168 registers) stays at three.
+constexpr int kPrepCtasPerSm = 4;
+constexpr int kPrepGroupCtasPerSm = 3;
+// The prep kernel's stage and scratch in one (~52 KB): no V; Q's space serves in turn Q, the inverse's merge
+// products (Q is dead once Q K^T is in registers), M, and X (written once every warp's W has read M); W goes to
+// global memory from the fragments.
 template <typename T>
-struct alignas(128) PrepStage {
+struct alignas(128) PrepStorage {
   T k[kChunk * kLdK];
   union {
     T q[kChunk * kLdK];
     T x[kChunk * kLdK];
+    float scratch[32 * kLdS];
+    T m[kChunk * kLdC];
   };
-  T w[kChunk * kLdC];
   float gamma[kChunk];
   float decay[kChunk];
-};
-template <typename T>
-struct PrepStorage {
-  PrepStage<T> stage;
-  AuxScratch<T> aux;
+  alignas(16) float la[kChunk * kLdF];  // L, then A = (I + L)^-1
+  float G[kChunk], beta[kChunk];
   int64_t seq, chunk;  // what this CTA works on (-1: nothing)
 };
 
@@ -1314,36 +1339,52 @@ CUTLASS_DEVICE bool prep_tile(const flashqla_gdn_fwd_params_t& p, int64_t& seq_s
   return true;
 }
 
-// The prep kernel's X and W (with_w) of value head h for the chunk's rows (rows past the sequence's end are
-// not written: the recurrent kernel zero-fills them on load).
+// The prep kernel's X of value head h for the chunk's rows, from the stage (rows past the sequence's end are not
+// written: the recurrent kernel zero-fills them on load). Unrolled with the row bound as a predicate, so that each
+// thread's shared-memory reads issue back to back.
 template <typename T>
-CUTLASS_DEVICE void store_prep(const flashqla_gdn_fwd_params_t& p, const PrepBuffers<T>& pb, const PrepStage<T>& S,
-                               int64_t row0, int rows, int64_t h, int tid, bool with_w = true) {
+CUTLASS_DEVICE void store_prep_x(const flashqla_gdn_fwd_params_t& p, const PrepBuffers<T>& pb, const PrepStorage<T>& S,
+                                 int64_t row0, int rows, int64_t h, int tid) {
   T* xd = pb.x + row0 * p.heads_v * kDimK + h * kDimK;
-  T* wd = pb.w + row0 * p.heads_v * kChunk + h * kChunk;
-  for (int i = tid; i < rows * (kDimK / 8); i += kPrepThreads) {
-    const int r = i >> 4, c8 = (i & 15) * 8;
-    *reinterpret_cast<uint4*>(xd + int64_t(r) * p.heads_v * kDimK + c8) = *reinterpret_cast<const uint4*>(&S.x[r * kLdK + c8]);
-  }
-  for (int i = tid; with_w && i < rows * (kChunk / 8); i += kPrepThreads) {
-    const int r = i >> 3, c8 = (i & 7) * 8;
-    *reinterpret_cast<uint4*>(wd + int64_t(r) * p.heads_v * kChunk + c8) = *reinterpret_cast<const uint4*>(&S.w[r * kLdC + c8]);
+#pragma unroll
+  for (int it = 0; it < kChunk * (kDimK / 8) / kPrepThreads; ++it) {
+    const int i = tid + it * kPrepThreads, r = i >> 4, c8 = (i & 15) * 8;
+    if (r < rows)
+      *reinterpret_cast<uint4*>(xd + int64_t(r) * p.heads_v * kDimK + c8) = *reinterpret_cast<const uint4*>(&S.x[r * kLdK + c8]);
   }
 }
+// W of value head h straight from warp w's fragments (rows 16 w .. + 15): a WSink of aux_mwx.
+template <typename T>
+struct WToGlobal {
+  T* wd;     // row 0 of the chunk, head h
+  int64_t ld;  // elements between rows
+  int rows;
+  CUTLASS_DEVICE void operator()(const PrepStorage<T>&, int w, const float (&wa)[8][4], int lane) const {
+    const int g = lane >> 2, t = lane & 3;
+#pragma unroll
+    for (int nt = 0; nt < 8; ++nt)
+#pragma unroll
+      for (int hf = 0; hf < 2; ++hf) {
+        const int r = 16 * w + g + 8 * hf;
+        if (r < rows)
+          *reinterpret_cast<uint32_t*>(wd + int64_t(r) * ld + 8 * nt + 2 * t) = warp::pack2<T>(wa[nt][2 * hf], wa[nt][2 * hf + 1]);
+      }
+  }
+};
 
 // One CTA per (chunk, value head), or with kGroup per (chunk, hpc value heads of one GVA group): then K, Q,
 // their l2norm and the raw Gram products K K^T, Q K^T once (the group's heads share them), and per value head
 // its gates, the inverse and M, W, X. No recurrence, so the whole GPU works on them at once. The per-head
-// form is its own instantiation: the group loop keeps the raw products live across heads (156 bytes of spills)
+// form is its own instantiation: the group loop keeps the raw products live across heads (144 bytes of spills)
 // and measured 5-11% slower per head, which the sharing only won back (NOTES, session 5).
 // kStatesOnly (per-head form only): for a recurrence without o (the backward's state recompute), X alone.
 template <typename T, typename IndexT, bool kGroup, bool kStatesOnly = false>
-__global__ void __launch_bounds__(kPrepThreads, kPrepCtasPerSm) gdn_prep_kernel(const __grid_constant__ flashqla_gdn_fwd_params_t p,
-                                                                const PrepBuffers<T> pb, int hpc) {
+__global__ void __launch_bounds__(kPrepThreads, kGroup ? kPrepGroupCtasPerSm : kPrepCtasPerSm)
+    gdn_prep_kernel(const __grid_constant__ flashqla_gdn_fwd_params_t p, const PrepBuffers<T> pb, int hpc) {
   static_assert(!(kGroup && kStatesOnly), "the group form computes W");
   extern __shared__ __align__(128) unsigned char smem_raw[];
   auto& sm = *reinterpret_cast<PrepStorage<T>*>(smem_raw);
-  static_assert(3 * sizeof(PrepStorage<T>) <= 227 * 1024, "three prep CTAs per SM");
+  static_assert(kPrepCtasPerSm * sizeof(PrepStorage<T>) <= 227 * 1024, "four prep CTAs per SM");
   const int tid = threadIdx.x;
   CtaTile ct;
   int64_t c;
@@ -1355,27 +1396,37 @@ __global__ void __launch_bounds__(kPrepThreads, kPrepCtasPerSm) gdn_prep_kernel(
 #endif
   const int rows = static_cast<int>(wk.len - c * kChunk < kChunk ? wk.len - c * kChunk : kChunk);
   const int64_t row0 = wk.flat0 + c * kChunk;
-  if constexpr (!kGroup) {
-    aux_chunk<T, kStatesOnly ? AuxMode::kPrepStates : AuxMode::kPrep>(p, sm.stage, sm.aux, wk, c, tid, kBarAux, pb,
-                                                                       t_mark);
+  const auto w_out = [&](int64_t h) {
+    return WToGlobal<T>{pb.w + row0 * p.heads_v * kChunk + h * kChunk, p.heads_v * kChunk, rows};
+  };
+  if constexpr (kStatesOnly) {
+    aux_chunk<T, AuxMode::kPrepStates>(p, sm, sm, wk, c, tid, kBarAux, pb, t_mark);
     __syncthreads();
-    store_prep<T>(p, pb, sm.stage, row0, rows, ct.h, tid, !kStatesOnly);
+    store_prep_x<T>(p, pb, sm, row0, rows, ct.h, tid);
+    FLASHQLA_ROLE_PHASE(1, kAuxWaitEmpty);  // (the prep's slot for its stores)
+  } else if constexpr (!kGroup) {
+    aux_chunk<T, AuxMode::kInputsOnly>(p, sm, sm, wk, c, tid, kBarAux, pb, t_mark);  // K, Q, gates, l2norm
+    float qk[8][4];
+    aux_gram_inverse<T>(sm, sm, tid, kBarAux, t_mark, qk);
+    aux_mwx<T>(sm, sm, tid, kBarAux, t_mark, qk, w_out(ct.h));
+    __syncthreads();
+    store_prep_x<T>(p, pb, sm, row0, rows, ct.h, tid);
     FLASHQLA_ROLE_PHASE(1, kAuxWaitEmpty);  // (the prep's slot for its stores)
   } else {
-    aux_chunk<T, AuxMode::kInputsOnly>(p, sm.stage, sm.aux, wk, c, tid, kBarAux, pb, t_mark);  // gates of head ct.h
+    aux_chunk<T, AuxMode::kInputsOnly>(p, sm, sm, wk, c, tid, kBarAux, pb, t_mark);  // gates of head ct.h
     float kk[8][4], qk[8][4];
-    aux_gram_raw<T>(sm.stage, tid, kk, qk);
+    aux_gram_raw<T>(sm, tid, kk, qk);
     for (int j = 0; j < hpc; ++j) {
       if (j > 0) {  // the next head's gates (the previous head's readers finished at the sync below)
         wk.h = ct.h + j;
-        if (tid < 32) load_gates<T>(p, sm.stage, sm.aux, wk, c, tid);
+        if (tid < 32) load_gates<T>(p, sm, sm, wk, c, tid);
         warp::bar_sync(kBarAux, kAuxThreads);
       }
-      aux_gates_inverse<T>(sm.aux, tid, kBarAux, t_mark, kk);
-      aux_mwx<T, true>(sm.stage, sm.aux, tid, kBarAux, t_mark, qk);
+      aux_gates_inverse<T>(sm, tid, kBarAux, t_mark, kk);
+      aux_mwx<T, true>(sm, sm, tid, kBarAux, t_mark, qk, w_out(wk.h));
       __syncthreads();
-      store_prep<T>(p, pb, sm.stage, row0, rows, wk.h, tid);
-      __syncthreads();  // X, W, A and M are rewritten for the next head
+      store_prep_x<T>(p, pb, sm, row0, rows, wk.h, tid);
+      __syncthreads();  // X, A and M are rewritten for the next head
     }
   }
 }
