@@ -713,7 +713,11 @@ CUTLASS_DEVICE void aux_chunk(const flashqla_gdn_fwd_params_t& p, StageT& S, Ax&
     }
   }
   issued();
+  // (the loader-only modes time the copies' issue and the gates apart, in slots their products never use)
+  constexpr bool kLoaderOnly = kMode == AuxMode::kLoadPrepared || kMode == AuxMode::kLoadBwd;
+  if constexpr (kLoaderOnly) FLASHQLA_ROLE_PHASE(1, kAuxGram);
   if (w == 0) load_gates<T>(p, S, ax, wk, c, lane);
+  if constexpr (kLoaderOnly) FLASHQLA_ROLE_PHASE(1, kAuxInvDiag);
   cp_async_wait_all();
   bar_sync(bar_aux, kAuxThreads);
   FLASHQLA_ROLE_PHASE(1, kAuxLoad);
