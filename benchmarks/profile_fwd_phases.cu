@@ -48,8 +48,10 @@ int main() {
   // state warps or by the loader groups when the GPU is nearly idle?)
   const char* st_names[fm::kStPhases] = {"wait full", "S->bf16, KS^T + QS^T", "gates, V^T, Z, Y", "O^T += Z^T W^T",
                                          "S^T update (hi + lo)", "O store"};
-  const char* aux_names[fm::kAuxPhases] = {"wait empty", "loads + cumsum", "l2norm", "KK^T, QK^T, L, P",
-                                           "inverse diagonal", "inverse merges", "M", "W, X"};
+  // the chain kernels' aux warps only load (split mode): their slots 3 and 4 time the copies' issue and the gates
+  // (warp 0, the timed one) apart from the wait for the copies; slots 5-7 stay empty
+  const char* aux_names[fm::kAuxPhases] = {"wait empty", "wait for the copies", "l2norm", "issue the copies",
+                                           "gates (warp 0)", "-", "-", "-"};
   // the role tables of one timed launch: state warp 0 and aux warp 0 of CTA 0 (st: the state phases' names)
   const auto roles = [&](const char* what, const char* const* st, auto&& launch) -> int {  // (CUDA_OK returns 1)
     ms = warm_then_time(launch, [] { zero_symbol(fm::g_role_cycles); });
@@ -65,9 +67,12 @@ int main() {
       const double per = role == 0 ? chunks : chunks / fm::kAuxGroups;
       std::printf("%-32s %12s %8s\n", role == 0 ? "state warp 0 (CTA 0, per chunk)" : "aux warp 0 (CTA 0, per own chunk)",
                   "cycles", "share");
-      for (int i = 0; i < n; ++i)
+      const int aux_order[fm::kAuxPhases] = {0, 3, 4, 1, 2, 5, 6, 7};  // program order
+      for (int k = 0; k < n; ++k) {
+        const int i = role == 0 ? k : aux_order[k];
         std::printf("%-32s %12.0f %7.1f%%\n", role == 0 ? st[i] : aux_names[i], rc[role][i] / per,
                     tot ? 100.0 * rc[role][i] / tot : 0.0);
+      }
       std::printf("%-32s %12.0f\n", "total", tot / per);
     }
     return 0;

@@ -67,20 +67,18 @@ enum Barrier : uint32_t {
   kBarPair = kBarState + 1,          // + V group: the two state warps of the K-split chain that share V rows
 };
 
-// O beside the chain (FLASHQLA_WGMMA=2; the wgmma chain only): a fourth warpgroup forms O from the S^T and Z^T the
-// state warps publish each chunk, so Q S^T, Z^T W^T and the O store leave the serial path. With the state step
-// shorter, two stages no longer hide the loads (a group needs ~6k cycles a chunk, and a stage now stays busy until
-// the O warps are done with it): three stages, filled by the two loader groups in turn (chunk c: stage c % 3,
+// O beside the chain (the forward's default, see chain_form; the wgmma chain only): a fourth warpgroup forms O
+// from the S^T and Z^T the state warps publish each chunk, so Q S^T, Z^T W^T and the O store leave the serial
+// path. With the state step shorter, two stages no longer hide the loads (a group needs ~6k cycles a chunk, and a
+// stage now stays busy until the O warps are done with it; NOTES, session 11): three stages, filled by the two loader groups in turn (chunk c: stage c % 3,
 // group c % 2). The empty barrier of chunk c's stage is waited by the loader of chunk c + 3; with one id per
 // c % 6 each id always has the same loader group, so no group can arrive at another's barrier generation.
 constexpr int kOThreads = 128;
 constexpr int kObStages = 3;
 constexpr int kObThreads = kStateThreads + kOThreads + kAuxGroups * kAuxThreads;
-#ifndef FLASHQLA_OB_O_REGS
-#define FLASHQLA_OB_O_REGS 120
-#endif
-// state (no O accumulators), O, loaders (they only copy here)
-constexpr int kObORegs = FLASHQLA_OB_O_REGS, kObLoadRegs = 96, kObStateRegs = 224 - (kObORegs - 96) / 8 * 8;
+// Registers: the state warps (no O accumulators) fit in 200; the O warps hold S^T, Z^T and O^T fragments and need
+// 120 (at 96 or 104 ptxas spilled and serialised their wgmmas); the loaders only copy here.
+constexpr int kObStateRegs = 200, kObORegs = 120, kObLoadRegs = 96;
 static_assert(kObStateRegs * kStateThreads + kObORegs * kOThreads + kObLoadRegs * kAuxGroups * kAuxThreads <= 64 * 1024,
               "the O-beside kernel's registers");
 namespace ob {
@@ -715,7 +713,11 @@ CUTLASS_DEVICE void aux_chunk(const flashqla_gdn_fwd_params_t& p, StageT& S, Ax&
     }
   }
   issued();
+  // (the loader-only modes time the copies' issue and the gates apart, in slots their products never use)
+  constexpr bool kLoaderOnly = kMode == AuxMode::kLoadPrepared || kMode == AuxMode::kLoadBwd;
+  if constexpr (kLoaderOnly) FLASHQLA_ROLE_PHASE(1, kAuxGram);
   if (w == 0) load_gates<T>(p, S, ax, wk, c, lane);
+  if constexpr (kLoaderOnly) FLASHQLA_ROLE_PHASE(1, kAuxInvDiag);
   cp_async_wait_all();
   bar_sync(bar_aux, kAuxThreads);
   FLASHQLA_ROLE_PHASE(1, kAuxLoad);
@@ -856,8 +858,9 @@ struct PairShares {
 };
 static_assert(2 * PairShares::kSlots * 8 * 4 * 32 <= kChunk * kLdF, "a pair's shares fit in a loader group's la");
 
-// ---- The chain's products as wgmma (FLASHQLA_WGMMA=1; split mode, 64-column CTAs; unmeasured): the four state
-// warps are one warpgroup whose registers hold S^T, and per warp the A fragment of wgmma m64nNk16 is the
+// ---- The chain's products as wgmma (split mode, 64-column CTAs; session 11: the step -4..-5% against
+// mma.sync): the four state warps are one warpgroup whose registers hold S^T, and per warp the A fragment of
+// wgmma m64nNk16 is the
 // mma.sync A fragment of its 16 rows and the accumulator its N / 8 mma.sync C tiles
 // (benchmarks/wgmma_chain_probe.cu). B comes from the swizzled stage (StageSw), read once for the warpgroup
 // instead of once per warp. Each call waits for its products (the next step needs them).
@@ -1083,25 +1086,28 @@ CUTLASS_DEVICE void state_role(const flashqla_gdn_fwd_params_t& p, Storage& sm, 
     FLASHQLA_ROLE_PHASE(0, kStUpdate);
 
 #if FLASHQLA_V2_EXPERIMENT != 2
-    if constexpr (!kOb) {
-    if (!want_o) continue;
-    // O tile: this warp's rows transposed through shared memory, then 16-byte pieces of the rows to global
-    T* ot = sm.o[c & 1];
+    if constexpr (!kOb) {  // (else the O warps store O)
+      if (want_o) {
+        // O tile: this warp's rows transposed through shared memory, then 16-byte pieces of the rows to global
+        T* ot = sm.o[c & 1];
 #pragma unroll
-    for (int nt = 0; nt < 8; ++nt) {
-      if (!own_np(nt >> 1)) continue;
+        for (int nt = 0; nt < 8; ++nt) {
+          if (!own_np(nt >> 1)) continue;
 #pragma unroll
-      for (int e = 0; e < 4; ++e) ot[(8 * nt + 2 * tq + (e & 1)) * kLdC + v0 + 8 * (e >> 1)] = from_f<T>(p.scale * os[nt][e]);
+          for (int e = 0; e < 4; ++e)
+            ot[(8 * nt + 2 * tq + (e & 1)) * kLdC + v0 + 8 * (e >> 1)] = from_f<T>(p.scale * os[nt][e]);
+        }
+        bar_sync(kBarState, kStateThreads);
+        const int64_t t0 = c * kChunk;
+#pragma unroll
+        for (int it = 0; it < (kChunk << kOShift) / kStateThreads; ++it) {
+          const int i = tid + it * kStateThreads, r = i >> kOShift, c8 = (i & ((1 << kOShift) - 1)) * 8;
+          if (r < rows)
+            *reinterpret_cast<uint4*>(wk.o + (t0 + r) * p.o_stride_time + c8) =
+                *reinterpret_cast<const uint4*>(&ot[r * kLdC + c8]);
+        }
+      }
     }
-    bar_sync(kBarState, kStateThreads);
-    const int64_t t0 = c * kChunk;
-#pragma unroll
-    for (int it = 0; it < (kChunk << kOShift) / kStateThreads; ++it) {
-      const int i = tid + it * kStateThreads, r = i >> kOShift, c8 = (i & ((1 << kOShift) - 1)) * 8;
-      if (r < rows)
-        *reinterpret_cast<uint4*>(wk.o + (t0 + r) * p.o_stride_time + c8) = *reinterpret_cast<const uint4*>(&ot[r * kLdC + c8]);
-    }
-    }  // !kOb
 #endif
     FLASHQLA_ROLE_PHASE(0, kStStore);
   }
