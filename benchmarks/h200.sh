@@ -24,7 +24,8 @@
 #             PHASE_DEFS="-DX=1;-DX=0" builds and runs it once per flag set)
 #   gradphases  per-phase cycle counts of the backward's gradient kernel (benchmarks/profile_bwd_grad_phases.cu;
 #             GRAD_PHASE_DEFS="-DX=1;-DX=0" builds and runs it once per flag set)
-#   probe     the state chain with wgmma vs mma.sync, checked against a reference (benchmarks/wgmma_chain_probe.cu)
+#   probe     the state chain with wgmma vs mma.sync (benchmarks/wgmma_chain_probe.cu), and a chunk's loads by cp.async
+#             vs TMA with the swizzles compared (benchmarks/tma_load_probe.cu)
 #   cumsum    the cumsum kernel record (benchmarks/bench_cumsum.py)
 #   bench     python -m flashqla.bench run --cases $CASES --prewarm $PREWARM $BENCH_ARGS (default anchors; the
 #             competitors' kernels compile first in $PREWARM (16) parallel processes, not case by case)
@@ -170,6 +171,10 @@ if has probe; then
   say "wgmma chain probe"
   cuda_tool benchmarks/wgmma_chain_probe.cu /tmp/fq_probe
   timeout 60 /tmp/fq_probe 2>&1 | tee -a "$LOG"
+  [ "${PIPESTATUS[0]}" -eq 0 ] || status=1
+  say "TMA load probe (a chunk's 64 KB by cp.async or TMA; TMA's 128-byte swizzle against sw128_off)"
+  cuda_tool benchmarks/tma_load_probe.cu /tmp/fq_tma_probe
+  timeout 60 /tmp/fq_tma_probe 2>&1 | tee -a "$LOG"
   [ "${PIPESTATUS[0]}" -eq 0 ] || status=1
 fi
 
