@@ -1501,12 +1501,13 @@ CUTLASS_DEVICE void prep_worker(const flashqla_gdn_fwd_params_t& p, const PrepBu
   const int tid = threadIdx.x % kPrepThreads;
   const uint32_t bar = 1 + unit;
   long long t_mark = 0;
-  const int64_t items = pb.ready_chunks * p.heads_v;
-  const int64_t step = int64_t(pb.prep_ctas) * kPrepUnits;
-  for (int64_t item = int64_t(blockIdx.x) * kPrepUnits + unit; item < items; item += step) {
+  // (32-bit item arithmetic: the host takes this path only below 2^31 items)
+  const int heads = static_cast<int>(p.heads_v), items = static_cast<int>(pb.ready_chunks * p.heads_v);
+  const int step = pb.prep_ctas * kPrepUnits;
+  for (int item = blockIdx.x * kPrepUnits + unit; item < items; item += step) {
     if (tid < 32) {
       int64_t seq, ch;
-      locate_chunk<IndexT>(p, item / p.heads_v, tid, seq, ch);
+      locate_chunk<IndexT>(p, item / heads, tid, seq, ch);
       if (tid == 0) {
         sm.seq = seq;
         sm.chunk = ch;
@@ -1516,7 +1517,7 @@ CUTLASS_DEVICE void prep_worker(const flashqla_gdn_fwd_params_t& p, const PrepBu
     if (sm.seq >= 0) {  // (else past the last chunk: the flag is set all the same)
       CtaTile ct;
       ct.vb = 0;
-      ct.h = item % p.heads_v;
+      ct.h = item % heads;
       ct.n = sm.seq;
       ct.hq = ct.h / (p.heads_v / p.heads_qk);
       sequence_bounds<IndexT>(p, ct.n, ct.b, ct.bos, ct.eos);
@@ -1651,6 +1652,7 @@ inline int overlap_prep_ctas(const flashqla_gdn_fwd_params_t& p) {
     return 0;
   const int sms = device_sm_count();
   const int64_t chain = p.num_seqs * p.heads_v * kVBlocks;
+  if (chunk_bound(p) * p.heads_v >= (int64_t(1) << 31)) return 0;  // (the workers count items in 32 bits)
   return chain <= sms - sms / 4 ? static_cast<int>(sms - chain) : 0;
 }
 
