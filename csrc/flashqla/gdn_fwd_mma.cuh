@@ -860,8 +860,7 @@ static_assert(2 * PairShares::kSlots * 8 * 4 * 32 <= kChunk * kLdF, "a pair's sh
 
 // ---- The chain's products as wgmma (split mode, 64-column CTAs; session 11: the step -4..-5% against
 // mma.sync): the four state warps are one warpgroup whose registers hold S^T, and per warp the A fragment of
-// wgmma m64nNk16 is the
-// mma.sync A fragment of its 16 rows and the accumulator its N / 8 mma.sync C tiles
+// wgmma m64nNk16 is the mma.sync A fragment of its 16 rows and the accumulator its N / 8 mma.sync C tiles
 // (benchmarks/wgmma_chain_probe.cu). B comes from the swizzled stage (StageSw), read once for the warpgroup
 // instead of once per warp. Each call waits for its products (the next step needs them).
 // acc (64 rows x 64 chunk columns) += A B^T over K: 8 k16 steps, A = the state warps' registers (sa), B = a
@@ -874,8 +873,19 @@ CUTLASS_DEVICE void wg_issue_rows64(float (&acc)[8][4], const uint32_t (&sa)[8][
     gmma::wgmma_rs<64, T, 0>(a32, sa[kk],
                              gmma::make_desc_sw128(reinterpret_cast<const char*>(tile[kk >> 2]) + 32 * (kk & 3), 16, 1024));
 }
-// KS^T (and QS^T) = S^T K^T (Q^T). kQs false: KS^T alone (os untouched).
-template <typename T, bool kQs = true, typename StageT>
+// One such product, waited for: acc += S^T tile^T (the O-beside chain's KS^T, its O warps' QS^T).
+template <typename T>
+CUTLASS_DEVICE void wg_rows64(float (&acc)[8][4], const uint32_t (&sa)[8][4], const T (&tile)[2][kChunk * 64]) {
+  auto& a32 = reinterpret_cast<float(&)[32]>(acc);
+  gmma::fence();
+  gmma::pin(a32);
+  wg_issue_rows64<T>(acc, sa, tile);
+  gmma::commit();
+  gmma::wait_all();
+  gmma::pin(a32);
+}
+// KS^T and QS^T = S^T K^T, S^T Q^T in one commit group.
+template <typename T, typename StageT>
 CUTLASS_DEVICE void wg_ks_qs(const StageT& S, const uint32_t (&sa)[8][4], float (&ks)[8][4], float (&os)[8][4],
                              bool want_o) {
   using namespace gmma;
@@ -883,13 +893,13 @@ CUTLASS_DEVICE void wg_ks_qs(const StageT& S, const uint32_t (&sa)[8][4], float 
   auto& o32 = reinterpret_cast<float(&)[32]>(os);
   fence();
   pin(k32);
-  if constexpr (kQs) pin(o32);
+  pin(o32);
   wg_issue_rows64<T>(ks, sa, S.k);
-  if (kQs && want_o) wg_issue_rows64<T>(os, sa, S.q);
+  if (want_o) wg_issue_rows64<T>(os, sa, S.q);
   commit();
   wait_all();
   pin(k32);
-  if constexpr (kQs) pin(o32);
+  pin(o32);
 }
 // O^T += Z^T W^T: 4 k16 steps over the chunk, B = W (K-major; its blocks above the diagonal hold zeros).
 template <typename T>
@@ -1009,7 +1019,10 @@ CUTLASS_DEVICE void state_role(const flashqla_gdn_fwd_params_t& p, Storage& sm, 
     zero_acc(ks);
     zero_acc(os);
     if constexpr (kWg) {
-      wg_ks_qs<T, !kOb>(S, sa, ks, os, want_o);
+      if constexpr (kOb)
+        wg_rows64<T>(ks, sa, S.k);  // (QS^T: the O warps)
+      else
+        wg_ks_qs<T>(S, sa, ks, os, want_o);
     } else {
       for_b_fragments<kKS, 4, false>(S.k + kcol, kLdK, ld, [&](int kk, int np, const uint32_t (&b)[4]) {
         mma_pair<T>(ks, np, sa[kk], b);
@@ -1139,15 +1152,7 @@ CUTLASS_DEVICE void o_role(const flashqla_gdn_fwd_params_t& p, SharedStorageOb<T
 
     float os[8][4];
     zero_acc(os);
-    {
-      auto& o32 = reinterpret_cast<float(&)[32]>(os);
-      gmma::fence();
-      gmma::pin(o32);
-      wg_issue_rows64<T>(os, sa, S.q);
-      gmma::commit();
-      gmma::wait_all();
-      gmma::pin(o32);
-    }
+    wg_rows64<T>(os, sa, S.q);
 #pragma unroll
     for (int nt = 0; nt < 8; ++nt) {
       const float2 gm = *reinterpret_cast<const float2*>(&S.gamma[8 * nt + 2 * tq]);
