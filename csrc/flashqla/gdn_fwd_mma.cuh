@@ -1519,34 +1519,36 @@ cudaError_t launch_recurrent(const flashqla_gdn_fwd_params_t& p, const PrepBuffe
   return cudaGetLastError();
 }
 
-// Which chain runs on prepared chunks (the forward's, the state recompute, the backward's dS chain).
-// FLASHQLA_WGMMA: 0 = mma.sync (K-split or not, as use_ksplit says), 1 = the wgmma chain, 2 = the wgmma chain
-// with O beside it where there is an O to form (with_o; else 1). Unset: for the forward's passes (fwd_pass) O beside
-// the wgmma chain, or without an O the wgmma chain, whose state arithmetic is the same bit for bit (exact
-// parallelism's summaries-only passes must leave the chain as a full pass does); for the backward's chains the K
-// split where use_ksplit chooses it, else the wgmma chain. Session 11's A/B on the anchors: O beside
-// the chain -3..-12% on every forward row against the best of the others (also against the K split on the
-// 1 x 2048 rows); the wgmma chain -1..-4% against mma.sync on the forward, the backward's chains within 1%
-// (FLASHQLA_WGMMA=1 there loses 19% at hk4_hv8 32k_1seq, where the K split fits).
-enum class ChainForm { kMma, kKSplit, kWgmma, kWgmmaOb };
-inline ChainForm chain_form(const flashqla_gdn_fwd_params_t& p, int side_by_side, bool with_o, bool fwd_pass) {
-  const char* e = std::getenv("FLASHQLA_WGMMA");
-  const int mode = e != nullptr && *e != '\0' ? std::atoi(e) : -1;
-  if (mode == 2 || (mode < 0 && fwd_pass)) return with_o ? ChainForm::kWgmmaOb : ChainForm::kWgmma;
-  if (mode == 1) return ChainForm::kWgmma;
-  if (use_ksplit(p, side_by_side)) return ChainForm::kKSplit;
-  return mode == 0 ? ChainForm::kMma : ChainForm::kWgmma;
-}
-
 // Chunk states without o: the backward's state recompute (its prep computes X alone, and it runs beside the
 // dS chain).
 inline bool states_only(const flashqla_gdn_fwd_params_t& p) { return p.o == nullptr && p.chunk_states != nullptr; }
+
+// Which chain runs on prepared chunks: p's (the forward's passes, the backward's state recompute), or with
+// ds_chain the backward's dS chain on p. FLASHQLA_WGMMA: 0 = mma.sync (K-split or not, as use_ksplit says), 1 = the
+// wgmma chain, 2 = the wgmma chain with O beside it where there is an O to form (else 1). Unset: for the forward's
+// passes O beside the wgmma chain, or without an O the wgmma chain, whose state arithmetic is the same bit for bit
+// (exact parallelism's summaries-only passes must leave the chain as a full pass does); for the backward's two
+// chains, which run side by side, the K split where use_ksplit chooses it, else the wgmma chain. Session 11's A/B
+// on the anchors: O beside the chain -3..-12% on every forward row against the best of the others (also against
+// the K split on the 1 x 2048 rows); the wgmma chain -1..-4% against mma.sync on the forward, the backward's chains
+// within 1% (FLASHQLA_WGMMA=1 there loses 19% at hk4_hv8 32k_1seq, where the K split fits).
+enum class ChainForm { kMma, kKSplit, kWgmma, kWgmmaOb };
+inline ChainForm chain_form(const flashqla_gdn_fwd_params_t& p, bool ds_chain = false) {
+  const bool backward = ds_chain || states_only(p);
+  const bool with_o = !ds_chain && p.o != nullptr && p.chunk_states == nullptr;
+  const char* e = std::getenv("FLASHQLA_WGMMA");
+  const int mode = e != nullptr && *e != '\0' ? std::atoi(e) : -1;
+  if (mode == 2 || (mode < 0 && !backward)) return with_o ? ChainForm::kWgmmaOb : ChainForm::kWgmma;
+  if (mode == 1) return ChainForm::kWgmma;
+  if (use_ksplit(p, backward ? 2 : 1)) return ChainForm::kKSplit;
+  return mode == 0 ? ChainForm::kMma : ChainForm::kWgmma;
+}
 
 // The split mode's chain on prepared X and W (chain_form).
 template <typename T>
 cudaError_t launch_prepared(const flashqla_gdn_fwd_params_t& p, const PrepBuffers<T>& pb, cudaStream_t stream) {
   constexpr AuxMode kM = AuxMode::kLoadPrepared;
-  switch (chain_form(p, states_only(p) ? 2 : 1, p.o != nullptr && p.chunk_states == nullptr, !states_only(p))) {
+  switch (chain_form(p)) {
     case ChainForm::kWgmmaOb: return launch_recurrent<T, kM, false, true, true>(p, pb, stream);
     case ChainForm::kWgmma: return launch_recurrent<T, kM, false, true>(p, pb, stream);
     case ChainForm::kKSplit: return launch_recurrent<T, kM, true>(p, pb, stream);
