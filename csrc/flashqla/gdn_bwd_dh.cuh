@@ -327,7 +327,7 @@ cudaError_t launch_prep(const flashqla_gdn_fwd_params_t& p, void* workspace, flo
 // or [batch * seqlen, heads_v, 64] fp32, the inverse's rows (flashqla_gdn_bwd_dh_params_t::a).
 template <typename T>
 cudaError_t launch(const flashqla_gdn_fwd_params_t& p, float* dh, float* a, cudaStream_t stream) {
-  const ChainForm form = chain_form(p, 2, false, false);  // (beside the state recompute)
+  const ChainForm form = chain_form(p, true);
   const bool wg = form == ChainForm::kWgmma, ksplit = form == ChainForm::kKSplit;
   const int64_t ctas = p.num_seqs * p.heads_v * (ksplit ? kVBlocksK : kVBlocks);
   if (ctas == 0) return cudaSuccess;

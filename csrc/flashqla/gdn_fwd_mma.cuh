@@ -884,8 +884,7 @@ static_assert(2 * PairShares::kSlots * 8 * 4 * 32 <= kChunk * kLdF, "a pair's sh
 
 // ---- The chain's products as wgmma (split mode, 64-column CTAs; session 11: the step -4..-5% against
 // mma.sync): the four state warps are one warpgroup whose registers hold S^T, and per warp the A fragment of
-// wgmma m64nNk16 is the
-// mma.sync A fragment of its 16 rows and the accumulator its N / 8 mma.sync C tiles
+// wgmma m64nNk16 is the mma.sync A fragment of its 16 rows and the accumulator its N / 8 mma.sync C tiles
 // (benchmarks/wgmma_chain_probe.cu). B comes from the swizzled stage (StageSw), read once for the warpgroup
 // instead of once per warp. Each call waits for its products (the next step needs them).
 // acc (64 rows x 64 chunk columns) += A B^T over K: 8 k16 steps, A = the state warps' registers (sa), B = a
@@ -898,8 +897,19 @@ CUTLASS_DEVICE void wg_issue_rows64(float (&acc)[8][4], const uint32_t (&sa)[8][
     gmma::wgmma_rs<64, T, 0>(a32, sa[kk],
                              gmma::make_desc_sw128(reinterpret_cast<const char*>(tile[kk >> 2]) + 32 * (kk & 3), 16, 1024));
 }
-// KS^T (and QS^T) = S^T K^T (Q^T). kQs false: KS^T alone (os untouched).
-template <typename T, bool kQs = true, typename StageT>
+// One such product, waited for: acc += S^T tile^T (the O-beside chain's KS^T, its O warps' QS^T).
+template <typename T>
+CUTLASS_DEVICE void wg_rows64(float (&acc)[8][4], const uint32_t (&sa)[8][4], const T (&tile)[2][kChunk * 64]) {
+  auto& a32 = reinterpret_cast<float(&)[32]>(acc);
+  gmma::fence();
+  gmma::pin(a32);
+  wg_issue_rows64<T>(acc, sa, tile);
+  gmma::commit();
+  gmma::wait_all();
+  gmma::pin(a32);
+}
+// KS^T and QS^T = S^T K^T, S^T Q^T in one commit group.
+template <typename T, typename StageT>
 CUTLASS_DEVICE void wg_ks_qs(const StageT& S, const uint32_t (&sa)[8][4], float (&ks)[8][4], float (&os)[8][4],
                              bool want_o) {
   using namespace gmma;
@@ -907,13 +917,13 @@ CUTLASS_DEVICE void wg_ks_qs(const StageT& S, const uint32_t (&sa)[8][4], float 
   auto& o32 = reinterpret_cast<float(&)[32]>(os);
   fence();
   pin(k32);
-  if constexpr (kQs) pin(o32);
+  pin(o32);
   wg_issue_rows64<T>(ks, sa, S.k);
-  if (kQs && want_o) wg_issue_rows64<T>(os, sa, S.q);
+  if (want_o) wg_issue_rows64<T>(os, sa, S.q);
   commit();
   wait_all();
   pin(k32);
-  if constexpr (kQs) pin(o32);
+  pin(o32);
 }
 // O^T += Z^T W^T: 4 k16 steps over the chunk, B = W (K-major; its blocks above the diagonal hold zeros).
 template <typename T>
@@ -1033,7 +1043,10 @@ CUTLASS_DEVICE void state_role(const flashqla_gdn_fwd_params_t& p, Storage& sm, 
     zero_acc(ks);
     zero_acc(os);
     if constexpr (kWg) {
-      wg_ks_qs<T, !kOb>(S, sa, ks, os, want_o);
+      if constexpr (kOb)
+        wg_rows64<T>(ks, sa, S.k);  // (QS^T: the O warps)
+      else
+        wg_ks_qs<T>(S, sa, ks, os, want_o);
     } else {
       for_b_fragments<kKS, 4, false>(S.k + kcol, kLdK, ld, [&](int kk, int np, const uint32_t (&b)[4]) {
         mma_pair<T>(ks, np, sa[kk], b);
@@ -1163,15 +1176,7 @@ CUTLASS_DEVICE void o_role(const flashqla_gdn_fwd_params_t& p, SharedStorageOb<T
 
     float os[8][4];
     zero_acc(os);
-    {
-      auto& o32 = reinterpret_cast<float(&)[32]>(os);
-      gmma::fence();
-      gmma::pin(o32);
-      wg_issue_rows64<T>(os, sa, S.q);
-      gmma::commit();
-      gmma::wait_all();
-      gmma::pin(o32);
-    }
+    wg_rows64<T>(os, sa, S.q);
 #pragma unroll
     for (int nt = 0; nt < 8; ++nt) {
       const float2 gm = *reinterpret_cast<const float2*>(&S.gamma[8 * nt + 2 * tq]);
@@ -1608,34 +1613,36 @@ cudaError_t launch_recurrent(const flashqla_gdn_fwd_params_t& p, const PrepBuffe
   return cudaGetLastError();
 }
 
-// Which chain runs on prepared chunks (the forward's, the state recompute, the backward's dS chain).
-// FLASHQLA_WGMMA: 0 = mma.sync (K-split or not, as use_ksplit says), 1 = the wgmma chain, 2 = the wgmma chain
-// with O beside it where there is an O to form (with_o; else 1). Unset: for the forward's passes (fwd_pass) O beside
-// the wgmma chain, or without an O the wgmma chain, whose state arithmetic is the same bit for bit (exact
-// parallelism's summaries-only passes must leave the chain as a full pass does); for the backward's chains the K
-// split where use_ksplit chooses it, else the wgmma chain. Session 11's A/B on the anchors: O beside
-// the chain -3..-12% on every forward row against the best of the others (also against the K split on the
-// 1 x 2048 rows); the wgmma chain -1..-4% against mma.sync on the forward, the backward's chains within 1%
-// (FLASHQLA_WGMMA=1 there loses 19% at hk4_hv8 32k_1seq, where the K split fits).
-enum class ChainForm { kMma, kKSplit, kWgmma, kWgmmaOb };
-inline ChainForm chain_form(const flashqla_gdn_fwd_params_t& p, int side_by_side, bool with_o, bool fwd_pass) {
-  const char* e = std::getenv("FLASHQLA_WGMMA");
-  const int mode = e != nullptr && *e != '\0' ? std::atoi(e) : -1;
-  if (mode == 2 || (mode < 0 && fwd_pass)) return with_o ? ChainForm::kWgmmaOb : ChainForm::kWgmma;
-  if (mode == 1) return ChainForm::kWgmma;
-  if (use_ksplit(p, side_by_side)) return ChainForm::kKSplit;
-  return mode == 0 ? ChainForm::kMma : ChainForm::kWgmma;
-}
-
 // Chunk states without o: the backward's state recompute (its prep computes X alone, and it runs beside the
 // dS chain).
 inline bool states_only(const flashqla_gdn_fwd_params_t& p) { return p.o == nullptr && p.chunk_states != nullptr; }
+
+// Which chain runs on prepared chunks: p's (the forward's passes, the backward's state recompute), or with
+// ds_chain the backward's dS chain on p. FLASHQLA_WGMMA: 0 = mma.sync (K-split or not, as use_ksplit says), 1 = the
+// wgmma chain, 2 = the wgmma chain with O beside it where there is an O to form (else 1). Unset: for the forward's
+// passes O beside the wgmma chain, or without an O the wgmma chain, whose state arithmetic is the same bit for bit
+// (exact parallelism's summaries-only passes must leave the chain as a full pass does); for the backward's two
+// chains, which run side by side, the K split where use_ksplit chooses it, else the wgmma chain. Session 11's A/B
+// on the anchors: O beside the chain -3..-12% on every forward row against the best of the others (also against
+// the K split on the 1 x 2048 rows); the wgmma chain -1..-4% against mma.sync on the forward, the backward's chains
+// within 1% (FLASHQLA_WGMMA=1 there loses 19% at hk4_hv8 32k_1seq, where the K split fits).
+enum class ChainForm { kMma, kKSplit, kWgmma, kWgmmaOb };
+inline ChainForm chain_form(const flashqla_gdn_fwd_params_t& p, bool ds_chain = false) {
+  const bool backward = ds_chain || states_only(p);
+  const bool with_o = !ds_chain && p.o != nullptr && p.chunk_states == nullptr;
+  const char* e = std::getenv("FLASHQLA_WGMMA");
+  const int mode = e != nullptr && *e != '\0' ? std::atoi(e) : -1;
+  if (mode == 2 || (mode < 0 && !backward)) return with_o ? ChainForm::kWgmmaOb : ChainForm::kWgmma;
+  if (mode == 1) return ChainForm::kWgmma;
+  if (use_ksplit(p, backward ? 2 : 1)) return ChainForm::kKSplit;
+  return mode == 0 ? ChainForm::kMma : ChainForm::kWgmma;
+}
 
 // The split mode's chain on prepared X and W (chain_form).
 template <typename T>
 cudaError_t launch_prepared(const flashqla_gdn_fwd_params_t& p, const PrepBuffers<T>& pb, cudaStream_t stream) {
   constexpr AuxMode kM = AuxMode::kLoadPrepared;
-  switch (chain_form(p, states_only(p) ? 2 : 1, p.o != nullptr && p.chunk_states == nullptr, !states_only(p))) {
+  switch (chain_form(p)) {
     case ChainForm::kWgmmaOb: return launch_recurrent<T, kM, false, true, true>(p, pb, stream);
     case ChainForm::kWgmma: return launch_recurrent<T, kM, false, true>(p, pb, stream);
     case ChainForm::kKSplit: return launch_recurrent<T, kM, true>(p, pb, stream);
