@@ -1654,8 +1654,7 @@ cudaError_t launch_prepared(const flashqla_gdn_fwd_params_t& p, const PrepBuffer
 // leave at least a quarter of the SMs to the prep workers; their count, or 0.
 inline int overlap_prep_ctas(const flashqla_gdn_fwd_params_t& p) {
   const char* e = std::getenv("FLASHQLA_OVERLAP");
-  if (e == nullptr || e[0] != '1' || states_only(p) ||
-      chain_form(p, 1, p.o != nullptr && p.chunk_states == nullptr, true) != ChainForm::kWgmmaOb)
+  if (e == nullptr || e[0] != '1' || chain_form(p) != ChainForm::kWgmmaOb)
     return 0;
   const int sms = device_sm_count();
   const int64_t chain = p.num_seqs * p.heads_v * kVBlocks;
