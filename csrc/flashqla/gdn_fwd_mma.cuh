@@ -683,10 +683,13 @@ CUTLASS_DEVICE void load_gates(const flashqla_gdn_fwd_params_t& p, StageT& S, Ax
 // One chunk's aux work on `S` by one 128-thread group: loads (K, Q, g, beta; V in the recurrent kernels; X and W
 // when kLoadPrepared), the gates, l2norm, and with kFused or kPrepStates the products (aux_products). Ends before the
 // group's closing sync (the callers do it). issued() runs once the tiles' copies are issued (before the gates).
+// kReady (the prep beside the chain's loaders only, so the other kernels carry no branch for it): wait for the
+// chunk's ready flag before copying X and W.
 struct NoHook {
   CUTLASS_DEVICE void operator()() const {}
 };
-template <typename T, AuxMode kMode, int kBV = kBlockV, typename StageT, typename Ax, typename Issued = NoHook>
+template <typename T, AuxMode kMode, int kBV = kBlockV, bool kReady = false, typename StageT, typename Ax,
+          typename Issued = NoHook>
 CUTLASS_DEVICE void aux_chunk(const flashqla_gdn_fwd_params_t& p, StageT& S, Ax& ax, const Work<T>& wk,
                               int64_t c, int tid, uint32_t bar_aux, const PrepBuffers<T>& pb, long long& t_mark,
                               Issued issued = Issued{}) {
@@ -717,7 +720,7 @@ CUTLASS_DEVICE void aux_chunk(const flashqla_gdn_fwd_params_t& p, StageT& S, Ax&
     // from the prep kernel: X (forward) or W' (backward), 128 wide, into x; W (forward, 64 wide) or this CTA's
     // 64 columns of U (backward, rows 128 wide) into w
     const int64_t row0 = wk.flat0 + c * kChunk;
-    if (kMode == AuxMode::kLoadPrepared && pb.ready != nullptr) {  // prep beside the chain: X, W may be on the way
+    if constexpr (kReady) {  // prep beside the chain: X, W may be on the way
       if (tid == 0 && wk.chunk0 + c < pb.ready_chunks) wait_flag(pb.ready + (wk.chunk0 + c) * p.heads_v + wk.h);
       bar_sync(bar_aux, kAuxThreads);
     }
@@ -792,7 +795,7 @@ CUTLASS_DEVICE void aux_chunk(const flashqla_gdn_fwd_params_t& p, StageT& S, Ax&
 }
 
 // kOb: the O-beside kernel's pipeline (three stages, its barrier ids; see ob::Barrier).
-template <typename T, AuxMode kMode, int kBV = kBlockV, bool kOb = false, typename Storage>
+template <typename T, AuxMode kMode, int kBV = kBlockV, bool kOb = false, bool kReady = false, typename Storage>
 CUTLASS_DEVICE void aux_role(const flashqla_gdn_fwd_params_t& p, Storage& sm, const Work<T>& wk, int group,
                              const PrepBuffers<T>& pb) {
   using namespace warp;
@@ -814,7 +817,7 @@ CUTLASS_DEVICE void aux_role(const flashqla_gdn_fwd_params_t& p, Storage& sm, co
       if (it >= kStages) bar_sync(kBarEmpty + st, kHandoffThreads);
     }
     FLASHQLA_ROLE_PHASE(1, kAuxWaitEmpty);
-    aux_chunk<T, kMode, kBV>(p, S, ax, wk, c, tid, bar_aux, pb, t_mark);
+    aux_chunk<T, kMode, kBV, kReady>(p, S, ax, wk, c, tid, bar_aux, pb, t_mark);
     // the wgmma chain reads the tiles through the async proxy: this thread's copies and l2norm stores first
     if constexpr (kSwizzledStage<std::remove_reference_t<decltype(S)>>) fence_async_smem();
     // bar.arrive orders this thread's stores before the state warps' bar.sync (PTX), but
@@ -1292,7 +1295,7 @@ __global__ void __launch_bounds__(kOb ? kObThreads : kThreads, 1)
     constexpr int kFirstLoader = kCtaThreads - kAuxGroups * kAuxThreads;
     cutlass::arch::warpgroup_reg_dealloc<kOb ? kObLoadRegs : kAuxRegs>();
     if (kOverlap) wk.chunk0 = chunk_offset<IndexT>(p, ct.n, threadIdx.x & 31);  // (the ready flags' index)
-    aux_role<T, kMode, kBV, kOb>(p, sm, wk, (threadIdx.x - kFirstLoader) / kAuxThreads, pb);
+    aux_role<T, kMode, kBV, kOb, kOverlap>(p, sm, wk, (threadIdx.x - kFirstLoader) / kAuxThreads, pb);
   }
 }
 
