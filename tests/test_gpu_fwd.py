@@ -395,3 +395,50 @@ def test_chain_variants_against_float64(monkeypatch, variant, case):
     assert torch.isfinite(states["1"]).all() and rel_l2(states["1"], states["0"]) < 2e-3
     again = run_ours(d, **kw)  # the variant is deterministic (its pipeline orders nothing by timing)
     assert torch.equal(again[0], out["1"][0]) and torch.equal(again[1], out["1"][1])
+
+
+# the prep beside the chain (one launch whose first CTAs prepare X and W, the chain's loaders waiting for each
+# chunk's flag; FLASHQLA_OVERLAP=1 forces it, the default takes it where it gains): the same X, W and chain as the
+# separate prep kernel, so bitwise the same outputs; deterministic, and captured in a CUDA graph (the flags are
+# zeroed inside the graph on every replay)
+@pytest.mark.parametrize("case", ["one_long", "varlen", "gva4_fp16_l2norm", "dense"])
+def test_prep_beside_the_chain_matches_the_prep_kernel(monkeypatch, case):
+    monkeypatch.setenv("FLASHQLA_CP", "0")
+    for name in ("FLASHQLA_WGMMA", "FLASHQLA_KSPLIT"):
+        monkeypatch.delenv(name, raising=False)  # the default: O beside the chain, which the overlap needs
+    kw = {}
+    if case == "one_long":   # 4 chain CTAs, ~128 prep CTAs
+        d = make([4000], 1, 2, seed=41)
+    elif case == "varlen":   # zero-length sequences, partial chunks, 56 chain CTAs
+        d = make([0, 65, 1, 700, 0, 130, 2300], 2, 4, seed=42)
+    elif case == "dense":    # 3 x 2 chain CTAs; the workers' chunk-position order over the batch
+        d = make([1100], 1, 1, dense_B=3, seed=44)
+    else:
+        d = make([64, 191, 1500], 2, 8, dtype=torch.float16, seed=43)
+        d["q"], d["k"] = d["q"] * 3, d["k"] * 0.5
+        kw = {"use_qk_l2norm_in_kernel": True}
+    out = {}
+    for mode in ("0", "1", None):  # (None: the default, which takes the overlap on some of these)
+        if mode is None:
+            monkeypatch.delenv("FLASHQLA_OVERLAP")
+        else:
+            monkeypatch.setenv("FLASHQLA_OVERLAP", mode)
+        out[mode] = run_ours(d, **kw)
+    for mode in ("1", None):
+        assert torch.equal(out["0"][0], out[mode][0]) and torch.equal(out["0"][1], out[mode][1])
+    monkeypatch.setenv("FLASHQLA_OVERLAP", "1")
+    again = run_ours(d, **kw)
+    assert torch.equal(again[0], out["1"][0]) and torch.equal(again[1], out["1"][1])
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        flashqla.chunk_gdn(**d, output_final_state=True, **kw)
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        go, gs = flashqla.chunk_gdn(**d, output_final_state=True, **kw)
+    for _ in range(2):  # a replay must not see the previous replay's flags
+        go.fill_(float("nan"))
+        graph.replay()
+        torch.cuda.synchronize()
+        assert torch.equal(go, out["1"][0]) and torch.equal(gs, out["1"][1])

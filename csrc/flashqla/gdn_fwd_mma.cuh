@@ -31,6 +31,7 @@
 
 #include <cutlass/arch/reg_reconfig.h>
 
+#include <algorithm>
 #include <cstdlib>
 #include <type_traits>
 
@@ -261,7 +262,26 @@ struct PrepBuffers {
   T* x;
   T* w;
   float* a = nullptr;  // backward prep only: the inverse's rows for the gradient kernel (flashqla_gdn_bwd_dh's a)
+  // Prep beside the chain (gdn_fwd_mma_kernel's kOverlap): one flag per (chunk of all sequences, value head), set
+  // once that chunk's X and W are in x and w; chunks at or past ready_chunks are never waited for. prep_ctas: the
+  // launch's first CTAs, which do the prep.
+  int* ready = nullptr;
+  int64_t ready_chunks = 0;
+  int prep_ctas = 0;
 };
+// The ready flags' two sides: the writer's threads each fence their X / W stores and meet at a barrier before one
+// of them releases the flag; the reader acquires it and its group meets at a barrier before copying. A wait that
+// outlasts any prep (~2^26 polls, seconds) traps: an error instead of a hang.
+CUTLASS_DEVICE void release_flag(int* f) { asm volatile("st.release.gpu.global.s32 [%0], %1;\n" ::"l"(f), "r"(1) : "memory"); }
+CUTLASS_DEVICE void wait_flag(const int* f) {
+  for (long long n = 0;; ++n) {
+    int v;
+    asm volatile("ld.acquire.gpu.global.s32 %0, [%1];\n" : "=r"(v) : "l"(f) : "memory");
+    if (v != 0) return;
+    if (n > (1LL << 26)) __trap();
+    __nanosleep(64);
+  }
+}
 // A state tile in the state warps' registers: S^T (or dS^T), 16 V rows x 8 NT K columns per warp as NT C tiles
 // (NT = 16: all 128 K; 8: one half, the K-split chain); in memory [K][V] rows of kDimV floats (states, their
 // gradients), src / dst at the tile's first K row. This thread's V columns: v0, v0 + 8.
@@ -663,10 +683,13 @@ CUTLASS_DEVICE void load_gates(const flashqla_gdn_fwd_params_t& p, StageT& S, Ax
 // One chunk's aux work on `S` by one 128-thread group: loads (K, Q, g, beta; V in the recurrent kernels; X and W
 // when kLoadPrepared), the gates, l2norm, and with kFused or kPrepStates the products (aux_products). Ends before the
 // group's closing sync (the callers do it). issued() runs once the tiles' copies are issued (before the gates).
+// kReady (the prep beside the chain's loaders only, so the other kernels carry no branch for it): wait for the
+// chunk's ready flag before copying X and W.
 struct NoHook {
   CUTLASS_DEVICE void operator()() const {}
 };
-template <typename T, AuxMode kMode, int kBV = kBlockV, typename StageT, typename Ax, typename Issued = NoHook>
+template <typename T, AuxMode kMode, int kBV = kBlockV, bool kReady = false, typename StageT, typename Ax,
+          typename Issued = NoHook>
 CUTLASS_DEVICE void aux_chunk(const flashqla_gdn_fwd_params_t& p, StageT& S, Ax& ax, const Work<T>& wk,
                               int64_t c, int tid, uint32_t bar_aux, const PrepBuffers<T>& pb, long long& t_mark,
                               Issued issued = Issued{}) {
@@ -697,6 +720,10 @@ CUTLASS_DEVICE void aux_chunk(const flashqla_gdn_fwd_params_t& p, StageT& S, Ax&
     // from the prep kernel: X (forward) or W' (backward), 128 wide, into x; W (forward, 64 wide) or this CTA's
     // 64 columns of U (backward, rows 128 wide) into w
     const int64_t row0 = wk.flat0 + c * kChunk;
+    if constexpr (kReady) {  // prep beside the chain: X, W may be on the way
+      if (tid == 0 && wk.chunk0 + c < pb.ready_chunks) wait_flag(pb.ready + (wk.chunk0 + c) * p.heads_v + wk.h);
+      bar_sync(bar_aux, kAuxThreads);
+    }
     const T* xs = pb.x + row0 * p.heads_v * kDimK + wk.h * kDimK;
     constexpr int64_t kWRow = kMode == AuxMode::kLoadBwd ? kDimV : kChunk;
     const T* ws = pb.w + row0 * p.heads_v * kWRow + wk.h * kWRow + (kMode == AuxMode::kLoadBwd ? wk.col0 : 0);
@@ -768,7 +795,7 @@ CUTLASS_DEVICE void aux_chunk(const flashqla_gdn_fwd_params_t& p, StageT& S, Ax&
 }
 
 // kOb: the O-beside kernel's pipeline (three stages, its barrier ids; see ob::Barrier).
-template <typename T, AuxMode kMode, int kBV = kBlockV, bool kOb = false, typename Storage>
+template <typename T, AuxMode kMode, int kBV = kBlockV, bool kOb = false, bool kReady = false, typename Storage>
 CUTLASS_DEVICE void aux_role(const flashqla_gdn_fwd_params_t& p, Storage& sm, const Work<T>& wk, int group,
                              const PrepBuffers<T>& pb) {
   using namespace warp;
@@ -790,7 +817,7 @@ CUTLASS_DEVICE void aux_role(const flashqla_gdn_fwd_params_t& p, Storage& sm, co
       if (it >= kStages) bar_sync(kBarEmpty + st, kHandoffThreads);
     }
     FLASHQLA_ROLE_PHASE(1, kAuxWaitEmpty);
-    aux_chunk<T, kMode, kBV>(p, S, ax, wk, c, tid, bar_aux, pb, t_mark);
+    aux_chunk<T, kMode, kBV, kReady>(p, S, ax, wk, c, tid, bar_aux, pb, t_mark);
     // the wgmma chain reads the tiles through the async proxy: this thread's copies and l2norm stores first
     if constexpr (kSwizzledStage<std::remove_reference_t<decltype(S)>>) fence_async_smem();
     // bar.arrive orders this thread's stores before the state warps' bar.sync (PTX), but
@@ -1217,13 +1244,20 @@ CUTLASS_DEVICE int64_t chunk_offset(const flashqla_gdn_fwd_params_t& p, int64_t 
 // kKSplit: the K-split chain (32-column V blocks, state_role<T, true>); kWg: the products as wgmma (swizzled
 // stages, SharedStorageSw, 1 KB of alignment slack in the launch); both split mode only (the K split borrows the
 // loader groups' product scratch; the fused mode's aux products read the padded tiles).
-// kOb (with kWg): O beside the chain (o_role; 512 threads: state, O, two loader groups).
-template <typename T, typename IndexT, AuxMode kMode, bool kKSplit = false, bool kWg = false, bool kOb = false>
+template <typename T, typename IndexT>
+CUTLASS_DEVICE void prep_worker(const flashqla_gdn_fwd_params_t& p, const PrepBuffers<T>& pb, PrepStorage<T>& sm,
+                                int unit);
+
+// kOb (with kWg): O beside the chain (o_role; 512 threads: state, O, two loader groups). kOverlap (with kOb): the
+// first pb.prep_ctas CTAs are prep workers (prep_worker), the chain waits for their flags.
+template <typename T, typename IndexT, AuxMode kMode, bool kKSplit = false, bool kWg = false, bool kOb = false,
+          bool kOverlap = false>
 __global__ void __launch_bounds__(kOb ? kObThreads : kThreads, 1)
     gdn_fwd_mma_kernel(const __grid_constant__ flashqla_gdn_fwd_params_t p, const PrepBuffers<T> pb) {
   static_assert(!kKSplit || kMode == AuxMode::kLoadPrepared, "the K-split chain runs on prepared chunks");
   static_assert(!kWg || (kMode == AuxMode::kLoadPrepared && !kKSplit), "the wgmma chain: prepared, unsplit");
   static_assert(!kOb || kWg, "O beside the wgmma chain");
+  static_assert(!kOverlap || kOb, "prep beside the O-beside chain");
   constexpr int kVB = kKSplit ? kVBlocksK : kVBlocks, kBV = kKSplit ? kBlockVK : kBlockV;
   constexpr int kCtaThreads = kOb ? kObThreads : kThreads;
   using Storage = std::conditional_t<kOb, SharedStorageOb<T>, std::conditional_t<kWg, SharedStorageSw<T>, SharedStorage<T>>>;
@@ -1231,13 +1265,21 @@ __global__ void __launch_bounds__(kOb ? kObThreads : kThreads, 1)
   unsigned char* base = smem_raw;
   if constexpr (kWg || kOb) base = reinterpret_cast<unsigned char*>((reinterpret_cast<uintptr_t>(smem_raw) + 1023) & ~uintptr_t(1023));
   auto& sm = *reinterpret_cast<Storage*>(base);
+  int64_t block = blockIdx.x;
+  if constexpr (kOverlap) {
+    if (block < pb.prep_ctas) {
+      const int unit = __shfl_sync(0xffffffffu, threadIdx.x / kAuxThreads, 0);
+      prep_worker<T, IndexT>(p, pb, reinterpret_cast<PrepStorage<T>*>(base)[unit], unit);
+      return;
+    }
+    block -= pb.prep_ctas;
+  }
   const int64_t main_blocks = p.num_seqs * p.heads_v * kVB;
-  if (static_cast<int64_t>(blockIdx.x) >= main_blocks) {
-    if (p.o != nullptr)
-      zero_rows_past_end<T, IndexT>(p, blockIdx.x - main_blocks, kTailBlocks, threadIdx.x, kCtaThreads);
+  if (block >= main_blocks) {
+    if (p.o != nullptr) zero_rows_past_end<T, IndexT>(p, block - main_blocks, kTailBlocks, threadIdx.x, kCtaThreads);
     return;
   }
-  const CtaTile ct = decode_cta<IndexT>(p, blockIdx.x, kVB, kBV);
+  const CtaTile ct = decode_cta<IndexT>(p, block, kVB, kBV);
   Work<T> wk = make_work<T>(p, ct);
 
   // (the wgmma chain: the role test made warp-uniform for ptxas, as CUTLASS does, or it serialises the wgmmas)
@@ -1252,7 +1294,8 @@ __global__ void __launch_bounds__(kOb ? kObThreads : kThreads, 1)
   } else {
     constexpr int kFirstLoader = kCtaThreads - kAuxGroups * kAuxThreads;
     cutlass::arch::warpgroup_reg_dealloc<kOb ? kObLoadRegs : kAuxRegs>();
-    aux_role<T, kMode, kBV, kOb>(p, sm, wk, (threadIdx.x - kFirstLoader) / kAuxThreads, pb);
+    if (kOverlap) wk.chunk0 = chunk_offset<IndexT>(p, ct.n, threadIdx.x & 31);  // (the ready flags' index)
+    aux_role<T, kMode, kBV, kOb, kOverlap>(p, sm, wk, (threadIdx.x - kFirstLoader) / kAuxThreads, pb);
   }
 }
 
@@ -1383,6 +1426,22 @@ struct WToGlobal {
   }
 };
 
+// The per-head prep of chunk c (wk: its sequence and value head) by one 128-thread unit whose named barrier is
+// bar: K, Q, the gates and l2norm, the products, W to global memory from the fragments, X through the stage.
+template <typename T>
+CUTLASS_DEVICE void prep_head(const flashqla_gdn_fwd_params_t& p, const PrepBuffers<T>& pb, PrepStorage<T>& sm,
+                              const Work<T>& wk, int64_t c, int tid, uint32_t bar, long long& t_mark) {
+  const int rows = static_cast<int>(wk.len - c * kChunk < kChunk ? wk.len - c * kChunk : kChunk);
+  const int64_t row0 = wk.flat0 + c * kChunk;
+  aux_chunk<T, AuxMode::kInputsOnly>(p, sm, sm, wk, c, tid, bar, pb, t_mark);  // K, Q, gates, l2norm
+  float qk[8][4];
+  aux_gram_inverse<T>(sm, sm, tid, bar, t_mark, qk);
+  aux_mwx<T>(sm, sm, tid, bar, t_mark, qk,
+             WToGlobal<T>{pb.w + row0 * p.heads_v * kChunk + wk.h * kChunk, p.heads_v * kChunk, rows});
+  warp::bar_sync(bar, kPrepThreads);
+  store_prep_x<T>(p, pb, sm, row0, rows, wk.h, tid);
+}
+
 // One CTA per (chunk, value head), or with kGroup per (chunk, hpc value heads of one GVA group): then K, Q,
 // their l2norm and the raw Gram products K K^T, Q K^T once (the group's heads share them), and per value head
 // its gates, the inverse and M, W, X. No recurrence, so the whole GPU works on them at once. The per-head
@@ -1416,12 +1475,7 @@ __global__ void __launch_bounds__(kPrepThreads, kGroup ? kPrepGroupCtasPerSm : k
     store_prep_x<T>(p, pb, sm, row0, rows, ct.h, tid);
     FLASHQLA_ROLE_PHASE(1, kAuxWaitEmpty);  // (the prep's slot for its stores)
   } else if constexpr (!kGroup) {
-    aux_chunk<T, AuxMode::kInputsOnly>(p, sm, sm, wk, c, tid, kBarAux, pb, t_mark);  // K, Q, gates, l2norm
-    float qk[8][4];
-    aux_gram_inverse<T>(sm, sm, tid, kBarAux, t_mark, qk);
-    aux_mwx<T>(sm, sm, tid, kBarAux, t_mark, qk, w_out(ct.h));
-    __syncthreads();
-    store_prep_x<T>(p, pb, sm, row0, rows, ct.h, tid);
+    prep_head<T>(p, pb, sm, wk, c, tid, kBarAux, t_mark);
     FLASHQLA_ROLE_PHASE(1, kAuxWaitEmpty);  // (the prep's slot for its stores)
   } else {
     aux_chunk<T, AuxMode::kInputsOnly>(p, sm, sm, wk, c, tid, kBarAux, pb, t_mark);  // gates of head ct.h
@@ -1439,6 +1493,53 @@ __global__ void __launch_bounds__(kPrepThreads, kGroup ? kPrepGroupCtasPerSm : k
       store_prep_x<T>(p, pb, sm, row0, rows, wk.h, tid);
       __syncthreads();  // X, A and M are rewritten for the next head
     }
+  }
+}
+
+// ---- Prep beside the chain (overlap_prep_ctas says where). Where the O-beside chain's CTAs leave SMs
+// idle (35B / TP2 single sequences: 64 chain CTAs on 132 SMs), one launch runs both: its first pb.prep_ctas CTAs
+// are prep workers (kPrepUnits units of 128 threads, each the per-head prep in its own PrepStorage, items in
+// chunk-major order so that every head's early chunks come first), the rest the chain, whose loaders wait for a
+// chunk's flag before copying its X and W. The workers come first in blockIdx, are dispatched first and wait for
+// nothing, so the chain's waits end also when the CTAs run one at a time (compute-sanitizer) or on fewer SMs.
+constexpr int kPrepUnits = kObThreads / kPrepThreads;
+template <typename T, typename IndexT>
+CUTLASS_DEVICE void prep_worker(const flashqla_gdn_fwd_params_t& p, const PrepBuffers<T>& pb, PrepStorage<T>& sm,
+                                int unit) {
+  const int tid = threadIdx.x % kPrepThreads;
+  const uint32_t bar = 1 + unit;
+  long long t_mark = 0;
+  // (32-bit item arithmetic: the host takes this path only below 2^31 items)
+  const int heads = static_cast<int>(p.heads_v), items = static_cast<int>(pb.ready_chunks * p.heads_v);
+  const int step = pb.prep_ctas * kPrepUnits;
+  const int per = static_cast<int>((p.seqlen + kChunk - 1) / kChunk), bh = static_cast<int>(p.batch) * heads;
+  for (int item = blockIdx.x * kPrepUnits + unit; item < items; item += step) {
+    // item -> (chunk k of all sequences, head): dense batches by chunk position first (chunk c of every sequence
+    // before any chunk c + 1: ordered by k, the chains of the later sequences waited for the earlier sequences'
+    // whole prep, measured 0.40 -> 0.52 ms at TP8 8192x4); varlen in k's order (the same for one sequence)
+    const int k = p.cu_seqlens == nullptr ? (item % bh) / heads * per + item / bh : item / heads;
+    if (tid < 32) {
+      int64_t seq, ch;
+      locate_chunk<IndexT>(p, k, tid, seq, ch);
+      if (tid == 0) {
+        sm.seq = seq;
+        sm.chunk = ch;
+      }
+    }
+    warp::bar_sync(bar, kPrepThreads);
+    if (sm.seq >= 0) {  // (else past the last chunk: the flag is set all the same)
+      CtaTile ct;
+      ct.vb = 0;
+      ct.h = item % heads;
+      ct.n = sm.seq;
+      ct.hq = ct.h / (p.heads_v / p.heads_qk);
+      sequence_bounds<IndexT>(p, ct.n, ct.b, ct.bos, ct.eos);
+      ct.col0 = 0;
+      prep_head<T>(p, pb, sm, make_work<T>(p, ct), sm.chunk, tid, bar, t_mark);
+    }
+    __threadfence();                    // this thread's X and W stores, before the flag
+    warp::bar_sync(bar, kPrepThreads);  // (also: all have read sm.seq / sm.chunk before the next item's)
+    if (tid == 0) release_flag(pb.ready + int64_t(k) * heads + item % heads);
   }
 }
 
@@ -1503,15 +1604,16 @@ inline bool use_ksplit(const flashqla_gdn_fwd_params_t& p, int side_by_side = 1)
   return side_by_side * p.num_seqs * p.heads_v * kVBlocksK <= device_sm_count();
 }
 
-template <typename T, AuxMode kMode, bool kKSplit = false, bool kWg = false, bool kOb = false>
+template <typename T, AuxMode kMode, bool kKSplit = false, bool kWg = false, bool kOb = false, bool kOverlap = false>
 cudaError_t launch_recurrent(const flashqla_gdn_fwd_params_t& p, const PrepBuffers<T>& pb, cudaStream_t stream) {
-  const int64_t blocks =
-      p.num_seqs * p.heads_v * (kKSplit ? kVBlocksK : kVBlocks) + (p.cu_seqlens != nullptr ? kTailBlocks : 0);
+  const int64_t blocks = p.num_seqs * p.heads_v * (kKSplit ? kVBlocksK : kVBlocks) +
+                         (p.cu_seqlens != nullptr ? kTailBlocks : 0) + (kOverlap ? pb.prep_ctas : 0);
   if (blocks == 0) return cudaSuccess;
   auto kernel = p.cu_seqlens != nullptr && p.cu_seqlens_dtype == FLASHQLA_INT64
-                    ? gdn_fwd_mma_kernel<T, int64_t, kMode, kKSplit, kWg, kOb>
-                    : gdn_fwd_mma_kernel<T, int32_t, kMode, kKSplit, kWg, kOb>;
-  const size_t smem = kOb ? sizeof(SharedStorageOb<T>) + 1024
+                    ? gdn_fwd_mma_kernel<T, int64_t, kMode, kKSplit, kWg, kOb, kOverlap>
+                    : gdn_fwd_mma_kernel<T, int32_t, kMode, kKSplit, kWg, kOb, kOverlap>;
+  constexpr size_t kPrepUnitsBytes = kPrepUnits * sizeof(PrepStorage<T>) + 1024;
+  const size_t smem = kOb ? std::max(sizeof(SharedStorageOb<T>) + 1024, kOverlap ? kPrepUnitsBytes : size_t(0))
                       : kWg ? sizeof(SharedStorageSw<T>) + 1024 : sizeof(SharedStorage<T>);
   cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem));
   if (err != cudaSuccess) return err;
@@ -1556,6 +1658,25 @@ cudaError_t launch_prepared(const flashqla_gdn_fwd_params_t& p, const PrepBuffer
   }
 }
 
+// Prep beside the chain (prep_worker), where the O-beside chain's CTAs leave at least a quarter of the SMs to
+// the prep workers: their count, or 0. FLASHQLA_OVERLAP=0: never; =1: wherever that holds; unset: there, for
+// dense batches and single sequences (the workers' chunk-position order feeds their chains evenly; with several
+// varlen sequences the later chains wait for the earlier ones' prep) whose prep takes at least two waves of the
+// workers (one wave ends all at once, so the chain starts no earlier and the flags cost a memset: TP8 1x2048
+// measured 0.082 -> 0.094 ms).
+inline int overlap_prep_ctas(const flashqla_gdn_fwd_params_t& p) {
+  const char* e = std::getenv("FLASHQLA_OVERLAP");
+  const bool forced = e != nullptr && e[0] == '1';
+  if ((e != nullptr && e[0] == '0') || chain_form(p) != ChainForm::kWgmmaOb) return 0;
+  const int sms = device_sm_count();
+  const int64_t chain = p.num_seqs * p.heads_v * kVBlocks, items = chunk_bound(p) * p.heads_v;
+  if (items >= (int64_t(1) << 31) || chain > sms - sms / 4) return 0;  // (the workers count items in 32 bits)
+  const int workers = static_cast<int>(sms - chain);
+  if (forced) return workers;
+  const bool even = p.cu_seqlens == nullptr || p.num_seqs == 1;
+  return even && items >= 2LL * workers * kPrepUnits ? workers : 0;
+}
+
 template <typename T>
 cudaError_t launch(const flashqla_gdn_fwd_params_t& p, cudaStream_t stream) {
   const int64_t chunks = chunk_bound(p);
@@ -1568,6 +1689,20 @@ cudaError_t launch(const flashqla_gdn_fwd_params_t& p, cudaStream_t stream) {
   const size_t rows = static_cast<size_t>(p.batch) * static_cast<size_t>(p.seqlen);
   PrepBuffers<T> pb{static_cast<T*>(ws.ptr), static_cast<T*>(ws.ptr) + rows * p.heads_v * kDimK};
   if (p.prep_ready && !ws.owned) return launch_prepared<T>(p, pb, stream);  // X, W in place
+  if (const int prep_ctas = overlap_prep_ctas(p); prep_ctas > 0) {  // one launch: the prep beside the chain
+    Workspace flags;  // (always its own, zeroed: a flag per chunk and value head)
+    flags.owned = true;
+    const size_t bytes = static_cast<size_t>(chunks) * static_cast<size_t>(p.heads_v) * sizeof(int);
+    err = cudaMallocAsync(&flags.ptr, bytes, stream);
+    if (err == cudaSuccess) err = cudaMemsetAsync(flags.ptr, 0, bytes, stream);
+    if (err == cudaSuccess) {
+      pb.ready = static_cast<int*>(flags.ptr);
+      pb.ready_chunks = chunks;
+      pb.prep_ctas = prep_ctas;
+      err = launch_recurrent<T, AuxMode::kLoadPrepared, false, true, true, true>(p, pb, stream);
+    }
+    return ws.release(flags.release(err, stream), stream);
+  }
   const bool ix64 = p.cu_seqlens != nullptr && p.cu_seqlens_dtype == FLASHQLA_INT64;
   // the state recompute's workspace then holds no W (a later prep_ready call with o needs a workspace filled by
   // a call with o)
