@@ -35,6 +35,7 @@
 #             sections, and the source lines with the most stall samples (benchmarks/ncu_source_top.py)
 #   ncuscan   the same for exact parallelism's scan kernel (cp_scan_kernel) on a TP8 1 x 8192 forward
 #   ncugrad   the same for the backward's gradient kernel (a 1 x 8192, 16/32-head backward on the torch path)
+#   ncuprep   the same for the split forward's prep kernel (torch path, TP1 1 x 8192: 16/64 heads)
 #   ncuflow   Nsight Compute speed-of-light and memory sections of the split forward's prep and recurrent
 #             kernels on the torch path (TP1 1 x 8192): is the recurrent kernel L2-bound? (see NOTES)
 #   cp        the TP8/TP4 single-sequence forward cases with FLASHQLA_CP=1 against FLA (record cp-*.json)
@@ -228,6 +229,19 @@ v, do = (torch.randn(1, T, hv, 128, device='cuda').bfloat16() for _ in range(2))
 g = F.logsigmoid(torch.randn(1, T, hv, device='cuda')) / 16
 beta = torch.rand(1, T, hv, device='cuda')
 flashqla.chunk_gdn_bwd(q, k, v, g, beta, do)
+torch.cuda.synchronize()"
+fi
+
+if has ncuprep; then
+  say "ncu: the split forward's prep kernel (1 x 8192 tokens, 16/64 heads)"
+  ncu_stalls gdn_prep_kernel ncuprep python3 -c "
+import torch, torch.nn.functional as F, flashqla
+T, hq, hv = 8192, 16, 64
+q, k = (F.normalize(torch.randn(1, T, hq, 128, device='cuda'), dim=-1).bfloat16() for _ in range(2))
+v = torch.randn(1, T, hv, 128, device='cuda').bfloat16()
+g = F.logsigmoid(torch.randn(1, T, hv, device='cuda')) / 16
+beta = torch.rand(1, T, hv, device='cuda')
+flashqla.chunk_gdn(q, k, v, g, beta, output_final_state=True)
 torch.cuda.synchronize()"
 fi
 
