@@ -201,6 +201,21 @@ if has ktimes; then
   timeout ${KTIMES_TIMEOUT:-120} python3 benchmarks/kernel_times.py ${KTIMES_ARGS:-} 2>&1 | tee -a "$LOG"
   [ "${PIPESTATUS[0]}" -eq 0 ] || status=1
 fi
+# A python -c script: flashqla.chunk_gdn on random inputs (l2-normalised q, k) of $1 tokens and $2/$3 heads,
+# $4 times (default once).
+fwd_call_py() {
+  cat <<EOF
+import torch, torch.nn.functional as F, flashqla
+T, hq, hv = $1, $2, $3
+q, k = (F.normalize(torch.randn(1, T, hq, 128, device='cuda'), dim=-1).bfloat16() for _ in range(2))
+v = torch.randn(1, T, hv, 128, device='cuda').bfloat16()
+g = F.logsigmoid(torch.randn(1, T, hv, device='cuda')) / 16
+beta = torch.rand(1, T, hv, device='cuda')
+for _ in range(${4:-1}): flashqla.chunk_gdn(q, k, v, g, beta, output_final_state=True)
+torch.cuda.synchronize()
+EOF
+}
+
 if has ncu; then
   say "ncu: v2 forward kernel (1 x 8192 tokens, 16/64 heads)"
   [ -x /tmp/fq_phases ] || cuda_tool benchmarks/profile_fwd_phases.cu /tmp/fq_phases  # the phases stage's binary
@@ -209,15 +224,7 @@ fi
 
 if has ncuscan; then
   say "ncu: exact parallelism's scan kernel (TP8 1 x 8192: 2/8 heads, 8 segments)"
-  ncu_stalls cp_scan_kernel ncuscan python3 -c "
-import torch, torch.nn.functional as F, flashqla
-T, hq, hv = 8192, 2, 8
-q, k = (F.normalize(torch.randn(1, T, hq, 128, device='cuda'), dim=-1).bfloat16() for _ in range(2))
-v = torch.randn(1, T, hv, 128, device='cuda').bfloat16()
-g = F.logsigmoid(torch.randn(1, T, hv, device='cuda')) / 16
-beta = torch.rand(1, T, hv, device='cuda')
-flashqla.chunk_gdn(q, k, v, g, beta, output_final_state=True)
-torch.cuda.synchronize()"
+  ncu_stalls cp_scan_kernel ncuscan python3 -c "$(fwd_call_py 8192 2 8)"
 fi
 if has ncugrad; then
   say "ncu: the backward's gradient kernel (1 x 8192 tokens, 16/32 heads)"
@@ -234,15 +241,7 @@ fi
 
 if has ncuprep; then
   say "ncu: the split forward's prep kernel (1 x 8192 tokens, 16/64 heads)"
-  ncu_stalls gdn_prep_kernel ncuprep python3 -c "
-import torch, torch.nn.functional as F, flashqla
-T, hq, hv = 8192, 16, 64
-q, k = (F.normalize(torch.randn(1, T, hq, 128, device='cuda'), dim=-1).bfloat16() for _ in range(2))
-v = torch.randn(1, T, hv, 128, device='cuda').bfloat16()
-g = F.logsigmoid(torch.randn(1, T, hv, device='cuda')) / 16
-beta = torch.rand(1, T, hv, device='cuda')
-flashqla.chunk_gdn(q, k, v, g, beta, output_final_state=True)
-torch.cuda.synchronize()"
+  ncu_stalls gdn_prep_kernel ncuprep python3 -c "$(fwd_call_py 8192 16 64)"
 fi
 
 if has ncuflow; then
@@ -250,15 +249,7 @@ if has ncuflow; then
   NCU=$(command -v ncu || echo /usr/local/cuda/bin/ncu)
   timeout ${NCU_TIMEOUT:-240} "$NCU" --section SpeedOfLight --section MemoryWorkloadAnalysis \
     -k regex:"gdn_fwd_mma_kernel|gdn_prep_kernel" --launch-skip 2 --launch-count 2 -f -o /tmp/fq_ncuflow \
-    python3 -c "
-import torch, torch.nn.functional as F, flashqla
-T, hq, hv = 8192, 16, 64
-q, k = (F.normalize(torch.randn(1, T, hq, 128, device='cuda'), dim=-1).bfloat16() for _ in range(2))
-v = torch.randn(1, T, hv, 128, device='cuda').bfloat16()
-g = F.logsigmoid(torch.randn(1, T, hv, device='cuda')) / 16
-beta = torch.rand(1, T, hv, device='cuda')
-for _ in range(3): flashqla.chunk_gdn(q, k, v, g, beta, output_final_state=True)
-torch.cuda.synchronize()" > /tmp/ncuflow-run.log 2>&1 || { tail -20 /tmp/ncuflow-run.log | tee -a "$LOG"; status=1; }
+    python3 -c "$(fwd_call_py 8192 16 64 3)" > /tmp/ncuflow-run.log 2>&1 || { tail -20 /tmp/ncuflow-run.log | tee -a "$LOG"; status=1; }
   "$NCU" -i /tmp/fq_ncuflow.ncu-rep --print-summary none 2>&1 | grep -vE "^\s*$" > "$OUT/ncuflow.txt"
   grep -E "gdn_|Duration|Memory Throughput|DRAM Throughput|L2 Cache Throughput|L1/TEX Cache Throughput|Compute \(SM\) Throughput" \
     "$OUT/ncuflow.txt" | tee -a "$LOG"
