@@ -284,6 +284,37 @@ def test_split_and_fused_forward_agree_bitwise(monkeypatch, case, prep_heads):
     assert rel_l2(out["1"][0], ro) < 5e-3 and rel_l2(out["1"][1], rs) < 5e-3
 
 
+# the wgmma prep (FLASHQLA_PREP_WG=1, opt-in): the mma.sync prep's products with K K^T and Q K^T as wgmma, so X and W
+# differ from that prep's in rounding only (the Gram's accumulation order): outputs close to its outputs, as
+# accurate against float64, deterministic
+@pytest.mark.parametrize("case", ["varlen", "dense", "gva4_fp16_l2norm"])
+def test_wgmma_prep_matches_the_mma_prep(monkeypatch, case):
+    for name in ("FLASHQLA_WGMMA", "FLASHQLA_KSPLIT", "FLASHQLA_PREP_HEADS", "FLASHQLA_FWD_SPLIT"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("FLASHQLA_CP", "0")
+    monkeypatch.setenv("FLASHQLA_OVERLAP", "0")  # (the prep beside the chain has its own, mma.sync, prep)
+    if case == "varlen":   # zero-length sequences, tails, one long sequence, GVA 2
+        d, kw = make([0, 65, 1, 700, 0, 130, 2300], 2, 4, seed=61), {}
+    elif case == "dense":
+        d, kw = make([1333], 1, 3, dense_B=3, seed=62), {}
+    else:
+        d, kw = make([64, 191, 1500], 2, 8, dtype=torch.float16, seed=63), {"use_qk_l2norm_in_kernel": True}
+        d["q"], d["k"] = d["q"] * 3, d["k"] * 0.5   # not unit rows: the kernels normalise them
+    out = {}
+    for mode in ("0", "1"):
+        monkeypatch.setenv("FLASHQLA_PREP_WG", mode)
+        out[mode] = run_ours(d, **kw)
+    # the wgmma prep ran: its rounding differs somewhere in thousands of outputs
+    assert not torch.equal(out["0"][0], out["1"][0])
+    assert rel_l2(out["1"][0], out["0"][0]) < 2e-3 and rel_l2(out["1"][1], out["0"][1]) < 2e-3
+    again = run_ours(d, **kw)
+    assert torch.equal(again[0], out["1"][0]) and torch.equal(again[1], out["1"][1])
+    x = {k: (v.double() if isinstance(v, torch.Tensor) and v.is_floating_point() else v) for k, v in d.items()}
+    ro, rs = chunk_gdn_torch(**x, output_final_state=True, **kw)
+    for mode in ("0", "1"):
+        assert rel_l2(out[mode][0], ro) < 5e-3 and rel_l2(out[mode][1], rs) < 5e-3
+
+
 @pytest.mark.parametrize("l2norm", [False, True])
 def test_states_recompute_prep_agrees_bitwise(monkeypatch, l2norm):
     # the backward's state recompute (chunk_gdn_fwd_states: chunk states, no o) runs a prep kernel that computes

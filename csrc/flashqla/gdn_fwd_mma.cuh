@@ -223,12 +223,14 @@ CUTLASS_DEVICE T* tile16(T (&t)[kChunk * kLdK], int r, int c) { return &t[r * kL
 template <typename T>
 CUTLASS_DEVICE T* tile16(T (&t)[kChunk * kLdC], int r, int c) { return &t[r * kLdC + c]; }
 template <typename T>
+using ByteOf = std::conditional_t<std::is_const_v<T>, const char, char>;  // (const tiles stay const)
+template <typename T>
 CUTLASS_DEVICE T* tile16(T (&t)[2][kChunk * 64], int r, int c) {
-  return reinterpret_cast<T*>(reinterpret_cast<char*>(t[c >> 6]) + gmma::sw128_off(r, c & 63));
+  return reinterpret_cast<T*>(reinterpret_cast<ByteOf<T>*>(t[c >> 6]) + gmma::sw128_off(r, c & 63));
 }
 template <typename T>
 CUTLASS_DEVICE T* tile16(T (&t)[kChunk * 64], int r, int c) {
-  return reinterpret_cast<T*>(reinterpret_cast<char*>(t) + gmma::sw128_off(r, c));
+  return reinterpret_cast<T*>(reinterpret_cast<ByteOf<T>*>(t) + gmma::sw128_off(r, c));
 }
 template <typename StageT>
 constexpr bool kSwizzledStage = false;
@@ -433,14 +435,15 @@ CUTLASS_DEVICE void gate_p_tile(const Ax& ax, const AuxLane& al, int nt, const f
 // the inverse A = (I + L)^-1 in ax.la (fp32). Only A's 16 x 16 blocks on and below the diagonal are written
 // (the diagonal blocks with zeros above the diagonal); the blocks above keep whatever was there: A is lower
 // triangular, and readers that touch that region mask it (the gradient kernel's A^T did not, see NOTES).
+// kk_block: the row block of K K^T this warp holds (aux_gram_raw's 3 - w, the wgmma Gram's w).
 template <typename T, typename Ax>
 CUTLASS_DEVICE void aux_gates_inverse(Ax& ax, int tid, uint32_t bar_aux, long long& t_mark,
-                                      const float (&kk)[8][4]) {
+                                      const float (&kk)[8][4], int kk_block = -1) {
   using namespace warp;
   (void)t_mark;
   const AuxLane al(tid);
   const int w = al.w, lane = al.lane, tq = al.tq;
-  const int r = 3 - w;
+  const int r = kk_block >= 0 ? kk_block : 3 - w;
   // L = StrictLower(diag(beta) K K^T) rows of block r to shared memory
   {
     const int k0 = 16 * r + al.gq, k1 = k0 + 8;
@@ -517,6 +520,46 @@ CUTLASS_DEVICE void aux_gram_inverse(StageT& S, Ax& ax, int tid, uint32_t bar_au
     if (nt <= 2 * al.w + 1) gate_p_tile<T>(ax, al, nt, qk[nt], qk[nt]);
 }
 
+// The same from a swizzled stage (the wgmma prep, PrepStorageWg): K K^T and Q K^T as two 64 x 64 x 128 wgmma
+// products with both operands in shared memory, warp w holding row block w of each (all 64 columns: the
+// blocks above the diagonal are computed and masked, 16 instructions in all against ~300 mma.sync and their
+// ldmatrix). The caller has made the tiles visible to the async proxy (fence_async_smem, then a barrier).
+template <typename T, typename StageT, typename Ax>
+CUTLASS_DEVICE void aux_gram_inverse_wg(StageT& S, Ax& ax, int tid, uint32_t bar_aux, long long& t_mark,
+                                        float (&qk)[8][4]) {
+  using namespace gmma;
+  float kk[8][4];
+  warp::zero_acc(kk);
+  warp::zero_acc(qk);
+  auto& k32 = reinterpret_cast<float(&)[32]>(kk);
+  auto& q32 = reinterpret_cast<float(&)[32]>(qk);
+  const auto desc = [](const T (&tile)[2][kChunk * 64], int ks) {  // k16 step ks: 32 bytes a step in its block
+    return make_desc_sw128(reinterpret_cast<const char*>(tile[ks >> 2]) + 32 * (ks & 3), 16, 1024);
+  };
+  fence();
+  pin(k32);
+  pin(q32);
+#pragma unroll
+  for (int ks = 0; ks < kDimK / 16; ++ks) {
+    wgmma_ss<64, T>(k32, desc(S.k, ks), desc(S.k, ks));
+    wgmma_ss<64, T>(q32, desc(S.q, ks), desc(S.k, ks));
+  }
+  commit();
+  wait_all();
+  pin(k32);
+  pin(q32);
+  const AuxLane al(tid);
+  aux_gates_inverse<T>(ax, tid, bar_aux, t_mark, kk, al.w);
+#pragma unroll
+  for (int nt = 0; nt < 8; ++nt) {  // P; tiles past the diagonal block zeroed (W = P M reads only up to it)
+    if (nt <= 2 * al.w + 1)
+      gate_p_tile<T>(ax, al, nt, qk[nt], qk[nt]);
+    else
+#pragma unroll
+      for (int e = 0; e < 4; ++e) qk[nt][e] = 0.f;
+  }
+}
+
 // X = diag(beta) A^T K (the state update's right factor), rows [16w, 16w + 16) of this warp, K columns
 // [64 half, 64 half + 64), from A in ax.la (fp32) and K in S.k: A operand (i, m) = beta_i A[m][i], m >= 16w;
 // b0, b1 = beta of this thread's rows al.i0, al.i1. The forward's prep and the backward's shared prep both form X
@@ -540,7 +583,10 @@ CUTLASS_DEVICE void x_half(const StageT& S, const Ax& ax, const AuxLane& al, int
 #pragma unroll
     for (int np = 0; np < 4; ++np) {
       uint32_t b[4];
-      ldsm_x4_trans(b, &S.k[(16 * ks + ld.bt_row) * kLdK + 64 * half + 16 * np + ld.bt_col]);
+      if constexpr (kSwizzledStage<StageT>)
+        ldsm_x4_trans(b, tile16(S.k, 16 * ks + ld.bt_row, 64 * half + 16 * np + ld.bt_col));
+      else
+        ldsm_x4_trans(b, &S.k[(16 * ks + ld.bt_row) * kLdK + 64 * half + 16 * np + ld.bt_col]);
       mma_pair<T>(xa, np, af, b);
     }
   }
@@ -562,6 +608,12 @@ template <typename T>
 struct PrepStorage;
 template <typename T>
 constexpr bool kMSharesX<PrepStorage<T>> = true;
+template <typename T>
+struct PrepStorageWg;  // (the wgmma prep's, swizzled)
+template <typename T>
+constexpr bool kMSharesX<PrepStorageWg<T>> = true;
+template <typename T>
+constexpr bool kSwizzledStage<PrepStorageWg<T>> = true;
 
 // The forward's products after the inverse: M, W = P M and X into the stage. qk holds P, or with kRawQK the
 // raw Q K^T, gated here tile by tile (the prep kernel keeps it for all heads of a GVA group). kW false: X
@@ -1324,6 +1376,23 @@ struct alignas(128) PrepStorage {
   int64_t seq, chunk;  // what this CTA works on (-1: nothing)
 };
 
+// The wgmma prep's (FLASHQLA_PREP_WG=1, gdn_prep_wg_kernel): K and Q 128-byte swizzled (two 64-column blocks, as
+// StageSw), Q's space shared as in PrepStorage; 1024-byte aligned (the launch adds the slack).
+template <typename T>
+struct alignas(1024) PrepStorageWg {
+  T k[2][kChunk * 64];
+  union {
+    T q[2][kChunk * 64];
+    T x[kChunk * kLdK];
+    float scratch[32 * kLdS];
+    T m[kChunk * kLdC];
+  };
+  float gamma[kChunk];
+  float decay[kChunk];
+  alignas(16) float la[kChunk * kLdF];
+  float G[kChunk], beta[kChunk];
+  int64_t seq, chunk;
+};
 
 // Chunk `k` (over all sequences, in order) -> (sequence, chunk within it); (-1, -1) past the last chunk.
 // Varlen: one warp scans the sequences' chunk counts 32 at a time.
@@ -1396,8 +1465,8 @@ CUTLASS_DEVICE bool prep_tile(const flashqla_gdn_fwd_params_t& p, int64_t& seq_s
 // The prep kernel's X of value head h for the chunk's rows, from the stage (rows past the sequence's end are not
 // written: the recurrent kernel zero-fills them on load). Unrolled with the row bound as a predicate, so that each
 // thread's shared-memory reads issue back to back.
-template <typename T>
-CUTLASS_DEVICE void store_prep_x(const flashqla_gdn_fwd_params_t& p, const PrepBuffers<T>& pb, const PrepStorage<T>& S,
+template <typename T, typename Storage>
+CUTLASS_DEVICE void store_prep_x(const flashqla_gdn_fwd_params_t& p, const PrepBuffers<T>& pb, const Storage& S,
                                  int64_t row0, int rows, int64_t h, int tid) {
   T* xd = pb.x + row0 * p.heads_v * kDimK + h * kDimK;
 #pragma unroll
@@ -1413,7 +1482,8 @@ struct WToGlobal {
   T* wd;     // row 0 of the chunk, head h
   int64_t ld;  // elements between rows
   int rows;
-  CUTLASS_DEVICE void operator()(const PrepStorage<T>&, int w, const float (&wa)[8][4], int lane) const {
+  template <typename Storage>
+  CUTLASS_DEVICE void operator()(const Storage&, int w, const float (&wa)[8][4], int lane) const {
     const int g = lane >> 2, t = lane & 3;
 #pragma unroll
     for (int nt = 0; nt < 8; ++nt)
@@ -1440,6 +1510,38 @@ CUTLASS_DEVICE void prep_head(const flashqla_gdn_fwd_params_t& p, const PrepBuff
              WToGlobal<T>{pb.w + row0 * p.heads_v * kChunk + wk.h * kChunk, p.heads_v * kChunk, rows});
   warp::bar_sync(bar, kPrepThreads);
   store_prep_x<T>(p, pb, sm, row0, rows, wk.h, tid);
+}
+
+// The wgmma prep (FLASHQLA_PREP_WG=1; the per-head form of gdn_prep_kernel): the same per-head prep with K and Q
+// swizzled and the Gram products as wgmma (aux_gram_inverse_wg); the inverse, M, W and X as there (X reading the
+// swizzled K). Its outputs differ from gdn_prep_kernel's in rounding only (the Gram's accumulation order).
+template <typename T, typename IndexT>
+__global__ void __launch_bounds__(kPrepThreads, kPrepCtasPerSm)
+    gdn_prep_wg_kernel(const __grid_constant__ flashqla_gdn_fwd_params_t p, const PrepBuffers<T> pb, int) {
+  extern __shared__ __align__(128) unsigned char smem_raw[];
+  auto& sm = *reinterpret_cast<PrepStorageWg<T>*>((reinterpret_cast<uintptr_t>(smem_raw) + 1023) & ~uintptr_t(1023));
+  static_assert(kPrepCtasPerSm * (sizeof(PrepStorageWg<T>) + 2048) <= 227 * 1024, "four wgmma prep CTAs per SM");
+  const int tid = threadIdx.x;
+  CtaTile ct;
+  int64_t c;
+  if (!prep_tile<IndexT>(p, sm.seq, sm.chunk, ct, c)) return;
+  const Work<T> wk = make_work<T>(p, ct);
+  long long t_mark = 0;
+#ifdef FLASHQLA_PHASE_TIMERS
+  t_mark = clock64();
+#endif
+  const int rows = static_cast<int>(wk.len - c * kChunk < kChunk ? wk.len - c * kChunk : kChunk);
+  const int64_t row0 = wk.flat0 + c * kChunk;
+  aux_chunk<T, AuxMode::kInputsOnly>(p, sm, sm, wk, c, tid, kBarAux, pb, t_mark);  // K, Q, gates, l2norm
+  warp::fence_async_smem();  // the copies and l2norm's stores, before the wgmma read the tiles
+  warp::bar_sync(kBarAux, kPrepThreads);
+  float qk[8][4];
+  aux_gram_inverse_wg<T>(sm, sm, tid, kBarAux, t_mark, qk);
+  aux_mwx<T>(sm, sm, tid, kBarAux, t_mark, qk,
+             WToGlobal<T>{pb.w + row0 * p.heads_v * kChunk + wk.h * kChunk, p.heads_v * kChunk, rows});
+  warp::bar_sync(kBarAux, kPrepThreads);
+  store_prep_x<T>(p, pb, sm, row0, rows, wk.h, tid);
+  FLASHQLA_ROLE_PHASE(1, kAuxWaitEmpty);  // (the prep's slot for its stores)
 }
 
 // One CTA per (chunk, value head), or with kGroup per (chunk, hpc value heads of one GVA group): then K, Q,
@@ -1568,6 +1670,13 @@ inline int prep_heads_per_cta(const flashqla_gdn_fwd_params_t& p, int64_t chunks
     if (cap > 0 ? d <= cap : chunks * (p.heads_v / d) >= 2LL * kPrepCtasPerSm * sms) return d;
   }
   return 1;
+}
+
+// The wgmma prep (gdn_prep_wg_kernel) instead of the mma.sync one: FLASHQLA_PREP_WG=1 (opt-in, unmeasured; read
+// per call, like the other forms' switches).
+inline bool prep_wg() {
+  const char* e = std::getenv("FLASHQLA_PREP_WG");
+  return e != nullptr && e[0] == '1';
 }
 
 // The caller's workspace when it is large enough, else a stream-ordered allocation (a graph allocation node
@@ -1707,10 +1816,12 @@ cudaError_t launch(const flashqla_gdn_fwd_params_t& p, cudaStream_t stream) {
   // the state recompute's workspace then holds no W (a later prep_ready call with o needs a workspace filled by
   // a call with o)
   const int hpc = states_only(p) ? 1 : prep_heads_per_cta(p, chunks);
+  const bool wg = !states_only(p) && hpc == 1 && prep_wg();
   auto prep = states_only(p) ? (ix64 ? gdn_prep_kernel<T, int64_t, false, true> : gdn_prep_kernel<T, int32_t, false, true>)
               : hpc > 1   ? (ix64 ? gdn_prep_kernel<T, int64_t, true> : gdn_prep_kernel<T, int32_t, true>)
+              : wg        ? (ix64 ? gdn_prep_wg_kernel<T, int64_t> : gdn_prep_wg_kernel<T, int32_t>)
                           : (ix64 ? gdn_prep_kernel<T, int64_t, false> : gdn_prep_kernel<T, int32_t, false>);
-  const size_t smem = sizeof(PrepStorage<T>);
+  const size_t smem = wg ? sizeof(PrepStorageWg<T>) + 1024 : sizeof(PrepStorage<T>);
   err = cudaFuncSetAttribute(prep, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem));
   if (err == cudaSuccess) {
     prep<<<dim3(static_cast<unsigned>(chunks), static_cast<unsigned>(p.heads_v / hpc)), kPrepThreads, smem, stream>>>(
