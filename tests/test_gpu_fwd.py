@@ -284,9 +284,9 @@ def test_split_and_fused_forward_agree_bitwise(monkeypatch, case, prep_heads):
     assert rel_l2(out["1"][0], ro) < 5e-3 and rel_l2(out["1"][1], rs) < 5e-3
 
 
-# the wgmma prep (FLASHQLA_PREP_WG=1, opt-in): the mma.sync prep's products with K K^T and Q K^T as wgmma, so X and W
-# differ from that prep's in rounding only (the Gram's accumulation order): outputs close to its outputs, as
-# accurate against float64, deterministic
+# the wgmma prep (FLASHQLA_PREP_WG=1, opt-in): the mma.sync prep's products with K K^T, Q K^T, W = P M and X as
+# wgmma, so X and W differ from that prep's in rounding only (accumulation order): outputs close to its outputs,
+# as accurate against float64, deterministic
 @pytest.mark.parametrize("case", ["varlen", "dense", "gva4_fp16_l2norm"])
 def test_wgmma_prep_matches_the_mma_prep(monkeypatch, case):
     for name in ("FLASHQLA_WGMMA", "FLASHQLA_KSPLIT", "FLASHQLA_PREP_HEADS", "FLASHQLA_FWD_SPLIT"):

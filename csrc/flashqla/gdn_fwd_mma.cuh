@@ -223,14 +223,12 @@ CUTLASS_DEVICE T* tile16(T (&t)[kChunk * kLdK], int r, int c) { return &t[r * kL
 template <typename T>
 CUTLASS_DEVICE T* tile16(T (&t)[kChunk * kLdC], int r, int c) { return &t[r * kLdC + c]; }
 template <typename T>
-using ByteOf = std::conditional_t<std::is_const_v<T>, const char, char>;  // (const tiles stay const)
-template <typename T>
 CUTLASS_DEVICE T* tile16(T (&t)[2][kChunk * 64], int r, int c) {
-  return reinterpret_cast<T*>(reinterpret_cast<ByteOf<T>*>(t[c >> 6]) + gmma::sw128_off(r, c & 63));
+  return reinterpret_cast<T*>(reinterpret_cast<char*>(t[c >> 6]) + gmma::sw128_off(r, c & 63));
 }
 template <typename T>
 CUTLASS_DEVICE T* tile16(T (&t)[kChunk * 64], int r, int c) {
-  return reinterpret_cast<T*>(reinterpret_cast<ByteOf<T>*>(t) + gmma::sw128_off(r, c));
+  return reinterpret_cast<T*>(reinterpret_cast<char*>(t) + gmma::sw128_off(r, c));
 }
 template <typename StageT>
 constexpr bool kSwizzledStage = false;
@@ -583,10 +581,7 @@ CUTLASS_DEVICE void x_half(const StageT& S, const Ax& ax, const AuxLane& al, int
 #pragma unroll
     for (int np = 0; np < 4; ++np) {
       uint32_t b[4];
-      if constexpr (kSwizzledStage<StageT>)
-        ldsm_x4_trans(b, tile16(S.k, 16 * ks + ld.bt_row, 64 * half + 16 * np + ld.bt_col));
-      else
-        ldsm_x4_trans(b, &S.k[(16 * ks + ld.bt_row) * kLdK + 64 * half + 16 * np + ld.bt_col]);
+      ldsm_x4_trans(b, &S.k[(16 * ks + ld.bt_row) * kLdK + 64 * half + 16 * np + ld.bt_col]);
       mma_pair<T>(xa, np, af, b);
     }
   }
@@ -677,6 +672,77 @@ CUTLASS_DEVICE void aux_mwx(StageT& S, Ax& ax, int tid, uint32_t bar_aux, long l
     float xa[8][4];
     x_half<T>(S, ax, al, half, b0, b1, xa);
     store_c_tiles<T>(&S.x[16 * w * kLdK + 64 * half], kLdK, xa, lane);
+  }
+  FLASHQLA_ROLE_PHASE(1, kAuxW);
+}
+
+// aux_mwx for the wgmma prep (PrepStorageWg): M written 128-byte swizzled, all 16 blocks (wgmma reads every block
+// of W = P M's B, so the 6 above the diagonal are zeros, not left over), then W = P M as 4 wgmma m64n64k16 (A: P
+// from registers, zero past the warp's diagonal block; B: M, MN-major) and X = diag(beta) A^T K as 2 x 4 (A: the
+// operand x_half builds, zeros for the k blocks above the warp's rows; B: K's 64-column halves, MN-major).
+template <typename T, typename Ax, typename WSink>
+CUTLASS_DEVICE void aux_mwx_wg(PrepStorageWg<T>& S, Ax& ax, int tid, uint32_t bar_aux, long long& t_mark,
+                               const float (&qk)[8][4], WSink w_sink) {
+  using namespace gmma;
+  (void)t_mark;
+  const AuxLane al(tid);
+  const int w = al.w, lane = al.lane, tq = al.tq, i0 = al.i0, i1 = al.i1;
+  constexpr int kBlockBytes = kChunk * 64 * sizeof(T);
+  const auto mn_desc = [](const T* block, int ks) {  // k16 step ks of an MN-major 64-column block: 16 rows
+    return make_desc_sw128(reinterpret_cast<const char*>(block) + 2048 * ks, kBlockBytes, 1024);
+  };
+#pragma unroll
+  for (int it = 0; it < 32; ++it) {  // element e of 16 x 16 block b (row-major blocks): 256 b + e
+    const int blk = it >> 1, e = 128 * (it & 1) + tid;
+    const int i = 16 * (blk >> 2) + (e >> 4), j = 16 * (blk & 3) + (e & 15);
+    const float val = j <= i ? __expf(ax.G[i] - ax.G[j]) * ax.la[i * kLdF + j] * ax.beta[j] : 0.f;
+    *reinterpret_cast<T*>(reinterpret_cast<char*>(S.m) + sw128_off(i, j)) = from_f<T>(val);
+  }
+  fence_async_smem();
+  warp::bar_sync(bar_aux, kAuxThreads);  // M complete
+  FLASHQLA_ROLE_PHASE(1, kAuxMX);
+  {
+    float wa[8][4];
+    warp::zero_acc(wa);
+    uint32_t pa[4][4];
+#pragma unroll
+    for (int kb = 0; kb < 4; ++kb) warp::c_to_a<T>(pa[kb], qk[2 * kb], qk[2 * kb + 1]);
+    auto& w32 = reinterpret_cast<float(&)[32]>(wa);
+    fence();
+    pin(w32);
+#pragma unroll
+    for (int kb = 0; kb < 4; ++kb) wgmma_rs<64, T, 1>(w32, pa[kb], mn_desc(S.m, kb));
+    commit();
+    wait_all();
+    pin(w32);
+    w_sink(S, w, wa, lane);
+  }
+  warp::bar_sync(bar_aux, kAuxThreads);  // every warp's W has read M: X is staged over it
+  const float b0 = ax.beta[i0], b1 = ax.beta[i1];
+  uint32_t af[4][4];
+#pragma unroll
+  for (int ks = 0; ks < 4; ++ks) {  // A operand (i, m) = beta_i A[m][i]: zero where m < 16 w (A lower triangular)
+    const int m0 = 16 * ks + 2 * tq;
+    const float* A = ax.la;
+    const bool on = ks >= w;  // (the diagonal block's upper half holds zeros; the blocks above hold anything)
+    af[ks][0] = warp::pack2<T>(on ? b0 * A[m0 * kLdF + i0] : 0.f, on ? b0 * A[(m0 + 1) * kLdF + i0] : 0.f);
+    af[ks][1] = warp::pack2<T>(on ? b1 * A[m0 * kLdF + i1] : 0.f, on ? b1 * A[(m0 + 1) * kLdF + i1] : 0.f);
+    af[ks][2] = warp::pack2<T>(on ? b0 * A[(m0 + 8) * kLdF + i0] : 0.f, on ? b0 * A[(m0 + 9) * kLdF + i0] : 0.f);
+    af[ks][3] = warp::pack2<T>(on ? b1 * A[(m0 + 8) * kLdF + i1] : 0.f, on ? b1 * A[(m0 + 9) * kLdF + i1] : 0.f);
+  }
+#pragma unroll 1
+  for (int half = 0; half < 2; ++half) {
+    float xa[8][4];
+    warp::zero_acc(xa);
+    auto& x32 = reinterpret_cast<float(&)[32]>(xa);
+    fence();
+    pin(x32);
+#pragma unroll
+    for (int ks = 0; ks < 4; ++ks) wgmma_rs<64, T, 1>(x32, af[ks], mn_desc(S.k[half], ks));
+    commit();
+    wait_all();
+    pin(x32);
+    warp::store_c_tiles<T>(&S.x[16 * w * kLdK + 64 * half], kLdK, xa, lane);
   }
   FLASHQLA_ROLE_PHASE(1, kAuxW);
 }
@@ -1385,7 +1451,7 @@ struct alignas(1024) PrepStorageWg {
     T q[2][kChunk * 64];
     T x[kChunk * kLdK];
     float scratch[32 * kLdS];
-    T m[kChunk * kLdC];
+    T m[kChunk * 64];  // M, 128-byte swizzled (W = P M reads it as wgmma's B)
   };
   float gamma[kChunk];
   float decay[kChunk];
@@ -1512,9 +1578,9 @@ CUTLASS_DEVICE void prep_head(const flashqla_gdn_fwd_params_t& p, const PrepBuff
   store_prep_x<T>(p, pb, sm, row0, rows, wk.h, tid);
 }
 
-// The wgmma prep (FLASHQLA_PREP_WG=1; the per-head form of gdn_prep_kernel): the same per-head prep with K and Q
-// swizzled and the Gram products as wgmma (aux_gram_inverse_wg); the inverse, M, W and X as there (X reading the
-// swizzled K). Its outputs differ from gdn_prep_kernel's in rounding only (the Gram's accumulation order).
+// The wgmma prep (FLASHQLA_PREP_WG=1; the per-head form of gdn_prep_kernel): the same per-head prep with K, Q and M
+// swizzled and K K^T, Q K^T, W = P M and X as wgmma (aux_gram_inverse_wg, aux_mwx_wg); the inverse as there. Its
+// outputs differ from gdn_prep_kernel's in rounding only (the products' accumulation order).
 template <typename T, typename IndexT>
 __global__ void __launch_bounds__(kPrepThreads, kPrepCtasPerSm)
     gdn_prep_wg_kernel(const __grid_constant__ flashqla_gdn_fwd_params_t p, const PrepBuffers<T> pb, int) {
@@ -1537,8 +1603,8 @@ __global__ void __launch_bounds__(kPrepThreads, kPrepCtasPerSm)
   warp::bar_sync(kBarAux, kPrepThreads);
   float qk[8][4];
   aux_gram_inverse_wg<T>(sm, sm, tid, kBarAux, t_mark, qk);
-  aux_mwx<T>(sm, sm, tid, kBarAux, t_mark, qk,
-             WToGlobal<T>{pb.w + row0 * p.heads_v * kChunk + wk.h * kChunk, p.heads_v * kChunk, rows});
+  aux_mwx_wg<T>(sm, sm, tid, kBarAux, t_mark, qk,
+                WToGlobal<T>{pb.w + row0 * p.heads_v * kChunk + wk.h * kChunk, p.heads_v * kChunk, rows});
   warp::bar_sync(kBarAux, kPrepThreads);
   store_prep_x<T>(p, pb, sm, row0, rows, wk.h, tid);
   FLASHQLA_ROLE_PHASE(1, kAuxWaitEmpty);  // (the prep's slot for its stores)
