@@ -257,6 +257,18 @@ def test_torch_compile_kernel_path():
     assert torch.equal(o, o2) and torch.equal(s, s2)
 
 
+def three_forms(case, seed):
+    """The forms' comparison cases: varlen (zero-length sequences, tails, one long sequence, GVA 2), dense (B = 3),
+    GVA 4 fp16 with in-kernel l2norm on rows that are not unit length."""
+    if case == "varlen":
+        return make([0, 65, 1, 700, 0, 130, 2300], 2, 4, seed=seed), {}
+    if case == "dense":
+        return make([333], 1, 3, dense_B=3, seed=seed + 1), {}
+    d = make([64, 191, 1500], 2, 8, dtype=torch.float16, seed=seed + 2)
+    d["q"], d["k"] = d["q"] * 3, d["k"] * 0.5   # not unit rows: the kernels normalise them
+    return d, {"use_qk_l2norm_in_kernel": True}
+
+
 @pytest.mark.parametrize("prep_heads", ["1", "8"])
 @pytest.mark.parametrize("case", ["varlen", "dense", "l2norm_fp16"])
 def test_split_and_fused_forward_agree_bitwise(monkeypatch, case, prep_heads):
@@ -266,13 +278,7 @@ def test_split_and_fused_forward_agree_bitwise(monkeypatch, case, prep_heads):
     monkeypatch.setenv("FLASHQLA_PREP_HEADS", prep_heads)
     monkeypatch.setenv("FLASHQLA_KSPLIT", "0")  # the fused kernel's chain (the K-split one sums KS^T in halves,
     monkeypatch.setenv("FLASHQLA_WGMMA", "0")   # wgmma in its own order)
-    if case == "varlen":   # zero-length sequences, tails, one long sequence, GVA 2
-        d, kw = make([0, 65, 1, 700, 0, 130, 2300], 2, 4, seed=21), {}
-    elif case == "dense":
-        d, kw = make([333], 1, 3, dense_B=3, seed=22), {}
-    else:
-        d, kw = make([64, 191, 1500], 2, 8, dtype=torch.float16, seed=23), {"use_qk_l2norm_in_kernel": True}
-        d["q"], d["k"] = d["q"] * 3, d["k"] * 0.5   # not unit rows: the kernels normalise them
+    d, kw = three_forms(case, 21)
     monkeypatch.setenv("FLASHQLA_CP", "0")
     out = {}
     for mode in ("0", "1"):
@@ -287,19 +293,13 @@ def test_split_and_fused_forward_agree_bitwise(monkeypatch, case, prep_heads):
 # the wgmma prep (FLASHQLA_PREP_WG=1, opt-in): the mma.sync prep's products with K K^T, Q K^T, W = P M and X as
 # wgmma, so X and W differ from that prep's in rounding only (accumulation order): outputs close to its outputs,
 # as accurate against float64, deterministic
-@pytest.mark.parametrize("case", ["varlen", "dense", "gva4_fp16_l2norm"])
+@pytest.mark.parametrize("case", ["varlen", "dense", "l2norm_fp16"])
 def test_wgmma_prep_matches_the_mma_prep(monkeypatch, case):
     for name in ("FLASHQLA_WGMMA", "FLASHQLA_KSPLIT", "FLASHQLA_PREP_HEADS", "FLASHQLA_FWD_SPLIT"):
         monkeypatch.delenv(name, raising=False)
     monkeypatch.setenv("FLASHQLA_CP", "0")
     monkeypatch.setenv("FLASHQLA_OVERLAP", "0")  # (the prep beside the chain has its own, mma.sync, prep)
-    if case == "varlen":   # zero-length sequences, tails, one long sequence, GVA 2
-        d, kw = make([0, 65, 1, 700, 0, 130, 2300], 2, 4, seed=61), {}
-    elif case == "dense":
-        d, kw = make([1333], 1, 3, dense_B=3, seed=62), {}
-    else:
-        d, kw = make([64, 191, 1500], 2, 8, dtype=torch.float16, seed=63), {"use_qk_l2norm_in_kernel": True}
-        d["q"], d["k"] = d["q"] * 3, d["k"] * 0.5   # not unit rows: the kernels normalise them
+    d, kw = three_forms(case, 61)
     out = {}
     for mode in ("0", "1"):
         monkeypatch.setenv("FLASHQLA_PREP_WG", mode)

@@ -1442,7 +1442,7 @@ struct alignas(128) PrepStorage {
   int64_t seq, chunk;  // what this CTA works on (-1: nothing)
 };
 
-// The wgmma prep's (FLASHQLA_PREP_WG=1, gdn_prep_wg_kernel): K and Q 128-byte swizzled (two 64-column blocks, as
+// The wgmma prep's (FLASHQLA_PREP_WG=1, prep_head_wg): K, Q and M 128-byte swizzled (two 64-column blocks, as
 // StageSw), Q's space shared as in PrepStorage; 1024-byte aligned (the launch adds the slack).
 template <typename T>
 struct alignas(1024) PrepStorageWg {
@@ -1577,37 +1577,24 @@ CUTLASS_DEVICE void prep_head(const flashqla_gdn_fwd_params_t& p, const PrepBuff
   warp::bar_sync(bar, kPrepThreads);
   store_prep_x<T>(p, pb, sm, row0, rows, wk.h, tid);
 }
-
-// The wgmma prep (FLASHQLA_PREP_WG=1; the per-head form of gdn_prep_kernel): the same per-head prep with K, Q and M
-// swizzled and K K^T, Q K^T, W = P M and X as wgmma (aux_gram_inverse_wg, aux_mwx_wg); the inverse as there. Its
-// outputs differ from gdn_prep_kernel's in rounding only (the products' accumulation order).
-template <typename T, typename IndexT>
-__global__ void __launch_bounds__(kPrepThreads, kPrepCtasPerSm)
-    gdn_prep_wg_kernel(const __grid_constant__ flashqla_gdn_fwd_params_t p, const PrepBuffers<T> pb, int) {
-  extern __shared__ __align__(128) unsigned char smem_raw[];
-  auto& sm = *reinterpret_cast<PrepStorageWg<T>*>((reinterpret_cast<uintptr_t>(smem_raw) + 1023) & ~uintptr_t(1023));
-  static_assert(kPrepCtasPerSm * (sizeof(PrepStorageWg<T>) + 2048) <= 227 * 1024, "four wgmma prep CTAs per SM");
-  const int tid = threadIdx.x;
-  CtaTile ct;
-  int64_t c;
-  if (!prep_tile<IndexT>(p, sm.seq, sm.chunk, ct, c)) return;
-  const Work<T> wk = make_work<T>(p, ct);
-  long long t_mark = 0;
-#ifdef FLASHQLA_PHASE_TIMERS
-  t_mark = clock64();
-#endif
+// Its wgmma form (gdn_prep_kernel's kWg, FLASHQLA_PREP_WG=1): K, Q and M swizzled, K K^T, Q K^T, W = P M and X
+// as wgmma (aux_gram_inverse_wg, aux_mwx_wg), the inverse as there. Outputs that differ from prep_head's in
+// rounding only (the products' accumulation order). (A separate function: folded into prep_head by an
+// if constexpr on the storage, the mma.sync form's code changed.)
+template <typename T>
+CUTLASS_DEVICE void prep_head_wg(const flashqla_gdn_fwd_params_t& p, const PrepBuffers<T>& pb, PrepStorageWg<T>& sm,
+                                 const Work<T>& wk, int64_t c, int tid, uint32_t bar, long long& t_mark) {
   const int rows = static_cast<int>(wk.len - c * kChunk < kChunk ? wk.len - c * kChunk : kChunk);
   const int64_t row0 = wk.flat0 + c * kChunk;
-  aux_chunk<T, AuxMode::kInputsOnly>(p, sm, sm, wk, c, tid, kBarAux, pb, t_mark);  // K, Q, gates, l2norm
+  aux_chunk<T, AuxMode::kInputsOnly>(p, sm, sm, wk, c, tid, bar, pb, t_mark);  // K, Q, gates, l2norm
   warp::fence_async_smem();  // the copies and l2norm's stores, before the wgmma read the tiles
-  warp::bar_sync(kBarAux, kPrepThreads);
+  warp::bar_sync(bar, kPrepThreads);
   float qk[8][4];
-  aux_gram_inverse_wg<T>(sm, sm, tid, kBarAux, t_mark, qk);
-  aux_mwx_wg<T>(sm, sm, tid, kBarAux, t_mark, qk,
+  aux_gram_inverse_wg<T>(sm, sm, tid, bar, t_mark, qk);
+  aux_mwx_wg<T>(sm, sm, tid, bar, t_mark, qk,
                 WToGlobal<T>{pb.w + row0 * p.heads_v * kChunk + wk.h * kChunk, p.heads_v * kChunk, rows});
-  warp::bar_sync(kBarAux, kPrepThreads);
+  warp::bar_sync(bar, kPrepThreads);
   store_prep_x<T>(p, pb, sm, row0, rows, wk.h, tid);
-  FLASHQLA_ROLE_PHASE(1, kAuxWaitEmpty);  // (the prep's slot for its stores)
 }
 
 // One CTA per (chunk, value head), or with kGroup per (chunk, hpc value heads of one GVA group): then K, Q,
@@ -1616,13 +1603,19 @@ __global__ void __launch_bounds__(kPrepThreads, kPrepCtasPerSm)
 // form is its own instantiation: the group loop keeps the raw products live across heads (144 bytes of spills)
 // and measured 5-11% slower per head, which the sharing only won back (NOTES, session 5).
 // kStatesOnly (per-head form only): for a recurrence without o (the backward's state recompute), X alone.
-template <typename T, typename IndexT, bool kGroup, bool kStatesOnly = false>
+// kWg (per-head form only; FLASHQLA_PREP_WG=1, opt-in): prep_head_wg, whose storage is 1024-byte aligned (the
+// launch adds the slack).
+template <typename T, typename IndexT, bool kGroup, bool kStatesOnly = false, bool kWg = false>
 __global__ void __launch_bounds__(kPrepThreads, kGroup ? kPrepGroupCtasPerSm : kPrepCtasPerSm)
     gdn_prep_kernel(const __grid_constant__ flashqla_gdn_fwd_params_t p, const PrepBuffers<T> pb, int hpc) {
   static_assert(!(kGroup && kStatesOnly), "the group form computes W");
+  static_assert(!kWg || (!kGroup && !kStatesOnly), "the wgmma form: per head, with W");
+  using Storage = std::conditional_t<kWg, PrepStorageWg<T>, PrepStorage<T>>;
   extern __shared__ __align__(128) unsigned char smem_raw[];
-  auto& sm = *reinterpret_cast<PrepStorage<T>*>(smem_raw);
-  static_assert(kPrepCtasPerSm * sizeof(PrepStorage<T>) <= 227 * 1024, "four prep CTAs per SM");
+  unsigned char* base = smem_raw;
+  if constexpr (kWg) base = reinterpret_cast<unsigned char*>((reinterpret_cast<uintptr_t>(smem_raw) + 1023) & ~uintptr_t(1023));
+  auto& sm = *reinterpret_cast<Storage*>(base);
+  static_assert(kPrepCtasPerSm * (sizeof(Storage) + (kWg ? 2048 : 0)) <= 227 * 1024, "four prep CTAs per SM");
   const int tid = threadIdx.x;
   CtaTile ct;
   int64_t c;
@@ -1641,6 +1634,9 @@ __global__ void __launch_bounds__(kPrepThreads, kGroup ? kPrepGroupCtasPerSm : k
     aux_chunk<T, AuxMode::kPrepStates>(p, sm, sm, wk, c, tid, kBarAux, pb, t_mark);
     __syncthreads();
     store_prep_x<T>(p, pb, sm, row0, rows, ct.h, tid);
+    FLASHQLA_ROLE_PHASE(1, kAuxWaitEmpty);  // (the prep's slot for its stores)
+  } else if constexpr (kWg) {
+    prep_head_wg<T>(p, pb, sm, wk, c, tid, kBarAux, t_mark);
     FLASHQLA_ROLE_PHASE(1, kAuxWaitEmpty);  // (the prep's slot for its stores)
   } else if constexpr (!kGroup) {
     prep_head<T>(p, pb, sm, wk, c, tid, kBarAux, t_mark);
@@ -1738,7 +1734,7 @@ inline int prep_heads_per_cta(const flashqla_gdn_fwd_params_t& p, int64_t chunks
   return 1;
 }
 
-// The wgmma prep (gdn_prep_wg_kernel) instead of the mma.sync one: FLASHQLA_PREP_WG=1 (opt-in, unmeasured; read
+// The wgmma prep (gdn_prep_kernel's kWg) instead of the mma.sync one: FLASHQLA_PREP_WG=1 (opt-in, unmeasured; read
 // per call, like the other forms' switches).
 inline bool prep_wg() {
   const char* e = std::getenv("FLASHQLA_PREP_WG");
@@ -1885,7 +1881,7 @@ cudaError_t launch(const flashqla_gdn_fwd_params_t& p, cudaStream_t stream) {
   const bool wg = !states_only(p) && hpc == 1 && prep_wg();
   auto prep = states_only(p) ? (ix64 ? gdn_prep_kernel<T, int64_t, false, true> : gdn_prep_kernel<T, int32_t, false, true>)
               : hpc > 1   ? (ix64 ? gdn_prep_kernel<T, int64_t, true> : gdn_prep_kernel<T, int32_t, true>)
-              : wg        ? (ix64 ? gdn_prep_wg_kernel<T, int64_t> : gdn_prep_wg_kernel<T, int32_t>)
+              : wg        ? (ix64 ? gdn_prep_kernel<T, int64_t, false, false, true> : gdn_prep_kernel<T, int32_t, false, false, true>)
                           : (ix64 ? gdn_prep_kernel<T, int64_t, false> : gdn_prep_kernel<T, int32_t, false>);
   const size_t smem = wg ? sizeof(PrepStorageWg<T>) + 1024 : sizeof(PrepStorage<T>);
   err = cudaFuncSetAttribute(prep, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem));
