@@ -292,7 +292,7 @@ def test_split_and_fused_forward_agree_bitwise(monkeypatch, case, prep_heads):
 
 # the wgmma prep (FLASHQLA_PREP_WG=1, opt-in): the mma.sync prep's products with K K^T, Q K^T, W = P M and X as
 # wgmma, so X and W differ from that prep's in rounding only (accumulation order): outputs close to its outputs,
-# as accurate against float64, deterministic
+# as accurate against float64, deterministic; the workers of the prep beside the chain run it too (bitwise the same)
 @pytest.mark.parametrize("case", ["varlen", "dense", "l2norm_fp16"])
 def test_wgmma_prep_matches_the_mma_prep(monkeypatch, case):
     for name in ("FLASHQLA_WGMMA", "FLASHQLA_KSPLIT", "FLASHQLA_PREP_HEADS", "FLASHQLA_FWD_SPLIT"):
@@ -309,6 +309,9 @@ def test_wgmma_prep_matches_the_mma_prep(monkeypatch, case):
     assert rel_l2(out["1"][0], out["0"][0]) < 2e-3 and rel_l2(out["1"][1], out["0"][1]) < 2e-3
     again = run_ours(d, **kw)
     assert torch.equal(again[0], out["1"][0]) and torch.equal(again[1], out["1"][1])
+    monkeypatch.setenv("FLASHQLA_OVERLAP", "1")  # the same prep by the workers beside the chain: the same bits
+    beside = run_ours(d, **kw)
+    assert torch.equal(beside[0], out["1"][0]) and torch.equal(beside[1], out["1"][1])
     x = {k: (v.double() if isinstance(v, torch.Tensor) and v.is_floating_point() else v) for k, v in d.items()}
     ro, rs = chunk_gdn_torch(**x, output_final_state=True, **kw)
     for mode in ("0", "1"):

@@ -1362,20 +1362,21 @@ CUTLASS_DEVICE int64_t chunk_offset(const flashqla_gdn_fwd_params_t& p, int64_t 
 // kKSplit: the K-split chain (32-column V blocks, state_role<T, true>); kWg: the products as wgmma (swizzled
 // stages, SharedStorageSw, 1 KB of alignment slack in the launch); both split mode only (the K split borrows the
 // loader groups' product scratch; the fused mode's aux products read the padded tiles).
-template <typename T, typename IndexT>
-CUTLASS_DEVICE void prep_worker(const flashqla_gdn_fwd_params_t& p, const PrepBuffers<T>& pb, PrepStorage<T>& sm,
-                                int unit);
+template <typename T, typename IndexT, typename PrepS>
+CUTLASS_DEVICE void prep_worker(const flashqla_gdn_fwd_params_t& p, const PrepBuffers<T>& pb, PrepS& sm, int unit);
 
 // kOb (with kWg): O beside the chain (o_role; 512 threads: state, O, two loader groups). kOverlap (with kOb): the
-// first pb.prep_ctas CTAs are prep workers (prep_worker), the chain waits for their flags.
+// first pb.prep_ctas CTAs are prep workers (prep_worker), the chain waits for their flags; kPrepWg: the workers
+// run the wgmma prep (prep_head_wg, FLASHQLA_PREP_WG=1).
 template <typename T, typename IndexT, AuxMode kMode, bool kKSplit = false, bool kWg = false, bool kOb = false,
-          bool kOverlap = false>
+          bool kOverlap = false, bool kPrepWg = false>
 __global__ void __launch_bounds__(kOb ? kObThreads : kThreads, 1)
     gdn_fwd_mma_kernel(const __grid_constant__ flashqla_gdn_fwd_params_t p, const PrepBuffers<T> pb) {
   static_assert(!kKSplit || kMode == AuxMode::kLoadPrepared, "the K-split chain runs on prepared chunks");
   static_assert(!kWg || (kMode == AuxMode::kLoadPrepared && !kKSplit), "the wgmma chain: prepared, unsplit");
   static_assert(!kOb || kWg, "O beside the wgmma chain");
   static_assert(!kOverlap || kOb, "prep beside the O-beside chain");
+  static_assert(!kPrepWg || kOverlap, "the workers' wgmma prep");
   constexpr int kVB = kKSplit ? kVBlocksK : kVBlocks, kBV = kKSplit ? kBlockVK : kBlockV;
   constexpr int kCtaThreads = kOb ? kObThreads : kThreads;
   using Storage = std::conditional_t<kOb, SharedStorageOb<T>, std::conditional_t<kWg, SharedStorageSw<T>, SharedStorage<T>>>;
@@ -1387,7 +1388,8 @@ __global__ void __launch_bounds__(kOb ? kObThreads : kThreads, 1)
   if constexpr (kOverlap) {
     if (block < pb.prep_ctas) {
       const int unit = __shfl_sync(0xffffffffu, threadIdx.x / kAuxThreads, 0);
-      prep_worker<T, IndexT>(p, pb, reinterpret_cast<PrepStorage<T>*>(base)[unit], unit);
+      using PrepS = std::conditional_t<kPrepWg, PrepStorageWg<T>, PrepStorage<T>>;  // (base: 1024-byte aligned)
+      prep_worker<T, IndexT>(p, pb, reinterpret_cast<PrepS*>(base)[unit], unit);
       return;
     }
     block -= pb.prep_ctas;
@@ -1667,9 +1669,8 @@ __global__ void __launch_bounds__(kPrepThreads, kGroup ? kPrepGroupCtasPerSm : k
 // chunk's flag before copying its X and W. The workers come first in blockIdx, are dispatched first and wait for
 // nothing, so the chain's waits end also when the CTAs run one at a time (compute-sanitizer) or on fewer SMs.
 constexpr int kPrepUnits = kObThreads / kPrepThreads;
-template <typename T, typename IndexT>
-CUTLASS_DEVICE void prep_worker(const flashqla_gdn_fwd_params_t& p, const PrepBuffers<T>& pb, PrepStorage<T>& sm,
-                                int unit) {
+template <typename T, typename IndexT, typename PrepS>
+CUTLASS_DEVICE void prep_worker(const flashqla_gdn_fwd_params_t& p, const PrepBuffers<T>& pb, PrepS& sm, int unit) {
   const int tid = threadIdx.x % kPrepThreads;
   const uint32_t bar = 1 + unit;
   long long t_mark = 0;
@@ -1699,7 +1700,10 @@ CUTLASS_DEVICE void prep_worker(const flashqla_gdn_fwd_params_t& p, const PrepBu
       ct.hq = ct.h / (p.heads_v / p.heads_qk);
       sequence_bounds<IndexT>(p, ct.n, ct.b, ct.bos, ct.eos);
       ct.col0 = 0;
-      prep_head<T>(p, pb, sm, make_work<T>(p, ct), sm.chunk, tid, bar, t_mark);
+      if constexpr (kSwizzledStage<PrepS>)
+        prep_head_wg<T>(p, pb, sm, make_work<T>(p, ct), sm.chunk, tid, bar, t_mark);
+      else
+        prep_head<T>(p, pb, sm, make_work<T>(p, ct), sm.chunk, tid, bar, t_mark);
     }
     __threadfence();                    // this thread's X and W stores, before the flag
     warp::bar_sync(bar, kPrepThreads);  // (also: all have read sm.seq / sm.chunk before the next item's)
@@ -1775,15 +1779,17 @@ inline bool use_ksplit(const flashqla_gdn_fwd_params_t& p, int side_by_side = 1)
   return side_by_side * p.num_seqs * p.heads_v * kVBlocksK <= device_sm_count();
 }
 
-template <typename T, AuxMode kMode, bool kKSplit = false, bool kWg = false, bool kOb = false, bool kOverlap = false>
+template <typename T, AuxMode kMode, bool kKSplit = false, bool kWg = false, bool kOb = false, bool kOverlap = false,
+          bool kPrepWg = false>
 cudaError_t launch_recurrent(const flashqla_gdn_fwd_params_t& p, const PrepBuffers<T>& pb, cudaStream_t stream) {
   const int64_t blocks = p.num_seqs * p.heads_v * (kKSplit ? kVBlocksK : kVBlocks) +
                          (p.cu_seqlens != nullptr ? kTailBlocks : 0) + (kOverlap ? pb.prep_ctas : 0);
   if (blocks == 0) return cudaSuccess;
   auto kernel = p.cu_seqlens != nullptr && p.cu_seqlens_dtype == FLASHQLA_INT64
-                    ? gdn_fwd_mma_kernel<T, int64_t, kMode, kKSplit, kWg, kOb, kOverlap>
-                    : gdn_fwd_mma_kernel<T, int32_t, kMode, kKSplit, kWg, kOb, kOverlap>;
-  constexpr size_t kPrepUnitsBytes = kPrepUnits * sizeof(PrepStorage<T>) + 1024;
+                    ? gdn_fwd_mma_kernel<T, int64_t, kMode, kKSplit, kWg, kOb, kOverlap, kPrepWg>
+                    : gdn_fwd_mma_kernel<T, int32_t, kMode, kKSplit, kWg, kOb, kOverlap, kPrepWg>;
+  constexpr size_t kPrepUnitsBytes =
+      kPrepUnits * (kPrepWg ? sizeof(PrepStorageWg<T>) : sizeof(PrepStorage<T>)) + 1024;
   const size_t smem = kOb ? std::max(sizeof(SharedStorageOb<T>) + 1024, kOverlap ? kPrepUnitsBytes : size_t(0))
                       : kWg ? sizeof(SharedStorageSw<T>) + 1024 : sizeof(SharedStorage<T>);
   cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem));
@@ -1870,7 +1876,8 @@ cudaError_t launch(const flashqla_gdn_fwd_params_t& p, cudaStream_t stream) {
       pb.ready = static_cast<int*>(flags.ptr);
       pb.ready_chunks = chunks;
       pb.prep_ctas = prep_ctas;
-      err = launch_recurrent<T, AuxMode::kLoadPrepared, false, true, true, true>(p, pb, stream);
+      err = prep_wg() ? launch_recurrent<T, AuxMode::kLoadPrepared, false, true, true, true, true>(p, pb, stream)
+                      : launch_recurrent<T, AuxMode::kLoadPrepared, false, true, true, true>(p, pb, stream);
     }
     return ws.release(flags.release(err, stream), stream);
   }
