@@ -1382,7 +1382,7 @@ __global__ void __launch_bounds__(kOb ? kObThreads : kThreads, 1)
   using Storage = std::conditional_t<kOb, SharedStorageOb<T>, std::conditional_t<kWg, SharedStorageSw<T>, SharedStorage<T>>>;
   extern __shared__ __align__(128) unsigned char smem_raw[];
   unsigned char* base = smem_raw;
-  if constexpr (kWg || kOb) base = reinterpret_cast<unsigned char*>((reinterpret_cast<uintptr_t>(smem_raw) + 1023) & ~uintptr_t(1023));
+  if constexpr (kWg || kOb) base = gmma::align_smem_1024(smem_raw);
   auto& sm = *reinterpret_cast<Storage*>(base);
   int64_t block = blockIdx.x;
   if constexpr (kOverlap) {
@@ -1615,7 +1615,7 @@ __global__ void __launch_bounds__(kPrepThreads, kGroup ? kPrepGroupCtasPerSm : k
   using Storage = std::conditional_t<kWg, PrepStorageWg<T>, PrepStorage<T>>;
   extern __shared__ __align__(128) unsigned char smem_raw[];
   unsigned char* base = smem_raw;
-  if constexpr (kWg) base = reinterpret_cast<unsigned char*>((reinterpret_cast<uintptr_t>(smem_raw) + 1023) & ~uintptr_t(1023));
+  if constexpr (kWg) base = gmma::align_smem_1024(smem_raw);
   auto& sm = *reinterpret_cast<Storage*>(base);
   static_assert(kPrepCtasPerSm * (sizeof(Storage) + (kWg ? 2048 : 0)) <= 227 * 1024, "four prep CTAs per SM");
   const int tid = threadIdx.x;

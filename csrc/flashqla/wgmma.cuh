@@ -32,6 +32,15 @@ CUTLASS_DEVICE const T* kmaj(const T* base, int n, int k) {
   return reinterpret_cast<const T*>(reinterpret_cast<const char*>(base) + kmaj_off(n, k, KT));
 }
 
+// The first 1024-byte aligned byte of dynamic shared memory (swizzled wgmma tiles need 1024-byte atoms; the
+// launches add 1024 bytes of slack). An offset on the array's own pointer, so the compiler still knows the
+// storage is shared memory: aligned through uintptr_t it did not, and every access became a generic LD / ST
+// (342 in the wgmma prep, 37 in the O-beside chain).
+CUTLASS_DEVICE unsigned char* align_smem_1024(unsigned char* smem) {
+  const uint32_t s = warp::smem_addr(smem);
+  return smem + ((1024u - (s & 1023u)) & 1023u);
+}
+
 // Descriptor of a no-swizzle tile: start address, leading byte offset (LBO) and stride byte offset (SBO),
 // each >> 4; layout type 0 (no swizzle) and base offset 0.
 CUTLASS_DEVICE uint64_t make_desc(const void* smem, int lbo, int sbo) {
