@@ -1367,7 +1367,7 @@ CUTLASS_DEVICE void prep_worker(const flashqla_gdn_fwd_params_t& p, const PrepBu
 
 // kOb (with kWg): O beside the chain (o_role; 512 threads: state, O, two loader groups). kOverlap (with kOb): the
 // first pb.prep_ctas CTAs are prep workers (prep_worker), the chain waits for their flags; kPrepWg: the workers
-// run the wgmma prep (prep_head_wg, FLASHQLA_PREP_WG=1).
+// run the wgmma prep (prep_head_wg; FLASHQLA_PREP_WG=1, prep_wg).
 template <typename T, typename IndexT, AuxMode kMode, bool kKSplit = false, bool kWg = false, bool kOb = false,
           bool kOverlap = false, bool kPrepWg = false>
 __global__ void __launch_bounds__(kOb ? kObThreads : kThreads, 1)
@@ -1444,7 +1444,7 @@ struct alignas(128) PrepStorage {
   int64_t seq, chunk;  // what this CTA works on (-1: nothing)
 };
 
-// The wgmma prep's (FLASHQLA_PREP_WG=1, prep_head_wg): K, Q and M 128-byte swizzled (two 64-column blocks, as
+// The wgmma prep's (prep_head_wg): K, Q and M 128-byte swizzled (two 64-column blocks, as
 // StageSw), Q's space shared as in PrepStorage; 1024-byte aligned (the launch adds the slack).
 template <typename T>
 struct alignas(1024) PrepStorageWg {
@@ -1579,7 +1579,7 @@ CUTLASS_DEVICE void prep_head(const flashqla_gdn_fwd_params_t& p, const PrepBuff
   warp::bar_sync(bar, kPrepThreads);
   store_prep_x<T>(p, pb, sm, row0, rows, wk.h, tid);
 }
-// Its wgmma form (gdn_prep_kernel's kWg, FLASHQLA_PREP_WG=1): K, Q and M swizzled, K K^T, Q K^T, W = P M and X
+// Its wgmma form (gdn_prep_kernel's kWg, the default there: prep_wg): K, Q and M swizzled, K K^T, Q K^T, W = P M and X
 // as wgmma (aux_gram_inverse_wg, aux_mwx_wg), the inverse as there. Outputs that differ from prep_head's in
 // rounding only (the products' accumulation order). (A separate function: folded into prep_head by an
 // if constexpr on the storage, the mma.sync form's code changed.)
@@ -1605,7 +1605,7 @@ CUTLASS_DEVICE void prep_head_wg(const flashqla_gdn_fwd_params_t& p, const PrepB
 // form is its own instantiation: the group loop keeps the raw products live across heads (144 bytes of spills)
 // and measured 5-11% slower per head, which the sharing only won back (NOTES, session 5).
 // kStatesOnly (per-head form only): for a recurrence without o (the backward's state recompute), X alone.
-// kWg (per-head form only; FLASHQLA_PREP_WG=1, opt-in): prep_head_wg, whose storage is 1024-byte aligned (the
+// kWg (per-head form only; the default there, prep_wg): prep_head_wg, whose storage is 1024-byte aligned (the
 // launch adds the slack).
 template <typename T, typename IndexT, bool kGroup, bool kStatesOnly = false, bool kWg = false>
 __global__ void __launch_bounds__(kPrepThreads, kGroup ? kPrepGroupCtasPerSm : kPrepCtasPerSm)
@@ -1738,11 +1738,14 @@ inline int prep_heads_per_cta(const flashqla_gdn_fwd_params_t& p, int64_t chunks
   return 1;
 }
 
-// The wgmma prep (gdn_prep_kernel's kWg) instead of the mma.sync one: FLASHQLA_PREP_WG=1 (opt-in, unmeasured; read
-// per call, like the other forms' switches).
-inline bool prep_wg() {
+// The wgmma prep (gdn_prep_kernel's kWg) or the mma.sync one? FLASHQLA_PREP_WG=0: mma.sync everywhere; 1: wgmma
+// everywhere; unset: wgmma in the per-head prep kernel, mma.sync in the workers beside the chain (read per call,
+// like the other forms' switches). Session 13's A/B: the prep kernel 0.94 -> 0.86 ms at TP1 1x32768 (forward rows
+// -1..-3%); the workers' wgmma form (more spills at the chain kernel's 128 registers) +4% on the rows they serve.
+inline bool prep_wg(bool workers) {
   const char* e = std::getenv("FLASHQLA_PREP_WG");
-  return e != nullptr && e[0] == '1';
+  if (e != nullptr && *e != '\0') return e[0] == '1';
+  return !workers;
 }
 
 // The caller's workspace when it is large enough, else a stream-ordered allocation (a graph allocation node
@@ -1876,7 +1879,7 @@ cudaError_t launch(const flashqla_gdn_fwd_params_t& p, cudaStream_t stream) {
       pb.ready = static_cast<int*>(flags.ptr);
       pb.ready_chunks = chunks;
       pb.prep_ctas = prep_ctas;
-      err = prep_wg() ? launch_recurrent<T, AuxMode::kLoadPrepared, false, true, true, true, true>(p, pb, stream)
+      err = prep_wg(true) ? launch_recurrent<T, AuxMode::kLoadPrepared, false, true, true, true, true>(p, pb, stream)
                       : launch_recurrent<T, AuxMode::kLoadPrepared, false, true, true, true>(p, pb, stream);
     }
     return ws.release(flags.release(err, stream), stream);
@@ -1885,7 +1888,7 @@ cudaError_t launch(const flashqla_gdn_fwd_params_t& p, cudaStream_t stream) {
   // the state recompute's workspace then holds no W (a later prep_ready call with o needs a workspace filled by
   // a call with o)
   const int hpc = states_only(p) ? 1 : prep_heads_per_cta(p, chunks);
-  const bool wg = !states_only(p) && hpc == 1 && prep_wg();
+  const bool wg = !states_only(p) && hpc == 1 && prep_wg(false);
   auto prep = states_only(p) ? (ix64 ? gdn_prep_kernel<T, int64_t, false, true> : gdn_prep_kernel<T, int32_t, false, true>)
               : hpc > 1   ? (ix64 ? gdn_prep_kernel<T, int64_t, true> : gdn_prep_kernel<T, int32_t, true>)
               : wg        ? (ix64 ? gdn_prep_kernel<T, int64_t, false, false, true> : gdn_prep_kernel<T, int32_t, false, false, true>)
