@@ -257,6 +257,18 @@ def test_torch_compile_kernel_path():
     assert torch.equal(o, o2) and torch.equal(s, s2)
 
 
+def three_forms(case, seed):
+    """The forms' comparison cases: varlen (zero-length sequences, tails, one long sequence, GVA 2), dense (B = 3),
+    GVA 4 fp16 with in-kernel l2norm on rows that are not unit length."""
+    if case == "varlen":
+        return make([0, 65, 1, 700, 0, 130, 2300], 2, 4, seed=seed), {}
+    if case == "dense":
+        return make([333], 1, 3, dense_B=3, seed=seed + 1), {}
+    d = make([64, 191, 1500], 2, 8, dtype=torch.float16, seed=seed + 2)
+    d["q"], d["k"] = d["q"] * 3, d["k"] * 0.5   # not unit rows: the kernels normalise them
+    return d, {"use_qk_l2norm_in_kernel": True}
+
+
 @pytest.mark.parametrize("prep_heads", ["1", "8"])
 @pytest.mark.parametrize("case", ["varlen", "dense", "l2norm_fp16"])
 def test_split_and_fused_forward_agree_bitwise(monkeypatch, case, prep_heads):
@@ -266,13 +278,7 @@ def test_split_and_fused_forward_agree_bitwise(monkeypatch, case, prep_heads):
     monkeypatch.setenv("FLASHQLA_PREP_HEADS", prep_heads)
     monkeypatch.setenv("FLASHQLA_KSPLIT", "0")  # the fused kernel's chain (the K-split one sums KS^T in halves,
     monkeypatch.setenv("FLASHQLA_WGMMA", "0")   # wgmma in its own order)
-    if case == "varlen":   # zero-length sequences, tails, one long sequence, GVA 2
-        d, kw = make([0, 65, 1, 700, 0, 130, 2300], 2, 4, seed=21), {}
-    elif case == "dense":
-        d, kw = make([333], 1, 3, dense_B=3, seed=22), {}
-    else:
-        d, kw = make([64, 191, 1500], 2, 8, dtype=torch.float16, seed=23), {"use_qk_l2norm_in_kernel": True}
-        d["q"], d["k"] = d["q"] * 3, d["k"] * 0.5   # not unit rows: the kernels normalise them
+    d, kw = three_forms(case, 21)
     monkeypatch.setenv("FLASHQLA_CP", "0")
     out = {}
     for mode in ("0", "1"):
@@ -282,6 +288,55 @@ def test_split_and_fused_forward_agree_bitwise(monkeypatch, case, prep_heads):
     x = {k: (v.double() if isinstance(v, torch.Tensor) and v.is_floating_point() else v) for k, v in d.items()}
     ro, rs = chunk_gdn_torch(**x, output_final_state=True, **kw)
     assert rel_l2(out["1"][0], ro) < 5e-3 and rel_l2(out["1"][1], rs) < 5e-3
+
+
+def gpu_kernel_names(fn):
+    """The names of the GPU kernels fn launches (torch.profiler)."""
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
+        fn()
+        torch.cuda.synchronize()
+    return {e.name for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA}
+
+
+def is_wg_prep(name):
+    """gdn_prep_kernel's kWg instantiation: its last template argument (demangled as true or (bool)1)."""
+    args = name.split("gdn_prep_kernel<", 1)[1].split(">", 1)[0].split(",")
+    return args[-1].strip() in ("true", "(bool)1")
+
+
+# the wgmma prep (the prep kernel's default; FLASHQLA_PREP_WG=0: mma.sync, =1: wgmma in the workers too): the
+# mma.sync prep's products with K K^T, Q K^T, W = P M and X as wgmma, so X and W can differ from that prep's in
+# rounding only (accumulation order): outputs close to its outputs, as accurate against float64, deterministic;
+# the workers of the prep beside the chain run it too under =1 (bitwise the same)
+@pytest.mark.parametrize("case", ["varlen", "dense", "l2norm_fp16"])
+def test_wgmma_prep_matches_the_mma_prep(monkeypatch, case):
+    for name in ("FLASHQLA_WGMMA", "FLASHQLA_KSPLIT", "FLASHQLA_PREP_HEADS", "FLASHQLA_FWD_SPLIT"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("FLASHQLA_CP", "0")
+    monkeypatch.setenv("FLASHQLA_OVERLAP", "0")  # (the prep beside the chain has its own, mma.sync, prep)
+    d, kw = three_forms(case, 61)
+    out = {}
+    for mode in ("0", "1"):
+        monkeypatch.setenv("FLASHQLA_PREP_WG", mode)
+        names = gpu_kernel_names(lambda: out.__setitem__(mode, run_ours(d, **kw)))
+        # the form asked for ran (the products can round as the mma.sync ones do: Hopper's tensor cores sum
+        # each k16 step alike, so equal outputs alone would not tell which prep ran)
+        preps = [n for n in names if "gdn_prep_kernel<" in n]
+        assert preps and all(is_wg_prep(n) == (mode == "1") for n in preps), preps
+    assert rel_l2(out["1"][0], out["0"][0]) < 2e-3 and rel_l2(out["1"][1], out["0"][1]) < 2e-3
+    monkeypatch.delenv("FLASHQLA_PREP_WG")  # the default: the wgmma form in the prep kernel
+    again = {}
+    preps = [n for n in gpu_kernel_names(lambda: again.update(enumerate(run_ours(d, **kw)))) if "gdn_prep_kernel<" in n]
+    assert preps and all(map(is_wg_prep, preps)), preps
+    assert torch.equal(again[0], out["1"][0]) and torch.equal(again[1], out["1"][1])
+    monkeypatch.setenv("FLASHQLA_PREP_WG", "1")
+    monkeypatch.setenv("FLASHQLA_OVERLAP", "1")  # the same prep by the workers beside the chain: the same bits
+    beside = run_ours(d, **kw)
+    assert torch.equal(beside[0], out["1"][0]) and torch.equal(beside[1], out["1"][1])
+    x = {k: (v.double() if isinstance(v, torch.Tensor) and v.is_floating_point() else v) for k, v in d.items()}
+    ro, rs = chunk_gdn_torch(**x, output_final_state=True, **kw)
+    for mode in ("0", "1"):
+        assert rel_l2(out[mode][0], ro) < 5e-3 and rel_l2(out[mode][1], rs) < 5e-3
 
 
 @pytest.mark.parametrize("l2norm", [False, True])

@@ -275,7 +275,7 @@ __global__ void __launch_bounds__(kThreads, 1) gdn_bwd_dh_kernel(const __grid_co
   using Storage = std::conditional_t<kWg, SharedStorageSwBwd<T>, SharedStorage<T>>;
   extern __shared__ __align__(128) unsigned char smem_raw[];
   unsigned char* base = smem_raw;
-  if constexpr (kWg) base = reinterpret_cast<unsigned char*>((reinterpret_cast<uintptr_t>(smem_raw) + 1023) & ~uintptr_t(1023));
+  if constexpr (kWg) base = gmma::align_smem_1024(smem_raw);
   auto& sm = *reinterpret_cast<Storage*>(base);
   const CtaTile ct = decode_cta<IndexT>(p, blockIdx.x, kVB, kBV);
   Work<T> wk = make_work<T>(p, ct);

@@ -433,14 +433,15 @@ CUTLASS_DEVICE void gate_p_tile(const Ax& ax, const AuxLane& al, int nt, const f
 // the inverse A = (I + L)^-1 in ax.la (fp32). Only A's 16 x 16 blocks on and below the diagonal are written
 // (the diagonal blocks with zeros above the diagonal); the blocks above keep whatever was there: A is lower
 // triangular, and readers that touch that region mask it (the gradient kernel's A^T did not, see NOTES).
+// kk_block: the row block of K K^T this warp holds (aux_gram_raw's 3 - w, the wgmma Gram's w).
 template <typename T, typename Ax>
 CUTLASS_DEVICE void aux_gates_inverse(Ax& ax, int tid, uint32_t bar_aux, long long& t_mark,
-                                      const float (&kk)[8][4]) {
+                                      const float (&kk)[8][4], int kk_block = -1) {
   using namespace warp;
   (void)t_mark;
   const AuxLane al(tid);
   const int w = al.w, lane = al.lane, tq = al.tq;
-  const int r = 3 - w;
+  const int r = kk_block >= 0 ? kk_block : 3 - w;
   // L = StrictLower(diag(beta) K K^T) rows of block r to shared memory
   {
     const int k0 = 16 * r + al.gq, k1 = k0 + 8;
@@ -517,6 +518,46 @@ CUTLASS_DEVICE void aux_gram_inverse(StageT& S, Ax& ax, int tid, uint32_t bar_au
     if (nt <= 2 * al.w + 1) gate_p_tile<T>(ax, al, nt, qk[nt], qk[nt]);
 }
 
+// The same from a swizzled stage (the wgmma prep, PrepStorageWg): K K^T and Q K^T as two 64 x 64 x 128 wgmma
+// products with both operands in shared memory, warp w holding row block w of each (all 64 columns: the
+// blocks above the diagonal are computed and masked, 16 instructions in all against ~300 mma.sync and their
+// ldmatrix). The caller has made the tiles visible to the async proxy (fence_async_smem, then a barrier).
+template <typename T, typename StageT, typename Ax>
+CUTLASS_DEVICE void aux_gram_inverse_wg(StageT& S, Ax& ax, int tid, uint32_t bar_aux, long long& t_mark,
+                                        float (&qk)[8][4]) {
+  using namespace gmma;
+  float kk[8][4];
+  warp::zero_acc(kk);
+  warp::zero_acc(qk);
+  auto& k32 = reinterpret_cast<float(&)[32]>(kk);
+  auto& q32 = reinterpret_cast<float(&)[32]>(qk);
+  const auto desc = [](const T (&tile)[2][kChunk * 64], int ks) {  // k16 step ks: 32 bytes a step in its block
+    return make_desc_sw128(reinterpret_cast<const char*>(tile[ks >> 2]) + 32 * (ks & 3), 16, 1024);
+  };
+  fence();
+  pin(k32);
+  pin(q32);
+#pragma unroll
+  for (int ks = 0; ks < kDimK / 16; ++ks) {
+    wgmma_ss<64, T>(k32, desc(S.k, ks), desc(S.k, ks));
+    wgmma_ss<64, T>(q32, desc(S.q, ks), desc(S.k, ks));
+  }
+  commit();
+  wait_all();
+  pin(k32);
+  pin(q32);
+  const AuxLane al(tid);
+  aux_gates_inverse<T>(ax, tid, bar_aux, t_mark, kk, al.w);
+#pragma unroll
+  for (int nt = 0; nt < 8; ++nt) {  // P; tiles past the diagonal block zeroed (W = P M reads only up to it)
+    if (nt <= 2 * al.w + 1)
+      gate_p_tile<T>(ax, al, nt, qk[nt], qk[nt]);
+    else
+#pragma unroll
+      for (int e = 0; e < 4; ++e) qk[nt][e] = 0.f;
+  }
+}
+
 // X = diag(beta) A^T K (the state update's right factor), rows [16w, 16w + 16) of this warp, K columns
 // [64 half, 64 half + 64), from A in ax.la (fp32) and K in S.k: A operand (i, m) = beta_i A[m][i], m >= 16w;
 // b0, b1 = beta of this thread's rows al.i0, al.i1. The forward's prep and the backward's shared prep both form X
@@ -562,6 +603,12 @@ template <typename T>
 struct PrepStorage;
 template <typename T>
 constexpr bool kMSharesX<PrepStorage<T>> = true;
+template <typename T>
+struct PrepStorageWg;  // (the wgmma prep's, swizzled)
+template <typename T>
+constexpr bool kMSharesX<PrepStorageWg<T>> = true;
+template <typename T>
+constexpr bool kSwizzledStage<PrepStorageWg<T>> = true;
 
 // The forward's products after the inverse: M, W = P M and X into the stage. qk holds P, or with kRawQK the
 // raw Q K^T, gated here tile by tile (the prep kernel keeps it for all heads of a GVA group). kW false: X
@@ -625,6 +672,77 @@ CUTLASS_DEVICE void aux_mwx(StageT& S, Ax& ax, int tid, uint32_t bar_aux, long l
     float xa[8][4];
     x_half<T>(S, ax, al, half, b0, b1, xa);
     store_c_tiles<T>(&S.x[16 * w * kLdK + 64 * half], kLdK, xa, lane);
+  }
+  FLASHQLA_ROLE_PHASE(1, kAuxW);
+}
+
+// aux_mwx for the wgmma prep (PrepStorageWg): M written 128-byte swizzled, all 16 blocks (wgmma reads every block
+// of W = P M's B, so the 6 above the diagonal are zeros, not left over), then W = P M as 4 wgmma m64n64k16 (A: P
+// from registers, zero past the warp's diagonal block; B: M, MN-major) and X = diag(beta) A^T K as 2 x 4 (A: the
+// operand x_half builds, zeros for the k blocks above the warp's rows; B: K's 64-column halves, MN-major).
+template <typename T, typename Ax, typename WSink>
+CUTLASS_DEVICE void aux_mwx_wg(PrepStorageWg<T>& S, Ax& ax, int tid, uint32_t bar_aux, long long& t_mark,
+                               const float (&qk)[8][4], WSink w_sink) {
+  using namespace gmma;
+  (void)t_mark;
+  const AuxLane al(tid);
+  const int w = al.w, lane = al.lane, tq = al.tq, i0 = al.i0, i1 = al.i1;
+  constexpr int kBlockBytes = kChunk * 64 * sizeof(T);
+  const auto mn_desc = [](const T* block, int ks) {  // k16 step ks of an MN-major 64-column block: 16 rows
+    return make_desc_sw128(reinterpret_cast<const char*>(block) + 2048 * ks, kBlockBytes, 1024);
+  };
+#pragma unroll
+  for (int it = 0; it < 32; ++it) {  // element e of 16 x 16 block b (row-major blocks): 256 b + e
+    const int blk = it >> 1, e = 128 * (it & 1) + tid;
+    const int i = 16 * (blk >> 2) + (e >> 4), j = 16 * (blk & 3) + (e & 15);
+    const float val = j <= i ? __expf(ax.G[i] - ax.G[j]) * ax.la[i * kLdF + j] * ax.beta[j] : 0.f;
+    *reinterpret_cast<T*>(reinterpret_cast<char*>(S.m) + sw128_off(i, j)) = from_f<T>(val);
+  }
+  fence_async_smem();
+  warp::bar_sync(bar_aux, kAuxThreads);  // M complete
+  FLASHQLA_ROLE_PHASE(1, kAuxMX);
+  {
+    float wa[8][4];
+    warp::zero_acc(wa);
+    uint32_t pa[4][4];
+#pragma unroll
+    for (int kb = 0; kb < 4; ++kb) warp::c_to_a<T>(pa[kb], qk[2 * kb], qk[2 * kb + 1]);
+    auto& w32 = reinterpret_cast<float(&)[32]>(wa);
+    fence();
+    pin(w32);
+#pragma unroll
+    for (int kb = 0; kb < 4; ++kb) wgmma_rs<64, T, 1>(w32, pa[kb], mn_desc(S.m, kb));
+    commit();
+    wait_all();
+    pin(w32);
+    w_sink(S, w, wa, lane);
+  }
+  warp::bar_sync(bar_aux, kAuxThreads);  // every warp's W has read M: X is staged over it
+  const float b0 = ax.beta[i0], b1 = ax.beta[i1];
+  uint32_t af[4][4];
+#pragma unroll
+  for (int ks = 0; ks < 4; ++ks) {  // A operand (i, m) = beta_i A[m][i]: zero where m < 16 w (A lower triangular)
+    const int m0 = 16 * ks + 2 * tq;
+    const float* A = ax.la;
+    const bool on = ks >= w;  // (the diagonal block's upper half holds zeros; the blocks above hold anything)
+    af[ks][0] = warp::pack2<T>(on ? b0 * A[m0 * kLdF + i0] : 0.f, on ? b0 * A[(m0 + 1) * kLdF + i0] : 0.f);
+    af[ks][1] = warp::pack2<T>(on ? b1 * A[m0 * kLdF + i1] : 0.f, on ? b1 * A[(m0 + 1) * kLdF + i1] : 0.f);
+    af[ks][2] = warp::pack2<T>(on ? b0 * A[(m0 + 8) * kLdF + i0] : 0.f, on ? b0 * A[(m0 + 9) * kLdF + i0] : 0.f);
+    af[ks][3] = warp::pack2<T>(on ? b1 * A[(m0 + 8) * kLdF + i1] : 0.f, on ? b1 * A[(m0 + 9) * kLdF + i1] : 0.f);
+  }
+#pragma unroll 1
+  for (int half = 0; half < 2; ++half) {
+    float xa[8][4];
+    warp::zero_acc(xa);
+    auto& x32 = reinterpret_cast<float(&)[32]>(xa);
+    fence();
+    pin(x32);
+#pragma unroll
+    for (int ks = 0; ks < 4; ++ks) wgmma_rs<64, T, 1>(x32, af[ks], mn_desc(S.k[half], ks));
+    commit();
+    wait_all();
+    pin(x32);
+    warp::store_c_tiles<T>(&S.x[16 * w * kLdK + 64 * half], kLdK, xa, lane);
   }
   FLASHQLA_ROLE_PHASE(1, kAuxW);
 }
@@ -1244,32 +1362,34 @@ CUTLASS_DEVICE int64_t chunk_offset(const flashqla_gdn_fwd_params_t& p, int64_t 
 // kKSplit: the K-split chain (32-column V blocks, state_role<T, true>); kWg: the products as wgmma (swizzled
 // stages, SharedStorageSw, 1 KB of alignment slack in the launch); both split mode only (the K split borrows the
 // loader groups' product scratch; the fused mode's aux products read the padded tiles).
-template <typename T, typename IndexT>
-CUTLASS_DEVICE void prep_worker(const flashqla_gdn_fwd_params_t& p, const PrepBuffers<T>& pb, PrepStorage<T>& sm,
-                                int unit);
+template <typename T, typename IndexT, typename PrepS>
+CUTLASS_DEVICE void prep_worker(const flashqla_gdn_fwd_params_t& p, const PrepBuffers<T>& pb, PrepS& sm, int unit);
 
 // kOb (with kWg): O beside the chain (o_role; 512 threads: state, O, two loader groups). kOverlap (with kOb): the
-// first pb.prep_ctas CTAs are prep workers (prep_worker), the chain waits for their flags.
+// first pb.prep_ctas CTAs are prep workers (prep_worker), the chain waits for their flags; kPrepWg: the workers
+// run the wgmma prep (prep_head_wg; FLASHQLA_PREP_WG=1, prep_wg).
 template <typename T, typename IndexT, AuxMode kMode, bool kKSplit = false, bool kWg = false, bool kOb = false,
-          bool kOverlap = false>
+          bool kOverlap = false, bool kPrepWg = false>
 __global__ void __launch_bounds__(kOb ? kObThreads : kThreads, 1)
     gdn_fwd_mma_kernel(const __grid_constant__ flashqla_gdn_fwd_params_t p, const PrepBuffers<T> pb) {
   static_assert(!kKSplit || kMode == AuxMode::kLoadPrepared, "the K-split chain runs on prepared chunks");
   static_assert(!kWg || (kMode == AuxMode::kLoadPrepared && !kKSplit), "the wgmma chain: prepared, unsplit");
   static_assert(!kOb || kWg, "O beside the wgmma chain");
   static_assert(!kOverlap || kOb, "prep beside the O-beside chain");
+  static_assert(!kPrepWg || kOverlap, "the workers' wgmma prep");
   constexpr int kVB = kKSplit ? kVBlocksK : kVBlocks, kBV = kKSplit ? kBlockVK : kBlockV;
   constexpr int kCtaThreads = kOb ? kObThreads : kThreads;
   using Storage = std::conditional_t<kOb, SharedStorageOb<T>, std::conditional_t<kWg, SharedStorageSw<T>, SharedStorage<T>>>;
   extern __shared__ __align__(128) unsigned char smem_raw[];
   unsigned char* base = smem_raw;
-  if constexpr (kWg || kOb) base = reinterpret_cast<unsigned char*>((reinterpret_cast<uintptr_t>(smem_raw) + 1023) & ~uintptr_t(1023));
+  if constexpr (kWg || kOb) base = gmma::align_smem_1024(smem_raw);
   auto& sm = *reinterpret_cast<Storage*>(base);
   int64_t block = blockIdx.x;
   if constexpr (kOverlap) {
     if (block < pb.prep_ctas) {
       const int unit = __shfl_sync(0xffffffffu, threadIdx.x / kAuxThreads, 0);
-      prep_worker<T, IndexT>(p, pb, reinterpret_cast<PrepStorage<T>*>(base)[unit], unit);
+      using PrepS = std::conditional_t<kPrepWg, PrepStorageWg<T>, PrepStorage<T>>;  // (base: 1024-byte aligned)
+      prep_worker<T, IndexT>(p, pb, reinterpret_cast<PrepS*>(base)[unit], unit);
       return;
     }
     block -= pb.prep_ctas;
@@ -1324,6 +1444,23 @@ struct alignas(128) PrepStorage {
   int64_t seq, chunk;  // what this CTA works on (-1: nothing)
 };
 
+// The wgmma prep's (prep_head_wg): K, Q and M 128-byte swizzled (two 64-column blocks, as
+// StageSw), Q's space shared as in PrepStorage; 1024-byte aligned (the launch adds the slack).
+template <typename T>
+struct alignas(1024) PrepStorageWg {
+  T k[2][kChunk * 64];
+  union {
+    T q[2][kChunk * 64];
+    T x[kChunk * kLdK];
+    float scratch[32 * kLdS];
+    T m[kChunk * 64];  // M, 128-byte swizzled (W = P M reads it as wgmma's B)
+  };
+  float gamma[kChunk];
+  float decay[kChunk];
+  alignas(16) float la[kChunk * kLdF];
+  float G[kChunk], beta[kChunk];
+  int64_t seq, chunk;
+};
 
 // Chunk `k` (over all sequences, in order) -> (sequence, chunk within it); (-1, -1) past the last chunk.
 // Varlen: one warp scans the sequences' chunk counts 32 at a time.
@@ -1396,8 +1533,8 @@ CUTLASS_DEVICE bool prep_tile(const flashqla_gdn_fwd_params_t& p, int64_t& seq_s
 // The prep kernel's X of value head h for the chunk's rows, from the stage (rows past the sequence's end are not
 // written: the recurrent kernel zero-fills them on load). Unrolled with the row bound as a predicate, so that each
 // thread's shared-memory reads issue back to back.
-template <typename T>
-CUTLASS_DEVICE void store_prep_x(const flashqla_gdn_fwd_params_t& p, const PrepBuffers<T>& pb, const PrepStorage<T>& S,
+template <typename T, typename Storage>
+CUTLASS_DEVICE void store_prep_x(const flashqla_gdn_fwd_params_t& p, const PrepBuffers<T>& pb, const Storage& S,
                                  int64_t row0, int rows, int64_t h, int tid) {
   T* xd = pb.x + row0 * p.heads_v * kDimK + h * kDimK;
 #pragma unroll
@@ -1413,7 +1550,8 @@ struct WToGlobal {
   T* wd;     // row 0 of the chunk, head h
   int64_t ld;  // elements between rows
   int rows;
-  CUTLASS_DEVICE void operator()(const PrepStorage<T>&, int w, const float (&wa)[8][4], int lane) const {
+  template <typename Storage>
+  CUTLASS_DEVICE void operator()(const Storage&, int w, const float (&wa)[8][4], int lane) const {
     const int g = lane >> 2, t = lane & 3;
 #pragma unroll
     for (int nt = 0; nt < 8; ++nt)
@@ -1441,6 +1579,25 @@ CUTLASS_DEVICE void prep_head(const flashqla_gdn_fwd_params_t& p, const PrepBuff
   warp::bar_sync(bar, kPrepThreads);
   store_prep_x<T>(p, pb, sm, row0, rows, wk.h, tid);
 }
+// Its wgmma form (gdn_prep_kernel's kWg, the default there: prep_wg): K, Q and M swizzled, K K^T, Q K^T, W = P M and X
+// as wgmma (aux_gram_inverse_wg, aux_mwx_wg), the inverse as there. Outputs that differ from prep_head's in
+// rounding only (the products' accumulation order). (A separate function: folded into prep_head by an
+// if constexpr on the storage, the mma.sync form's code changed.)
+template <typename T>
+CUTLASS_DEVICE void prep_head_wg(const flashqla_gdn_fwd_params_t& p, const PrepBuffers<T>& pb, PrepStorageWg<T>& sm,
+                                 const Work<T>& wk, int64_t c, int tid, uint32_t bar, long long& t_mark) {
+  const int rows = static_cast<int>(wk.len - c * kChunk < kChunk ? wk.len - c * kChunk : kChunk);
+  const int64_t row0 = wk.flat0 + c * kChunk;
+  aux_chunk<T, AuxMode::kInputsOnly>(p, sm, sm, wk, c, tid, bar, pb, t_mark);  // K, Q, gates, l2norm
+  warp::fence_async_smem();  // the copies and l2norm's stores, before the wgmma read the tiles
+  warp::bar_sync(bar, kPrepThreads);
+  float qk[8][4];
+  aux_gram_inverse_wg<T>(sm, sm, tid, bar, t_mark, qk);
+  aux_mwx_wg<T>(sm, sm, tid, bar, t_mark, qk,
+                WToGlobal<T>{pb.w + row0 * p.heads_v * kChunk + wk.h * kChunk, p.heads_v * kChunk, rows});
+  warp::bar_sync(bar, kPrepThreads);
+  store_prep_x<T>(p, pb, sm, row0, rows, wk.h, tid);
+}
 
 // One CTA per (chunk, value head), or with kGroup per (chunk, hpc value heads of one GVA group): then K, Q,
 // their l2norm and the raw Gram products K K^T, Q K^T once (the group's heads share them), and per value head
@@ -1448,13 +1605,19 @@ CUTLASS_DEVICE void prep_head(const flashqla_gdn_fwd_params_t& p, const PrepBuff
 // form is its own instantiation: the group loop keeps the raw products live across heads (144 bytes of spills)
 // and measured 5-11% slower per head, which the sharing only won back (NOTES, session 5).
 // kStatesOnly (per-head form only): for a recurrence without o (the backward's state recompute), X alone.
-template <typename T, typename IndexT, bool kGroup, bool kStatesOnly = false>
+// kWg (per-head form only; the default there, prep_wg): prep_head_wg, whose storage is 1024-byte aligned (the
+// launch adds the slack).
+template <typename T, typename IndexT, bool kGroup, bool kStatesOnly = false, bool kWg = false>
 __global__ void __launch_bounds__(kPrepThreads, kGroup ? kPrepGroupCtasPerSm : kPrepCtasPerSm)
     gdn_prep_kernel(const __grid_constant__ flashqla_gdn_fwd_params_t p, const PrepBuffers<T> pb, int hpc) {
   static_assert(!(kGroup && kStatesOnly), "the group form computes W");
+  static_assert(!kWg || (!kGroup && !kStatesOnly), "the wgmma form: per head, with W");
+  using Storage = std::conditional_t<kWg, PrepStorageWg<T>, PrepStorage<T>>;
   extern __shared__ __align__(128) unsigned char smem_raw[];
-  auto& sm = *reinterpret_cast<PrepStorage<T>*>(smem_raw);
-  static_assert(kPrepCtasPerSm * sizeof(PrepStorage<T>) <= 227 * 1024, "four prep CTAs per SM");
+  unsigned char* base = smem_raw;
+  if constexpr (kWg) base = gmma::align_smem_1024(smem_raw);
+  auto& sm = *reinterpret_cast<Storage*>(base);
+  static_assert(kPrepCtasPerSm * (sizeof(Storage) + (kWg ? 2048 : 0)) <= 227 * 1024, "four prep CTAs per SM");
   const int tid = threadIdx.x;
   CtaTile ct;
   int64_t c;
@@ -1473,6 +1636,9 @@ __global__ void __launch_bounds__(kPrepThreads, kGroup ? kPrepGroupCtasPerSm : k
     aux_chunk<T, AuxMode::kPrepStates>(p, sm, sm, wk, c, tid, kBarAux, pb, t_mark);
     __syncthreads();
     store_prep_x<T>(p, pb, sm, row0, rows, ct.h, tid);
+    FLASHQLA_ROLE_PHASE(1, kAuxWaitEmpty);  // (the prep's slot for its stores)
+  } else if constexpr (kWg) {
+    prep_head_wg<T>(p, pb, sm, wk, c, tid, kBarAux, t_mark);
     FLASHQLA_ROLE_PHASE(1, kAuxWaitEmpty);  // (the prep's slot for its stores)
   } else if constexpr (!kGroup) {
     prep_head<T>(p, pb, sm, wk, c, tid, kBarAux, t_mark);
@@ -1503,9 +1669,8 @@ __global__ void __launch_bounds__(kPrepThreads, kGroup ? kPrepGroupCtasPerSm : k
 // chunk's flag before copying its X and W. The workers come first in blockIdx, are dispatched first and wait for
 // nothing, so the chain's waits end also when the CTAs run one at a time (compute-sanitizer) or on fewer SMs.
 constexpr int kPrepUnits = kObThreads / kPrepThreads;
-template <typename T, typename IndexT>
-CUTLASS_DEVICE void prep_worker(const flashqla_gdn_fwd_params_t& p, const PrepBuffers<T>& pb, PrepStorage<T>& sm,
-                                int unit) {
+template <typename T, typename IndexT, typename PrepS>
+CUTLASS_DEVICE void prep_worker(const flashqla_gdn_fwd_params_t& p, const PrepBuffers<T>& pb, PrepS& sm, int unit) {
   const int tid = threadIdx.x % kPrepThreads;
   const uint32_t bar = 1 + unit;
   long long t_mark = 0;
@@ -1535,7 +1700,10 @@ CUTLASS_DEVICE void prep_worker(const flashqla_gdn_fwd_params_t& p, const PrepBu
       ct.hq = ct.h / (p.heads_v / p.heads_qk);
       sequence_bounds<IndexT>(p, ct.n, ct.b, ct.bos, ct.eos);
       ct.col0 = 0;
-      prep_head<T>(p, pb, sm, make_work<T>(p, ct), sm.chunk, tid, bar, t_mark);
+      if constexpr (kSwizzledStage<PrepS>)
+        prep_head_wg<T>(p, pb, sm, make_work<T>(p, ct), sm.chunk, tid, bar, t_mark);
+      else
+        prep_head<T>(p, pb, sm, make_work<T>(p, ct), sm.chunk, tid, bar, t_mark);
     }
     __threadfence();                    // this thread's X and W stores, before the flag
     warp::bar_sync(bar, kPrepThreads);  // (also: all have read sm.seq / sm.chunk before the next item's)
@@ -1568,6 +1736,16 @@ inline int prep_heads_per_cta(const flashqla_gdn_fwd_params_t& p, int64_t chunks
     if (cap > 0 ? d <= cap : chunks * (p.heads_v / d) >= 2LL * kPrepCtasPerSm * sms) return d;
   }
   return 1;
+}
+
+// The wgmma prep (gdn_prep_kernel's kWg) or the mma.sync one? FLASHQLA_PREP_WG=0: mma.sync everywhere; 1: wgmma
+// everywhere; unset: wgmma in the per-head prep kernel, mma.sync in the workers beside the chain (read per call,
+// like the other forms' switches). Session 13's A/B: the prep kernel 0.94 -> 0.86 ms at TP1 1x32768 (forward rows
+// -1..-3%); the workers' wgmma form (more spills at the chain kernel's 128 registers) +4% on the rows they serve.
+inline bool prep_wg(bool workers) {
+  const char* e = std::getenv("FLASHQLA_PREP_WG");
+  if (e != nullptr && *e != '\0') return e[0] == '1';
+  return !workers;
 }
 
 // The caller's workspace when it is large enough, else a stream-ordered allocation (a graph allocation node
@@ -1604,15 +1782,17 @@ inline bool use_ksplit(const flashqla_gdn_fwd_params_t& p, int side_by_side = 1)
   return side_by_side * p.num_seqs * p.heads_v * kVBlocksK <= device_sm_count();
 }
 
-template <typename T, AuxMode kMode, bool kKSplit = false, bool kWg = false, bool kOb = false, bool kOverlap = false>
+template <typename T, AuxMode kMode, bool kKSplit = false, bool kWg = false, bool kOb = false, bool kOverlap = false,
+          bool kPrepWg = false>
 cudaError_t launch_recurrent(const flashqla_gdn_fwd_params_t& p, const PrepBuffers<T>& pb, cudaStream_t stream) {
   const int64_t blocks = p.num_seqs * p.heads_v * (kKSplit ? kVBlocksK : kVBlocks) +
                          (p.cu_seqlens != nullptr ? kTailBlocks : 0) + (kOverlap ? pb.prep_ctas : 0);
   if (blocks == 0) return cudaSuccess;
   auto kernel = p.cu_seqlens != nullptr && p.cu_seqlens_dtype == FLASHQLA_INT64
-                    ? gdn_fwd_mma_kernel<T, int64_t, kMode, kKSplit, kWg, kOb, kOverlap>
-                    : gdn_fwd_mma_kernel<T, int32_t, kMode, kKSplit, kWg, kOb, kOverlap>;
-  constexpr size_t kPrepUnitsBytes = kPrepUnits * sizeof(PrepStorage<T>) + 1024;
+                    ? gdn_fwd_mma_kernel<T, int64_t, kMode, kKSplit, kWg, kOb, kOverlap, kPrepWg>
+                    : gdn_fwd_mma_kernel<T, int32_t, kMode, kKSplit, kWg, kOb, kOverlap, kPrepWg>;
+  constexpr size_t kPrepUnitsBytes =
+      kPrepUnits * (kPrepWg ? sizeof(PrepStorageWg<T>) : sizeof(PrepStorage<T>)) + 1024;
   const size_t smem = kOb ? std::max(sizeof(SharedStorageOb<T>) + 1024, kOverlap ? kPrepUnitsBytes : size_t(0))
                       : kWg ? sizeof(SharedStorageSw<T>) + 1024 : sizeof(SharedStorage<T>);
   cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem));
@@ -1699,7 +1879,8 @@ cudaError_t launch(const flashqla_gdn_fwd_params_t& p, cudaStream_t stream) {
       pb.ready = static_cast<int*>(flags.ptr);
       pb.ready_chunks = chunks;
       pb.prep_ctas = prep_ctas;
-      err = launch_recurrent<T, AuxMode::kLoadPrepared, false, true, true, true>(p, pb, stream);
+      err = prep_wg(true) ? launch_recurrent<T, AuxMode::kLoadPrepared, false, true, true, true, true>(p, pb, stream)
+                      : launch_recurrent<T, AuxMode::kLoadPrepared, false, true, true, true>(p, pb, stream);
     }
     return ws.release(flags.release(err, stream), stream);
   }
@@ -1707,10 +1888,12 @@ cudaError_t launch(const flashqla_gdn_fwd_params_t& p, cudaStream_t stream) {
   // the state recompute's workspace then holds no W (a later prep_ready call with o needs a workspace filled by
   // a call with o)
   const int hpc = states_only(p) ? 1 : prep_heads_per_cta(p, chunks);
+  const bool wg = !states_only(p) && hpc == 1 && prep_wg(false);
   auto prep = states_only(p) ? (ix64 ? gdn_prep_kernel<T, int64_t, false, true> : gdn_prep_kernel<T, int32_t, false, true>)
               : hpc > 1   ? (ix64 ? gdn_prep_kernel<T, int64_t, true> : gdn_prep_kernel<T, int32_t, true>)
+              : wg        ? (ix64 ? gdn_prep_kernel<T, int64_t, false, false, true> : gdn_prep_kernel<T, int32_t, false, false, true>)
                           : (ix64 ? gdn_prep_kernel<T, int64_t, false> : gdn_prep_kernel<T, int32_t, false>);
-  const size_t smem = sizeof(PrepStorage<T>);
+  const size_t smem = wg ? sizeof(PrepStorageWg<T>) + 1024 : sizeof(PrepStorage<T>);
   err = cudaFuncSetAttribute(prep, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem));
   if (err == cudaSuccess) {
     prep<<<dim3(static_cast<unsigned>(chunks), static_cast<unsigned>(p.heads_v / hpc)), kPrepThreads, smem, stream>>>(

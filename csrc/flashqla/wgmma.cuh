@@ -1,6 +1,7 @@
 // Hopper wgmma helpers (sm_90a): shared-memory matrix descriptors for the
 // no-swizzle K-major core-matrix layout and the 128-byte swizzled layout, the two
-// register-A (RS) shapes the forward's state chain uses (B K-major or MN-major),
+// register-A (RS) shapes the forward's state chain uses (B K-major or MN-major), the
+// shared-A (SS) shape of the prep's Gram products,
 // and the fence / commit / wait protocol.
 //
 // Layout: a K-major tile of n rows and `kt` columns of 16-bit elements is
@@ -29,6 +30,15 @@ CUTLASS_DEVICE T* kmaj(T* base, int n, int k) {
 template <int KT, typename T>
 CUTLASS_DEVICE const T* kmaj(const T* base, int n, int k) {
   return reinterpret_cast<const T*>(reinterpret_cast<const char*>(base) + kmaj_off(n, k, KT));
+}
+
+// The first 1024-byte aligned byte of dynamic shared memory (swizzled wgmma tiles need 1024-byte atoms; the
+// launches add 1024 bytes of slack). An offset on the array's own pointer, so the compiler still knows the
+// storage is shared memory: aligned through uintptr_t it did not, and every access became a generic LD / ST
+// (342 in the wgmma prep, 37 in the O-beside chain).
+CUTLASS_DEVICE unsigned char* align_smem_1024(unsigned char* smem) {
+  const uint32_t s = warp::smem_addr(smem);
+  return smem + ((1024u - (s & 1023u)) & 1023u);
 }
 
 // Descriptor of a no-swizzle tile: start address, leading byte offset (LBO) and stride byte offset (SBO),
@@ -111,6 +121,27 @@ FLASHQLA_GMMA_RS128(__half, "f16")
 template <int N, typename T, int kTransB = 0>
 CUTLASS_DEVICE void wgmma_rs(float (&d)[N / 2], const uint32_t (&a)[4], uint64_t desc_b) {
   RsOp<N, T, kTransB>::run(d, a, desc_b);
+}
+
+// D (64 x N, fp32) += A (64 x 16) * B (16 x N), both K-major in shared memory (SS; the prep's Gram products).
+template <int N, typename T>
+struct SsOp;
+#define FLASHQLA_GMMA_SS64(T, PTX) \
+template <> \
+struct SsOp<64, T> { \
+  static CUTLASS_DEVICE void run(float (&d)[32], uint64_t desc_a, uint64_t desc_b) { \
+    asm volatile( \
+        "wgmma.mma_async.sync.aligned.m64n64k16.f32." PTX "." PTX " {%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,%16,%17,%18,%19,%20,%21,%22,%23,%24,%25,%26,%27,%28,%29,%30,%31}, %32, %33, 1, 1, 1, 0, 0;\n" \
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]) \
+        : "l"(desc_a), "l"(desc_b)); \
+  } \
+};
+FLASHQLA_GMMA_SS64(__nv_bfloat16, "bf16")
+FLASHQLA_GMMA_SS64(__half, "f16")
+#undef FLASHQLA_GMMA_SS64
+template <int N, typename T>
+CUTLASS_DEVICE void wgmma_ss(float (&d)[N / 2], uint64_t desc_a, uint64_t desc_b) {
+  SsOp<N, T>::run(d, desc_a, desc_b);
 }
 
 }  // namespace gmma
