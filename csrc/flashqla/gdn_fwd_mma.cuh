@@ -610,6 +610,34 @@ constexpr bool kMSharesX<PrepStorageWg<T>> = true;
 template <typename T>
 constexpr bool kSwizzledStage<PrepStorageWg<T>> = true;
 
+// Row i, columns [j0, j0 + 8) of a lower-triangular 64 x 64 tile in 16-bit, packed for one 16-byte store:
+// element (i, j) = lead * A_ij (* beta_j with kBeta) for j <= i, else 0; lead = e^(G_i - G_j) with kGated, else
+// row_lead. A's row and the gates are read as float4 (per element, four shared loads and a 2-byte store cost
+// nearly half a prep CTA's shared-memory instructions); the products and their rounding as per element.
+template <typename T, bool kGated, bool kBeta, typename Ax>
+CUTLASS_DEVICE uint4 lower_piece8(const Ax& ax, int i, int j0, float row_lead = 1.f) {
+  static_assert(offsetof(Ax, G) % 16 == 0 && offsetof(Ax, beta) % 16 == 0 && offsetof(Ax, la) % 16 == 0,
+                "float4 rows and gates");
+  if (j0 > i) return make_uint4(0u, 0u, 0u, 0u);
+  const float gi = kGated ? ax.G[i] : 0.f;
+  float v[8];
+#pragma unroll
+  for (int q = 0; q < 2; ++q) {
+    const float4 a = reinterpret_cast<const float4*>(&ax.la[i * kLdF + j0])[q];
+    const float4 g = reinterpret_cast<const float4*>(&ax.G[j0])[q];
+    const float4 b = reinterpret_cast<const float4*>(&ax.beta[j0])[q];
+    const float av[4] = {a.x, a.y, a.z, a.w}, gv[4] = {g.x, g.y, g.z, g.w}, bv[4] = {b.x, b.y, b.z, b.w};
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+      float x = (kGated ? __expf(gi - gv[e]) : row_lead) * av[e];
+      if constexpr (kBeta) x *= bv[e];
+      v[4 * q + e] = j0 + 4 * q + e <= i ? x : 0.f;
+    }
+  }
+  return make_uint4(warp::pack2<T>(v[0], v[1]), warp::pack2<T>(v[2], v[3]), warp::pack2<T>(v[4], v[5]),
+                    warp::pack2<T>(v[6], v[7]));
+}
+
 // The forward's products after the inverse: M, W = P M and X into the stage. qk holds P, or with kRawQK the
 // raw Q K^T, gated here tile by tile (the prep kernel keeps it for all heads of a GVA group). kW false: X
 // alone (M and W serve O only; qk is not read).
@@ -624,15 +652,12 @@ CUTLASS_DEVICE void aux_mwx(StageT& S, Ax& ax, int tid, uint32_t bar_aux, long l
   if constexpr (kW) {
 
   // ---- M = (Gamma * A) diag(beta) (shared, T): only the 10 16 x 16 blocks on and below the diagonal, the ones
-  // W = P M reads (the blocks above keep whatever was there). Element e of block b: 256 b + e; thread tid's
-  // iteration it (unrolled) lands in block it / 2, at 128 (it % 2) + tid of it.
+  // W = P M reads (the blocks above keep whatever was there), by 16-byte pieces (lower_piece8: row i, columns
+  // [j0, j0 + 8)), the pieces of the blocks above skipped.
 #pragma unroll
-  for (int it = 0; it < 20; ++it) {
-    constexpr unsigned char kBlocks[10] = {0x00, 0x10, 0x11, 0x20, 0x21, 0x22, 0x30, 0x31, 0x32, 0x33};
-    const int blk = kBlocks[it >> 1], e = 128 * (it & 1) + tid;
-    const int i = 16 * (blk >> 4) + (e >> 4), j = 16 * (blk & 15) + (e & 15);
-    const float val = j <= i ? __expf(ax.G[i] - ax.G[j]) * ax.la[i * kLdF + j] * ax.beta[j] : 0.f;
-    ax.m[i * kLdC + j] = from_f<T>(val);
+  for (int it = 0; it < kChunk * kChunk / 8 / kAuxThreads; ++it) {
+    const int item = it * kAuxThreads + tid, i = item >> 3, j0 = (item & 7) * 8;
+    if ((j0 >> 4) <= (i >> 4)) *reinterpret_cast<uint4*>(&ax.m[i * kLdC + j0]) = lower_piece8<T, true, true>(ax, i, j0);
   }
   bar_sync(bar_aux, kAuxThreads);  // M complete
   FLASHQLA_ROLE_PHASE(1, kAuxMX);
@@ -691,12 +716,11 @@ CUTLASS_DEVICE void aux_mwx_wg(PrepStorageWg<T>& S, Ax& ax, int tid, uint32_t ba
   const auto mn_desc = [](const T* block, int ks) {  // k16 step ks of an MN-major 64-column block: 16 rows
     return make_desc_sw128(reinterpret_cast<const char*>(block) + 2048 * ks, kBlockBytes, 1024);
   };
+  // M = (Gamma * A) diag(beta), all 16 blocks (zeros right of the diagonal), by 16-byte swizzled pieces
 #pragma unroll
-  for (int it = 0; it < 32; ++it) {  // element e of 16 x 16 block b (row-major blocks): 256 b + e
-    const int blk = it >> 1, e = 128 * (it & 1) + tid;
-    const int i = 16 * (blk >> 2) + (e >> 4), j = 16 * (blk & 3) + (e & 15);
-    const float val = j <= i ? __expf(ax.G[i] - ax.G[j]) * ax.la[i * kLdF + j] * ax.beta[j] : 0.f;
-    *reinterpret_cast<T*>(reinterpret_cast<char*>(S.m) + sw128_off(i, j)) = from_f<T>(val);
+  for (int it = 0; it < kChunk * kChunk / 8 / kAuxThreads; ++it) {
+    const int item = it * kAuxThreads + tid, i = item >> 3, j0 = (item & 7) * 8;
+    *reinterpret_cast<uint4*>(reinterpret_cast<char*>(S.m) + sw128_off(i, j0)) = lower_piece8<T, true, true>(ax, i, j0);
   }
   fence_async_smem();
   warp::bar_sync(bar_aux, kAuxThreads);  // M complete
