@@ -1607,7 +1607,10 @@ CUTLASS_DEVICE void prep_head(const flashqla_gdn_fwd_params_t& p, const PrepBuff
 // as wgmma (aux_gram_inverse_wg, aux_mwx_wg), the inverse as there. Outputs that differ from prep_head's in
 // rounding only (the products' accumulation order). (A separate function: folded into prep_head by an
 // if constexpr on the storage, the mma.sync form's code changed.)
-template <typename T>
+// kBulkX (the prep kernel's; not the workers beside the chain, whose flag must follow X's writes): X's rows go out
+// as bulk copies, one 256-byte row per thread of the first 64, instead of eight 16-byte loads and stores per
+// thread (the store of X measured 12% of the CTA's cycles).
+template <typename T, bool kBulkX = false>
 CUTLASS_DEVICE void prep_head_wg(const flashqla_gdn_fwd_params_t& p, const PrepBuffers<T>& pb, PrepStorageWg<T>& sm,
                                  const Work<T>& wk, int64_t c, int tid, uint32_t bar, long long& t_mark) {
   const int rows = static_cast<int>(wk.len - c * kChunk < kChunk ? wk.len - c * kChunk : kChunk);
@@ -1619,8 +1622,19 @@ CUTLASS_DEVICE void prep_head_wg(const flashqla_gdn_fwd_params_t& p, const PrepB
   aux_gram_inverse_wg<T>(sm, sm, tid, bar, t_mark, qk);
   aux_mwx_wg<T>(sm, sm, tid, bar, t_mark, qk,
                 WToGlobal<T>{pb.w + row0 * p.heads_v * kChunk + wk.h * kChunk, p.heads_v * kChunk, rows});
-  warp::bar_sync(bar, kPrepThreads);
-  store_prep_x<T>(p, pb, sm, row0, rows, wk.h, tid);
+  if constexpr (kBulkX) {
+    static_assert(kChunk <= kPrepThreads && kDimK * sizeof(T) % 16 == 0 && kLdK * sizeof(T) % 16 == 0, "bulk rows");
+    warp::fence_async_smem();  // this thread's stores of X, before the copies (the async proxy) read them
+    warp::bar_sync(bar, kPrepThreads);
+    if (tid < rows) {  // (rows past the sequence's end are not written, as store_prep_x)
+      warp::bulk_store(pb.x + (row0 + tid) * p.heads_v * kDimK + wk.h * kDimK, &sm.x[tid * kLdK], kDimK * sizeof(T));
+      warp::bulk_commit();
+      warp::bulk_wait_read();  // the stage lives until its row has been read
+    }
+  } else {
+    warp::bar_sync(bar, kPrepThreads);
+    store_prep_x<T>(p, pb, sm, row0, rows, wk.h, tid);
+  }
 }
 
 // One CTA per (chunk, value head), or with kGroup per (chunk, hpc value heads of one GVA group): then K, Q,
@@ -1662,7 +1676,7 @@ __global__ void __launch_bounds__(kPrepThreads, kGroup ? kPrepGroupCtasPerSm : k
     store_prep_x<T>(p, pb, sm, row0, rows, ct.h, tid);
     FLASHQLA_ROLE_PHASE(1, kAuxWaitEmpty);  // (the prep's slot for its stores)
   } else if constexpr (kWg) {
-    prep_head_wg<T>(p, pb, sm, wk, c, tid, kBarAux, t_mark);
+    prep_head_wg<T, true>(p, pb, sm, wk, c, tid, kBarAux, t_mark);
     FLASHQLA_ROLE_PHASE(1, kAuxWaitEmpty);  // (the prep's slot for its stores)
   } else if constexpr (!kGroup) {
     prep_head<T>(p, pb, sm, wk, c, tid, kBarAux, t_mark);
