@@ -26,6 +26,7 @@
 
 #include "gdn_fwd_common.cuh"
 #include "kernels.h"
+#include "tma.cuh"
 #include "warp_mma.cuh"
 #include "wgmma.cuh"
 
@@ -822,6 +823,10 @@ CUTLASS_DEVICE void load_gates(const flashqla_gdn_fwd_params_t& p, StageT& S, Ax
   S.decay[2 * lane + 1] = __expf(Gc - G1);
 }
 
+// K and Q of the wgmma prep by TMA (defined with PrepStorageWg): wait for them, zero the rows past the chunk's end.
+template <typename StageT>
+CUTLASS_DEVICE void tma_qk_landed(StageT& S, int rows, int tid);
+
 // One chunk's aux work on `S` by one 128-thread group: loads (K, Q, g, beta; V in the recurrent kernels; X and W
 // when kLoadPrepared), the gates, l2norm, and with kFused or kPrepStates the products (aux_products). Ends before the
 // group's closing sync (the callers do it). issued() runs once the tiles' copies are issued (before the gates).
@@ -830,8 +835,9 @@ CUTLASS_DEVICE void load_gates(const flashqla_gdn_fwd_params_t& p, StageT& S, Ax
 struct NoHook {
   CUTLASS_DEVICE void operator()() const {}
 };
-template <typename T, AuxMode kMode, int kBV = kBlockV, bool kReady = false, typename StageT, typename Ax,
-          typename Issued = NoHook>
+// kTmaQk (the wgmma prep kernel's; PrepStorageWg): K and Q arrive by TMA, issued by the caller on S.tma_bar.
+template <typename T, AuxMode kMode, int kBV = kBlockV, bool kReady = false, bool kTmaQk = false, typename StageT,
+          typename Ax, typename Issued = NoHook>
 CUTLASS_DEVICE void aux_chunk(const flashqla_gdn_fwd_params_t& p, StageT& S, Ax& ax, const Work<T>& wk,
                               int64_t c, int tid, uint32_t bar_aux, const PrepBuffers<T>& pb, long long& t_mark,
                               Issued issued = Issued{}) {
@@ -845,7 +851,8 @@ CUTLASS_DEVICE void aux_chunk(const flashqla_gdn_fwd_params_t& p, StageT& S, Ax&
   // ---- loads: K, Q, V rows (zero past the end), g and beta (0 past the end). The prepared recurrent kernel
   // without o (summaries: the CP passes, the backward's states) reads Q only for Q S^T and O: not loaded
   const bool want_q = !(kMode == AuxMode::kLoadPrepared && wk.o == nullptr) && kMode != AuxMode::kPrepStates;
-  for (int i = tid; i < kChunk * kDimK / 8; i += kAuxThreads) {
+  static_assert(!kTmaQk || kMode == AuxMode::kInputsOnly, "TMA: the prep's K and Q");
+  for (int i = tid; i < kChunk * kDimK / 8 && !kTmaQk; i += kAuxThreads) {
     const int r = i >> 4, c8 = (i & 15) * 8;
     const bool ok = r < rows;
     cp_async_16(tile16(S.k, r, c8), ok ? wk.k + (t0 - wk.t0 + r) * p.k_stride_time + c8 : wk.k, ok);
@@ -888,6 +895,7 @@ CUTLASS_DEVICE void aux_chunk(const flashqla_gdn_fwd_params_t& p, StageT& S, Ax&
   if (w == 0) load_gates<T>(p, S, ax, wk, c, lane);
   if constexpr (kLoaderOnly) FLASHQLA_ROLE_PHASE(1, kAuxInvDiag);
   cp_async_wait_all();
+  if constexpr (kTmaQk) tma_qk_landed(S, rows, tid);
   bar_sync(bar_aux, kAuxThreads);
   FLASHQLA_ROLE_PHASE(1, kAuxLoad);
 
@@ -1484,7 +1492,33 @@ struct alignas(1024) PrepStorageWg {
   alignas(16) float la[kChunk * kLdF];
   float G[kChunk], beta[kChunk];
   int64_t seq, chunk;
+  uint64_t tma_bar;  // K and Q's arrival (the prep kernel with tensor maps)
 };
+
+// The prep kernel's K and Q of chunk c (wk: its sequence; value head wk.h's q/k head) as four 64 x 64 TMA boxes
+// on S.tma_bar, by one thread (the kernel initialised the barrier before its first __syncthreads).
+template <typename T>
+CUTLASS_DEVICE void tma_qk_issue(const flashqla_gdn_fwd_params_t& p, const tma::QkMaps& maps, PrepStorageWg<T>& S,
+                                 const Work<T>& wk, int64_t c) {
+  tma::mbar_expect_tx(&S.tma_bar, 4 * kChunk * 64 * sizeof(T));
+  const int hq = static_cast<int>(wk.h / (p.heads_v / p.heads_qk)), t = static_cast<int>(wk.t0 + c * kChunk);
+  const int b = static_cast<int>(wk.b);
+#pragma unroll
+  for (int blk = 0; blk < 2; ++blk) {
+    tma::load_box(S.k[blk], &maps.k, &S.tma_bar, 64 * blk, hq, t, b);
+    tma::load_box(S.q[blk], &maps.q, &S.tma_bar, 64 * blk, hq, t, b);
+  }
+}
+template <typename StageT>
+CUTLASS_DEVICE void tma_qk_landed(StageT& S, int rows, int tid) {
+  tma::mbar_wait(&S.tma_bar, 0);  // (one chunk per CTA: the barrier's first phase)
+  // rows past the chunk's end: zeros, as cp.async's zero fill (TMA brings the next packed sequence's tokens there)
+  for (int i = tid; i < (kChunk - rows) * 32; i += kAuxThreads) {
+    const int r = rows + (i >> 5), blk = (i >> 3) & 3, piece = i & 7;
+    char* tile = reinterpret_cast<char*>(blk < 2 ? S.k[blk] : S.q[blk - 2]);
+    *reinterpret_cast<uint4*>(tile + r * 128 + 16 * piece) = make_uint4(0u, 0u, 0u, 0u);
+  }
+}
 
 // Chunk `k` (over all sequences, in order) -> (sequence, chunk within it); (-1, -1) past the last chunk.
 // Varlen: one warp scans the sequences' chunk counts 32 at a time.
@@ -1610,12 +1644,17 @@ CUTLASS_DEVICE void prep_head(const flashqla_gdn_fwd_params_t& p, const PrepBuff
 // kBulkX (the prep kernel's; not the workers beside the chain, whose flag must follow X's writes): X's rows go out
 // as bulk copies, one 256-byte row per thread of the first 64, instead of eight 16-byte loads and stores per
 // thread (the store of X measured 12% of the CTA's cycles).
-template <typename T, bool kBulkX = false>
+// kTma (the prep kernel's, with tensor maps): K and Q by TMA.
+template <typename T, bool kBulkX = false, bool kTma = false>
 CUTLASS_DEVICE void prep_head_wg(const flashqla_gdn_fwd_params_t& p, const PrepBuffers<T>& pb, PrepStorageWg<T>& sm,
-                                 const Work<T>& wk, int64_t c, int tid, uint32_t bar, long long& t_mark) {
+                                 const Work<T>& wk, int64_t c, int tid, uint32_t bar, long long& t_mark,
+                                 const tma::QkMaps* maps = nullptr) {
   const int rows = static_cast<int>(wk.len - c * kChunk < kChunk ? wk.len - c * kChunk : kChunk);
   const int64_t row0 = wk.flat0 + c * kChunk;
-  aux_chunk<T, AuxMode::kInputsOnly>(p, sm, sm, wk, c, tid, bar, pb, t_mark);  // K, Q, gates, l2norm
+  if constexpr (kTma) {
+    if (tid == 0) tma_qk_issue<T>(p, *maps, sm, wk, c);
+  }
+  aux_chunk<T, AuxMode::kInputsOnly, kBlockV, false, kTma>(p, sm, sm, wk, c, tid, bar, pb, t_mark);  // K, Q, gates, l2norm
   warp::fence_async_smem();  // the copies and l2norm's stores, before the wgmma read the tiles
   warp::bar_sync(bar, kPrepThreads);
   float qk[8][4];
@@ -1644,10 +1683,11 @@ CUTLASS_DEVICE void prep_head_wg(const flashqla_gdn_fwd_params_t& p, const PrepB
 // and measured 5-11% slower per head, which the sharing only won back (NOTES, session 5).
 // kStatesOnly (per-head form only): for a recurrence without o (the backward's state recompute), X alone.
 // kWg (per-head form only; the default there, prep_wg): prep_head_wg, whose storage is 1024-byte aligned (the
-// launch adds the slack).
+// launch adds the slack), K and Q by TMA on `maps` (the host takes the mma.sync form where it cannot make them).
 template <typename T, typename IndexT, bool kGroup, bool kStatesOnly = false, bool kWg = false>
 __global__ void __launch_bounds__(kPrepThreads, kGroup ? kPrepGroupCtasPerSm : kPrepCtasPerSm)
-    gdn_prep_kernel(const __grid_constant__ flashqla_gdn_fwd_params_t p, const PrepBuffers<T> pb, int hpc) {
+    gdn_prep_kernel(const __grid_constant__ flashqla_gdn_fwd_params_t p, const PrepBuffers<T> pb, int hpc,
+                    const __grid_constant__ tma::QkMaps maps) {
   static_assert(!(kGroup && kStatesOnly), "the group form computes W");
   static_assert(!kWg || (!kGroup && !kStatesOnly), "the wgmma form: per head, with W");
   using Storage = std::conditional_t<kWg, PrepStorageWg<T>, PrepStorage<T>>;
@@ -1657,6 +1697,9 @@ __global__ void __launch_bounds__(kPrepThreads, kGroup ? kPrepGroupCtasPerSm : k
   auto& sm = *reinterpret_cast<Storage*>(base);
   static_assert(kPrepCtasPerSm * (sizeof(Storage) + (kWg ? 2048 : 0)) <= 227 * 1024, "four prep CTAs per SM");
   const int tid = threadIdx.x;
+  if constexpr (kWg) {
+    if (tid == 0) tma::mbar_init(&sm.tma_bar);  // (before prep_tile's __syncthreads; kWg runs only with maps)
+  }
   CtaTile ct;
   int64_t c;
   if (!prep_tile<IndexT>(p, sm.seq, sm.chunk, ct, c, kGroup ? hpc : 1)) return;
@@ -1676,7 +1719,7 @@ __global__ void __launch_bounds__(kPrepThreads, kGroup ? kPrepGroupCtasPerSm : k
     store_prep_x<T>(p, pb, sm, row0, rows, ct.h, tid);
     FLASHQLA_ROLE_PHASE(1, kAuxWaitEmpty);  // (the prep's slot for its stores)
   } else if constexpr (kWg) {
-    prep_head_wg<T, true>(p, pb, sm, wk, c, tid, kBarAux, t_mark);
+    prep_head_wg<T, true, true>(p, pb, sm, wk, c, tid, kBarAux, t_mark, &maps);
     FLASHQLA_ROLE_PHASE(1, kAuxWaitEmpty);  // (the prep's slot for its stores)
   } else if constexpr (!kGroup) {
     prep_head<T>(p, pb, sm, wk, c, tid, kBarAux, t_mark);
@@ -1895,6 +1938,16 @@ inline int overlap_prep_ctas(const flashqla_gdn_fwd_params_t& p) {
   return even && items >= 2LL * workers * kPrepUnits ? workers : 0;
 }
 
+// The wgmma prep's tensor maps of K and Q (true: both made, maps.on set).
+template <typename T>
+bool qk_maps(const flashqla_gdn_fwd_params_t& p, tma::QkMaps& maps) {
+  maps.on = tma::encode_qk(maps.k, p.k, p.qkv_dtype, p.batch, p.seqlen, p.heads_qk, p.k_stride_batch, p.k_stride_time,
+                           p.k_stride_head) &&
+            tma::encode_qk(maps.q, p.q, p.qkv_dtype, p.batch, p.seqlen, p.heads_qk, p.q_stride_batch, p.q_stride_time,
+                           p.q_stride_head);
+  return maps.on != 0;
+}
+
 template <typename T>
 cudaError_t launch(const flashqla_gdn_fwd_params_t& p, cudaStream_t stream) {
   const int64_t chunks = chunk_bound(p);
@@ -1926,7 +1979,8 @@ cudaError_t launch(const flashqla_gdn_fwd_params_t& p, cudaStream_t stream) {
   // the state recompute's workspace then holds no W (a later prep_ready call with o needs a workspace filled by
   // a call with o)
   const int hpc = states_only(p) ? 1 : prep_heads_per_cta(p, chunks);
-  const bool wg = !states_only(p) && hpc == 1 && prep_wg(false);
+  tma::QkMaps maps{};  // (the wgmma prep's K and Q by TMA: strides TMA can describe, else the mma.sync prep)
+  const bool wg = !states_only(p) && hpc == 1 && prep_wg(false) && qk_maps<T>(p, maps);
   auto prep = states_only(p) ? (ix64 ? gdn_prep_kernel<T, int64_t, false, true> : gdn_prep_kernel<T, int32_t, false, true>)
               : hpc > 1   ? (ix64 ? gdn_prep_kernel<T, int64_t, true> : gdn_prep_kernel<T, int32_t, true>)
               : wg        ? (ix64 ? gdn_prep_kernel<T, int64_t, false, false, true> : gdn_prep_kernel<T, int32_t, false, false, true>)
@@ -1935,7 +1989,7 @@ cudaError_t launch(const flashqla_gdn_fwd_params_t& p, cudaStream_t stream) {
   err = cudaFuncSetAttribute(prep, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem));
   if (err == cudaSuccess) {
     prep<<<dim3(static_cast<unsigned>(chunks), static_cast<unsigned>(p.heads_v / hpc)), kPrepThreads, smem, stream>>>(
-        p, pb, hpc);
+        p, pb, hpc, maps);
     err = cudaGetLastError();
   }
   if (err == cudaSuccess) err = launch_prepared<T>(p, pb, stream);
