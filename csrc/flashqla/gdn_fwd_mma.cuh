@@ -111,14 +111,14 @@ enum StatePhase { kStWaitFull, kStKsQs, kStZY, kStO, kStUpdate, kStStore, kStPha
 #ifdef FLASHQLA_PHASE_TIMERS
 __device__ unsigned long long g_role_cycles[2][8];
 // The chunk-parallel prep kernels (128-thread CTAs) run the aux phases too: with g_time_prep set, thread 0 of
-// every CTA of value head 0 (blockIdx.y == 0) adds them to g_prep_cycles (atomically: many CTAs), slot
-// kAuxWaitEmpty holding the store of X and W (no stage to wait for there).
+// every CTA of the middle value head (blockIdx.y == gridDim.y / 2: mid-launch, not the first wave) adds them to
+// g_prep_cycles (atomically: many CTAs), slot kAuxWaitEmpty holding the store of X and W (no stage to wait for).
 __device__ unsigned long long g_prep_cycles[8];
 __device__ int g_time_prep;
 #define FLASHQLA_ROLE_PHASE(role, ph)                                                                    \
   do {                                                                                                   \
     if (blockDim.x == kAuxThreads) {                                                                     \
-      if ((role) == 1 && g_time_prep && blockIdx.y == 0 && threadIdx.x == 0) {                           \
+      if ((role) == 1 && g_time_prep && blockIdx.y == gridDim.y / 2 && threadIdx.x == 0) {               \
         const long long now_ = clock64();                                                                \
         atomicAdd(&g_prep_cycles[ph], (unsigned long long)(now_ - t_mark));                              \
         t_mark = now_;                                                                                   \
