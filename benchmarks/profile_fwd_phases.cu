@@ -89,8 +89,10 @@ int main() {
   if (roles("v2 forward (TP1-like, wgmma chain, O beside, 3 stages)", ob_names, fwd) != 0) return 1;
   unsetenv("FLASHQLA_WGMMA");
 
-  // The split forward's chunk-parallel prep kernel on the same call: thread 0 of each CTA of value head 0, per
-  // chunk (the prep holds ~half the TP1 forward's SM time: which phase of it?)
+  // The split forward's chunk-parallel prep kernel on the same call: thread 0 of each CTA of the middle value head,
+  // per chunk (the prep holds ~half the TP1 forward's SM time: which phase of it?). The middle head's CTAs run
+  // mid-launch, among CTAs at every phase; head 0's (timed up to session 13) all ran in the first wave, where
+  // every CTA loads at once.
   {
     const int on = 1, off = 0;
     CUDA_OK(cudaMemcpyToSymbol(fm::g_time_prep, &on, sizeof(on)));
@@ -103,7 +105,7 @@ int main() {
     const int order[fm::kAuxPhases] = {1, 2, 3, 4, 5, 6, 7, 0};  // in program order
     unsigned long long tot = 0;
     for (int i = 0; i < fm::kAuxPhases; ++i) tot += pc[i];
-    std::printf("\nprep kernel (same call, %.3f ms with the chain), thread 0 of value head 0's CTAs\n", pms);
+    std::printf("\nprep kernel (same call, %.3f ms with the chain), thread 0 of the middle value head's CTAs\n", pms);
     std::printf("%-32s %12s %8s\n", "phase (per chunk)", "cycles", "share");
     for (int i : order)
       std::printf("%-32s %12.0f %7.1f%%\n", prep_names[i], pc[i] / chunks, tot ? 100.0 * pc[i] / tot : 0.0);

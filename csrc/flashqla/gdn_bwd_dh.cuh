@@ -116,12 +116,11 @@ __global__ void __launch_bounds__(kAuxThreads, kBwdPrepCtasPerSm)
     }
     bar_sync(kBarAux, kAuxThreads);
   }
-  // Mg = diag(gamma) A diag(beta), lower triangular (T), into ax.m
-#pragma unroll 4
-  for (int e = tid; e < kChunk * kChunk; e += kAuxThreads) {
-    const int i = e >> 6, j = e & 63;
-    const float val = j <= i ? S.gamma[i] * ax.la[i * kLdF + j] * ax.beta[j] : 0.f;
-    ax.m[i * kLdC + j] = from_f<T>(val);
+  // Mg = diag(gamma) A diag(beta), lower triangular (T), into ax.m by 16-byte pieces
+#pragma unroll
+  for (int it = 0; it < kChunk * kChunk / 8 / kAuxThreads; ++it) {
+    const int item = it * kAuxThreads + tid, i = item >> 3, j0 = (item & 7) * 8;
+    *reinterpret_cast<uint4*>(&ax.m[i * kLdC + j0]) = lower_piece8<T, false, true>(ax, i, j0, S.gamma[i]);
   }
   bar_sync(kBarAux, kAuxThreads);  // A is no longer read: P^T goes into its space
   T* pt = reinterpret_cast<T*>(ax.la);

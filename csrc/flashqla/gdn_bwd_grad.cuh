@@ -337,10 +337,9 @@ __global__ void __launch_bounds__(kGradThreads, 1) gdn_bwd_grad_kernel(const __g
     // eight warps here: in phases 1-2 it lengthened the aux warps' chain, which bounds those phases
     {
       load_v();
-      for (int e = tid; e < kChunk * kChunk; e += kGradThreads) {
-        const int i = e >> 6, j = e & 63;
-        const float val = j <= i ? __expf(sm.ax.G[i] - sm.ax.G[j]) * sm.ax.la[i * kLdF + j] : 0.f;
-        sm.ax.m[i * kLdC + j] = from_f<T>(val);
+      for (int item = tid; item < kChunk * kChunk / 8; item += kGradThreads) {  // 16-byte pieces
+        const int i = item >> 3, j0 = (item & 7) * 8;
+        *reinterpret_cast<uint4*>(&sm.ax.m[i * kLdC + j0]) = lower_piece8<T, true, false>(sm.ax, i, j0);
       }
       float ks[8][4];
       zero_acc(ks);

@@ -26,6 +26,7 @@
 
 #include "gdn_fwd_common.cuh"
 #include "kernels.h"
+#include "tma.cuh"
 #include "warp_mma.cuh"
 #include "wgmma.cuh"
 
@@ -110,14 +111,14 @@ enum StatePhase { kStWaitFull, kStKsQs, kStZY, kStO, kStUpdate, kStStore, kStPha
 #ifdef FLASHQLA_PHASE_TIMERS
 __device__ unsigned long long g_role_cycles[2][8];
 // The chunk-parallel prep kernels (128-thread CTAs) run the aux phases too: with g_time_prep set, thread 0 of
-// every CTA of value head 0 (blockIdx.y == 0) adds them to g_prep_cycles (atomically: many CTAs), slot
-// kAuxWaitEmpty holding the store of X and W (no stage to wait for there).
+// every CTA of the middle value head (blockIdx.y == gridDim.y / 2: mid-launch, not the first wave) adds them to
+// g_prep_cycles (atomically: many CTAs), slot kAuxWaitEmpty holding the store of X and W (no stage to wait for).
 __device__ unsigned long long g_prep_cycles[8];
 __device__ int g_time_prep;
 #define FLASHQLA_ROLE_PHASE(role, ph)                                                                    \
   do {                                                                                                   \
     if (blockDim.x == kAuxThreads) {                                                                     \
-      if ((role) == 1 && g_time_prep && blockIdx.y == 0 && threadIdx.x == 0) {                           \
+      if ((role) == 1 && g_time_prep && blockIdx.y == gridDim.y / 2 && threadIdx.x == 0) {               \
         const long long now_ = clock64();                                                                \
         atomicAdd(&g_prep_cycles[ph], (unsigned long long)(now_ - t_mark));                              \
         t_mark = now_;                                                                                   \
@@ -610,6 +611,34 @@ constexpr bool kMSharesX<PrepStorageWg<T>> = true;
 template <typename T>
 constexpr bool kSwizzledStage<PrepStorageWg<T>> = true;
 
+// Row i, columns [j0, j0 + 8) of a lower-triangular 64 x 64 tile in 16-bit, packed for one 16-byte store:
+// element (i, j) = lead * A_ij (* beta_j with kBeta) for j <= i, else 0; lead = e^(G_i - G_j) with kGated, else
+// row_lead. A's row and the gates are read as float4 (per element, four shared loads and a 2-byte store cost
+// nearly half a prep CTA's shared-memory instructions); the products and their rounding as per element.
+template <typename T, bool kGated, bool kBeta, typename Ax>
+CUTLASS_DEVICE uint4 lower_piece8(const Ax& ax, int i, int j0, float row_lead = 1.f) {
+  static_assert(offsetof(Ax, G) % 16 == 0 && offsetof(Ax, beta) % 16 == 0 && offsetof(Ax, la) % 16 == 0,
+                "float4 rows and gates");
+  if (j0 > i) return make_uint4(0u, 0u, 0u, 0u);
+  const float gi = kGated ? ax.G[i] : 0.f;
+  float v[8];
+#pragma unroll
+  for (int q = 0; q < 2; ++q) {
+    const float4 a = reinterpret_cast<const float4*>(&ax.la[i * kLdF + j0])[q];
+    const float4 g = reinterpret_cast<const float4*>(&ax.G[j0])[q];
+    const float4 b = reinterpret_cast<const float4*>(&ax.beta[j0])[q];
+    const float av[4] = {a.x, a.y, a.z, a.w}, gv[4] = {g.x, g.y, g.z, g.w}, bv[4] = {b.x, b.y, b.z, b.w};
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+      float x = (kGated ? __expf(gi - gv[e]) : row_lead) * av[e];
+      if constexpr (kBeta) x *= bv[e];
+      v[4 * q + e] = j0 + 4 * q + e <= i ? x : 0.f;
+    }
+  }
+  return make_uint4(warp::pack2<T>(v[0], v[1]), warp::pack2<T>(v[2], v[3]), warp::pack2<T>(v[4], v[5]),
+                    warp::pack2<T>(v[6], v[7]));
+}
+
 // The forward's products after the inverse: M, W = P M and X into the stage. qk holds P, or with kRawQK the
 // raw Q K^T, gated here tile by tile (the prep kernel keeps it for all heads of a GVA group). kW false: X
 // alone (M and W serve O only; qk is not read).
@@ -625,7 +654,9 @@ CUTLASS_DEVICE void aux_mwx(StageT& S, Ax& ax, int tid, uint32_t bar_aux, long l
 
   // ---- M = (Gamma * A) diag(beta) (shared, T): only the 10 16 x 16 blocks on and below the diagonal, the ones
   // W = P M reads (the blocks above keep whatever was there). Element e of block b: 256 b + e; thread tid's
-  // iteration it (unrolled) lands in block it / 2, at 128 (it % 2) + tid of it.
+  // iteration it (unrolled) lands in block it / 2, at 128 (it % 2) + tid of it. (By 16-byte pieces, as the
+  // wgmma prep's, the rows served by the workers beside the chain ran 2% slower in session 13, against a record
+  // from another machine start: within what such comparisons vary, so the workers keep the code that was measured.)
 #pragma unroll
   for (int it = 0; it < 20; ++it) {
     constexpr unsigned char kBlocks[10] = {0x00, 0x10, 0x11, 0x20, 0x21, 0x22, 0x30, 0x31, 0x32, 0x33};
@@ -691,12 +722,11 @@ CUTLASS_DEVICE void aux_mwx_wg(PrepStorageWg<T>& S, Ax& ax, int tid, uint32_t ba
   const auto mn_desc = [](const T* block, int ks) {  // k16 step ks of an MN-major 64-column block: 16 rows
     return make_desc_sw128(reinterpret_cast<const char*>(block) + 2048 * ks, kBlockBytes, 1024);
   };
+  // M = (Gamma * A) diag(beta), all 16 blocks (zeros right of the diagonal), by 16-byte swizzled pieces
 #pragma unroll
-  for (int it = 0; it < 32; ++it) {  // element e of 16 x 16 block b (row-major blocks): 256 b + e
-    const int blk = it >> 1, e = 128 * (it & 1) + tid;
-    const int i = 16 * (blk >> 2) + (e >> 4), j = 16 * (blk & 3) + (e & 15);
-    const float val = j <= i ? __expf(ax.G[i] - ax.G[j]) * ax.la[i * kLdF + j] * ax.beta[j] : 0.f;
-    *reinterpret_cast<T*>(reinterpret_cast<char*>(S.m) + sw128_off(i, j)) = from_f<T>(val);
+  for (int it = 0; it < kChunk * kChunk / 8 / kAuxThreads; ++it) {
+    const int item = it * kAuxThreads + tid, i = item >> 3, j0 = (item & 7) * 8;
+    *reinterpret_cast<uint4*>(reinterpret_cast<char*>(S.m) + sw128_off(i, j0)) = lower_piece8<T, true, true>(ax, i, j0);
   }
   fence_async_smem();
   warp::bar_sync(bar_aux, kAuxThreads);  // M complete
@@ -798,6 +828,10 @@ CUTLASS_DEVICE void load_gates(const flashqla_gdn_fwd_params_t& p, StageT& S, Ax
   S.decay[2 * lane + 1] = __expf(Gc - G1);
 }
 
+// K and Q of the wgmma prep by TMA (defined with PrepStorageWg): wait for them, zero the rows past the chunk's end.
+template <typename StageT>
+CUTLASS_DEVICE void tma_qk_landed(StageT& S, int rows, int tid);
+
 // One chunk's aux work on `S` by one 128-thread group: loads (K, Q, g, beta; V in the recurrent kernels; X and W
 // when kLoadPrepared), the gates, l2norm, and with kFused or kPrepStates the products (aux_products). Ends before the
 // group's closing sync (the callers do it). issued() runs once the tiles' copies are issued (before the gates).
@@ -806,8 +840,9 @@ CUTLASS_DEVICE void load_gates(const flashqla_gdn_fwd_params_t& p, StageT& S, Ax
 struct NoHook {
   CUTLASS_DEVICE void operator()() const {}
 };
-template <typename T, AuxMode kMode, int kBV = kBlockV, bool kReady = false, typename StageT, typename Ax,
-          typename Issued = NoHook>
+// kTmaQk (the wgmma prep kernel's; PrepStorageWg): K and Q arrive by TMA, issued by the caller on S.tma_bar.
+template <typename T, AuxMode kMode, int kBV = kBlockV, bool kReady = false, bool kTmaQk = false, typename StageT,
+          typename Ax, typename Issued = NoHook>
 CUTLASS_DEVICE void aux_chunk(const flashqla_gdn_fwd_params_t& p, StageT& S, Ax& ax, const Work<T>& wk,
                               int64_t c, int tid, uint32_t bar_aux, const PrepBuffers<T>& pb, long long& t_mark,
                               Issued issued = Issued{}) {
@@ -821,7 +856,8 @@ CUTLASS_DEVICE void aux_chunk(const flashqla_gdn_fwd_params_t& p, StageT& S, Ax&
   // ---- loads: K, Q, V rows (zero past the end), g and beta (0 past the end). The prepared recurrent kernel
   // without o (summaries: the CP passes, the backward's states) reads Q only for Q S^T and O: not loaded
   const bool want_q = !(kMode == AuxMode::kLoadPrepared && wk.o == nullptr) && kMode != AuxMode::kPrepStates;
-  for (int i = tid; i < kChunk * kDimK / 8; i += kAuxThreads) {
+  static_assert(!kTmaQk || kMode == AuxMode::kInputsOnly, "TMA: the prep's K and Q");
+  for (int i = tid; i < kChunk * kDimK / 8 && !kTmaQk; i += kAuxThreads) {
     const int r = i >> 4, c8 = (i & 15) * 8;
     const bool ok = r < rows;
     cp_async_16(tile16(S.k, r, c8), ok ? wk.k + (t0 - wk.t0 + r) * p.k_stride_time + c8 : wk.k, ok);
@@ -864,6 +900,7 @@ CUTLASS_DEVICE void aux_chunk(const flashqla_gdn_fwd_params_t& p, StageT& S, Ax&
   if (w == 0) load_gates<T>(p, S, ax, wk, c, lane);
   if constexpr (kLoaderOnly) FLASHQLA_ROLE_PHASE(1, kAuxInvDiag);
   cp_async_wait_all();
+  if constexpr (kTmaQk) tma_qk_landed(S, rows, tid);
   bar_sync(bar_aux, kAuxThreads);
   FLASHQLA_ROLE_PHASE(1, kAuxLoad);
 
@@ -1460,7 +1497,33 @@ struct alignas(1024) PrepStorageWg {
   alignas(16) float la[kChunk * kLdF];
   float G[kChunk], beta[kChunk];
   int64_t seq, chunk;
+  uint64_t tma_bar;  // K and Q's arrival (the prep kernel with tensor maps)
 };
+
+// The prep kernel's K and Q of chunk c (wk: its sequence; value head wk.h's q/k head) as four 64 x 64 TMA boxes
+// on S.tma_bar, by one thread (the kernel initialised the barrier before its first __syncthreads).
+template <typename T>
+CUTLASS_DEVICE void tma_qk_issue(const flashqla_gdn_fwd_params_t& p, const tma::QkMaps& maps, PrepStorageWg<T>& S,
+                                 const Work<T>& wk, int64_t c) {
+  tma::mbar_expect_tx(&S.tma_bar, 4 * kChunk * 64 * sizeof(T));
+  const int hq = static_cast<int>(wk.h / (p.heads_v / p.heads_qk)), t = static_cast<int>(wk.t0 + c * kChunk);
+  const int b = static_cast<int>(wk.b);
+#pragma unroll
+  for (int blk = 0; blk < 2; ++blk) {
+    tma::load_box(S.k[blk], &maps.k, &S.tma_bar, 64 * blk, hq, t, b);
+    tma::load_box(S.q[blk], &maps.q, &S.tma_bar, 64 * blk, hq, t, b);
+  }
+}
+template <typename StageT>
+CUTLASS_DEVICE void tma_qk_landed(StageT& S, int rows, int tid) {
+  tma::mbar_wait(&S.tma_bar, 0);  // (one chunk per CTA: the barrier's first phase)
+  // rows past the chunk's end: zeros, as cp.async's zero fill (TMA brings the next packed sequence's tokens there)
+  for (int i = tid; i < (kChunk - rows) * 32; i += kAuxThreads) {
+    const int r = rows + (i >> 5), blk = (i >> 3) & 3, piece = i & 7;
+    char* tile = reinterpret_cast<char*>(blk < 2 ? S.k[blk] : S.q[blk - 2]);
+    *reinterpret_cast<uint4*>(tile + r * 128 + 16 * piece) = make_uint4(0u, 0u, 0u, 0u);
+  }
+}
 
 // Chunk `k` (over all sequences, in order) -> (sequence, chunk within it); (-1, -1) past the last chunk.
 // Varlen: one warp scans the sequences' chunk counts 32 at a time.
@@ -1583,20 +1646,39 @@ CUTLASS_DEVICE void prep_head(const flashqla_gdn_fwd_params_t& p, const PrepBuff
 // as wgmma (aux_gram_inverse_wg, aux_mwx_wg), the inverse as there. Outputs that differ from prep_head's in
 // rounding only (the products' accumulation order). (A separate function: folded into prep_head by an
 // if constexpr on the storage, the mma.sync form's code changed.)
-template <typename T>
+// kBulkX (the prep kernel's; not the workers beside the chain, whose flag must follow X's writes): X's rows go out
+// as bulk copies, one 256-byte row per thread of the first 64, instead of eight 16-byte loads and stores per
+// thread (the store of X measured 12% of the CTA's cycles).
+// kTma (the prep kernel's, with tensor maps): K and Q by TMA.
+template <typename T, bool kBulkX = false, bool kTma = false>
 CUTLASS_DEVICE void prep_head_wg(const flashqla_gdn_fwd_params_t& p, const PrepBuffers<T>& pb, PrepStorageWg<T>& sm,
-                                 const Work<T>& wk, int64_t c, int tid, uint32_t bar, long long& t_mark) {
+                                 const Work<T>& wk, int64_t c, int tid, uint32_t bar, long long& t_mark,
+                                 const tma::QkMaps* maps = nullptr) {
   const int rows = static_cast<int>(wk.len - c * kChunk < kChunk ? wk.len - c * kChunk : kChunk);
   const int64_t row0 = wk.flat0 + c * kChunk;
-  aux_chunk<T, AuxMode::kInputsOnly>(p, sm, sm, wk, c, tid, bar, pb, t_mark);  // K, Q, gates, l2norm
+  if constexpr (kTma) {
+    if (tid == 0) tma_qk_issue<T>(p, *maps, sm, wk, c);
+  }
+  aux_chunk<T, AuxMode::kInputsOnly, kBlockV, false, kTma>(p, sm, sm, wk, c, tid, bar, pb, t_mark);  // K, Q, gates, l2norm
   warp::fence_async_smem();  // the copies and l2norm's stores, before the wgmma read the tiles
   warp::bar_sync(bar, kPrepThreads);
   float qk[8][4];
   aux_gram_inverse_wg<T>(sm, sm, tid, bar, t_mark, qk);
   aux_mwx_wg<T>(sm, sm, tid, bar, t_mark, qk,
                 WToGlobal<T>{pb.w + row0 * p.heads_v * kChunk + wk.h * kChunk, p.heads_v * kChunk, rows});
-  warp::bar_sync(bar, kPrepThreads);
-  store_prep_x<T>(p, pb, sm, row0, rows, wk.h, tid);
+  if constexpr (kBulkX) {
+    static_assert(kChunk <= kPrepThreads && kDimK * sizeof(T) % 16 == 0 && kLdK * sizeof(T) % 16 == 0, "bulk rows");
+    warp::fence_async_smem();  // this thread's stores of X, before the copies (the async proxy) read them
+    warp::bar_sync(bar, kPrepThreads);
+    if (tid < rows) {  // (rows past the sequence's end are not written, as store_prep_x)
+      warp::bulk_store(pb.x + (row0 + tid) * p.heads_v * kDimK + wk.h * kDimK, &sm.x[tid * kLdK], kDimK * sizeof(T));
+      warp::bulk_commit();
+      warp::bulk_wait_read();  // the stage lives until its row has been read
+    }
+  } else {
+    warp::bar_sync(bar, kPrepThreads);
+    store_prep_x<T>(p, pb, sm, row0, rows, wk.h, tid);
+  }
 }
 
 // One CTA per (chunk, value head), or with kGroup per (chunk, hpc value heads of one GVA group): then K, Q,
@@ -1606,10 +1688,11 @@ CUTLASS_DEVICE void prep_head_wg(const flashqla_gdn_fwd_params_t& p, const PrepB
 // and measured 5-11% slower per head, which the sharing only won back (NOTES, session 5).
 // kStatesOnly (per-head form only): for a recurrence without o (the backward's state recompute), X alone.
 // kWg (per-head form only; the default there, prep_wg): prep_head_wg, whose storage is 1024-byte aligned (the
-// launch adds the slack).
+// launch adds the slack), K and Q by TMA on `maps` (the host takes the mma.sync form where it cannot make them).
 template <typename T, typename IndexT, bool kGroup, bool kStatesOnly = false, bool kWg = false>
 __global__ void __launch_bounds__(kPrepThreads, kGroup ? kPrepGroupCtasPerSm : kPrepCtasPerSm)
-    gdn_prep_kernel(const __grid_constant__ flashqla_gdn_fwd_params_t p, const PrepBuffers<T> pb, int hpc) {
+    gdn_prep_kernel(const __grid_constant__ flashqla_gdn_fwd_params_t p, const PrepBuffers<T> pb, int hpc,
+                    const __grid_constant__ tma::QkMaps maps) {
   static_assert(!(kGroup && kStatesOnly), "the group form computes W");
   static_assert(!kWg || (!kGroup && !kStatesOnly), "the wgmma form: per head, with W");
   using Storage = std::conditional_t<kWg, PrepStorageWg<T>, PrepStorage<T>>;
@@ -1619,6 +1702,9 @@ __global__ void __launch_bounds__(kPrepThreads, kGroup ? kPrepGroupCtasPerSm : k
   auto& sm = *reinterpret_cast<Storage*>(base);
   static_assert(kPrepCtasPerSm * (sizeof(Storage) + (kWg ? 2048 : 0)) <= 227 * 1024, "four prep CTAs per SM");
   const int tid = threadIdx.x;
+  if constexpr (kWg) {
+    if (tid == 0) tma::mbar_init(&sm.tma_bar);  // (before prep_tile's __syncthreads; kWg runs only with maps)
+  }
   CtaTile ct;
   int64_t c;
   if (!prep_tile<IndexT>(p, sm.seq, sm.chunk, ct, c, kGroup ? hpc : 1)) return;
@@ -1638,7 +1724,7 @@ __global__ void __launch_bounds__(kPrepThreads, kGroup ? kPrepGroupCtasPerSm : k
     store_prep_x<T>(p, pb, sm, row0, rows, ct.h, tid);
     FLASHQLA_ROLE_PHASE(1, kAuxWaitEmpty);  // (the prep's slot for its stores)
   } else if constexpr (kWg) {
-    prep_head_wg<T>(p, pb, sm, wk, c, tid, kBarAux, t_mark);
+    prep_head_wg<T, true, true>(p, pb, sm, wk, c, tid, kBarAux, t_mark, &maps);
     FLASHQLA_ROLE_PHASE(1, kAuxWaitEmpty);  // (the prep's slot for its stores)
   } else if constexpr (!kGroup) {
     prep_head<T>(p, pb, sm, wk, c, tid, kBarAux, t_mark);
@@ -1857,6 +1943,16 @@ inline int overlap_prep_ctas(const flashqla_gdn_fwd_params_t& p) {
   return even && items >= 2LL * workers * kPrepUnits ? workers : 0;
 }
 
+// The wgmma prep's tensor maps of K and Q (true: both made, maps.on set).
+template <typename T>
+bool qk_maps(const flashqla_gdn_fwd_params_t& p, tma::QkMaps& maps) {
+  maps.on = tma::encode_qk(maps.k, p.k, p.qkv_dtype, p.batch, p.seqlen, p.heads_qk, p.k_stride_batch, p.k_stride_time,
+                           p.k_stride_head) &&
+            tma::encode_qk(maps.q, p.q, p.qkv_dtype, p.batch, p.seqlen, p.heads_qk, p.q_stride_batch, p.q_stride_time,
+                           p.q_stride_head);
+  return maps.on != 0;
+}
+
 template <typename T>
 cudaError_t launch(const flashqla_gdn_fwd_params_t& p, cudaStream_t stream) {
   const int64_t chunks = chunk_bound(p);
@@ -1888,7 +1984,8 @@ cudaError_t launch(const flashqla_gdn_fwd_params_t& p, cudaStream_t stream) {
   // the state recompute's workspace then holds no W (a later prep_ready call with o needs a workspace filled by
   // a call with o)
   const int hpc = states_only(p) ? 1 : prep_heads_per_cta(p, chunks);
-  const bool wg = !states_only(p) && hpc == 1 && prep_wg(false);
+  tma::QkMaps maps{};  // (the wgmma prep's K and Q by TMA: strides TMA can describe, else the mma.sync prep)
+  const bool wg = !states_only(p) && hpc == 1 && prep_wg(false) && qk_maps<T>(p, maps);
   auto prep = states_only(p) ? (ix64 ? gdn_prep_kernel<T, int64_t, false, true> : gdn_prep_kernel<T, int32_t, false, true>)
               : hpc > 1   ? (ix64 ? gdn_prep_kernel<T, int64_t, true> : gdn_prep_kernel<T, int32_t, true>)
               : wg        ? (ix64 ? gdn_prep_kernel<T, int64_t, false, false, true> : gdn_prep_kernel<T, int32_t, false, false, true>)
@@ -1897,7 +1994,7 @@ cudaError_t launch(const flashqla_gdn_fwd_params_t& p, cudaStream_t stream) {
   err = cudaFuncSetAttribute(prep, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem));
   if (err == cudaSuccess) {
     prep<<<dim3(static_cast<unsigned>(chunks), static_cast<unsigned>(p.heads_v / hpc)), kPrepThreads, smem, stream>>>(
-        p, pb, hpc);
+        p, pb, hpc, maps);
     err = cudaGetLastError();
   }
   if (err == cudaSuccess) err = launch_prepared<T>(p, pb, stream);

@@ -1,0 +1,86 @@
+// TMA (cp.async.bulk.tensor) loads of q/k tiles for the forward's prep kernel: the tensor maps (host) and the
+// mbarrier and copy instructions (device). Torch-free. A map describes one [batch, seqlen, heads, 128] q or k
+// tensor in 64 x 64 boxes (64 tokens x 64 columns of one head) with the 128-byte swizzle, which puts every byte
+// where gmma::sw128_off does (benchmarks/tma_load_probe.cu checked it byte for byte on the H200). Rows past the
+// tensor's end arrive as zeros; rows past a packed sequence's end hold the next sequence's tokens, which the
+// caller zeroes.
+#pragma once
+
+#include <cuda.h>
+#include <cudaTypedefs.h>
+
+#include <cstdint>
+
+#include "common.h"
+#include "kernels.h"
+#include "warp_mma.cuh"
+
+namespace flashqla {
+namespace tma {
+
+// The prep kernel's two maps; on = 0: no maps (the kernel loads by cp.async).
+struct QkMaps {
+  CUtensorMap k;
+  CUtensorMap q;
+  int on;
+};
+
+CUTLASS_DEVICE void mbar_init(uint64_t* bar) {
+  asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;\n" ::"r"(warp::smem_addr(bar)) : "memory");
+  asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");  // (visible to the async proxy)
+}
+CUTLASS_DEVICE void mbar_expect_tx(uint64_t* bar, uint32_t bytes) {
+  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(warp::smem_addr(bar)), "r"(bytes)
+               : "memory");
+}
+CUTLASS_DEVICE void mbar_wait(uint64_t* bar, uint32_t phase) {
+  asm volatile(
+      "{\n .reg .pred p;\n WAIT_%=:\n mbarrier.try_wait.parity.shared::cta.b64 p, [%0], %1;\n @!p bra WAIT_%=;\n}\n" ::"r"(
+          warp::smem_addr(bar)),
+      "r"(phase)
+      : "memory");
+}
+// One 64 x 64 box at (column c0, head, token t, batch b) into dst (1024-byte aligned), completing on bar.
+CUTLASS_DEVICE void load_box(void* dst, const CUtensorMap* map, uint64_t* bar, int c0, int head, int t, int b) {
+  asm volatile(
+      "cp.async.bulk.tensor.4d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1, {%3, %4, %5, %6}], [%2];\n" ::"r"(
+          warp::smem_addr(dst)),
+      "l"(map), "r"(warp::smem_addr(bar)), "r"(c0), "r"(head), "r"(t), "r"(b)
+      : "memory");
+}
+
+// cuTensorMapEncodeTiled through the runtime's driver entry point (no link to libcuda); nullptr if unavailable.
+inline PFN_cuTensorMapEncodeTiled_v12000 encode_fn() {
+  static PFN_cuTensorMapEncodeTiled_v12000 fn = [] {
+    void* f = nullptr;
+    cudaDriverEntryPointQueryResult q{};
+    if (cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &f, 12000, cudaEnableDefault, &q) != cudaSuccess ||
+        q != cudaDriverEntryPointSuccess)
+      f = nullptr;
+    return reinterpret_cast<PFN_cuTensorMapEncodeTiled_v12000>(f);
+  }();
+  return fn;
+}
+
+// The map of a q or k tensor ([batch, seqlen, heads, 128], 16-bit, element strides); false where TMA cannot
+// describe it (a base or stride that is not a multiple of 16 bytes, or no driver entry point).
+inline bool encode_qk(CUtensorMap& map, const void* base, flashqla_dtype_t dtype, int64_t batch, int64_t seqlen,
+                      int64_t heads, int64_t stride_batch, int64_t stride_time, int64_t stride_head) {
+  const PFN_cuTensorMapEncodeTiled_v12000 enc = encode_fn();
+  const auto ok16 = [](int64_t bytes) { return bytes > 0 && bytes % 16 == 0 && bytes < (int64_t(1) << 40); };
+  if (enc == nullptr || reinterpret_cast<uintptr_t>(base) % 16 != 0 || !ok16(2 * stride_head) ||
+      !ok16(2 * stride_time) || (batch > 1 && !ok16(2 * stride_batch)) || seqlen <= 0 || batch <= 0 ||
+      seqlen >= (int64_t(1) << 31) || heads >= (int64_t(1) << 31) || batch >= (int64_t(1) << 31))
+    return false;
+  const cuuint64_t dims[4] = {128, cuuint64_t(heads), cuuint64_t(seqlen), cuuint64_t(batch)};
+  const cuuint64_t strides[3] = {cuuint64_t(2 * stride_head), cuuint64_t(2 * stride_time),
+                                 cuuint64_t(2 * (batch > 1 ? stride_batch : seqlen * stride_time))};
+  const cuuint32_t box[4] = {64, 1, 64, 1}, estr[4] = {1, 1, 1, 1};
+  return enc(&map, dtype == FLASHQLA_FLOAT16 ? CU_TENSOR_MAP_DATA_TYPE_FLOAT16 : CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 4,
+             const_cast<void*>(base), dims, strides, box, estr, CU_TENSOR_MAP_INTERLEAVE_NONE,
+             CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_128B,
+             CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS;
+}
+
+}  // namespace tma
+}  // namespace flashqla
