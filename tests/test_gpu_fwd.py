@@ -478,7 +478,10 @@ def test_prep_beside_the_chain_matches_the_prep_kernel(monkeypatch, case):
             monkeypatch.delenv("FLASHQLA_OVERLAP")
         else:
             monkeypatch.setenv("FLASHQLA_OVERLAP", mode)
-        out[mode] = run_ours(d, **kw)
+        names = gpu_kernel_names(lambda: out.__setitem__(mode, run_ours(d, **kw)))
+        # the workers ran: with the overlap no prep kernel is launched, so X and W came from them
+        if mode is not None:
+            assert any("gdn_prep_kernel<" in n for n in names) == (mode == "0"), names
     for mode in ("1", None):
         assert torch.equal(out["0"][0], out[mode][0]) and torch.equal(out["0"][1], out[mode][1])
     monkeypatch.setenv("FLASHQLA_OVERLAP", "1")
