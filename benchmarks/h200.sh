@@ -14,8 +14,10 @@
 #   z3        install .whl/z3 into $SITE only (FlashQLA needs it; it does not fit in one carry with the rest)
 # Kernel caches: TileLang (FlashQLA compiles each shape, ~15 s) and Triton (FLA) compile into /tmp/kcache,
 # which survives between calls while the machine is warm. Any stage first unpacks carried caches,
-# .whl/kcache/*.tar.gz; CACHE_SAVE=1 packs /tmp/kcache into $OUT/kernel-caches.tar.gz at the end, for a
-# later session to carry (in the z3 call when the other carries are full).
+# .whl/kcache/*.tar.{gz,xz}; CACHE_SAVE=1 packs /tmp/kcache at the end, one xz tarball per cache
+# ($OUT/kcache-tilelang.tar.xz, kcache-triton.tar.xz: the device tool brings back files of 16 MiB at most, and
+# session 13's one gzip tarball of both was 42 MB), for a later session to carry (in the z3 call, whose 28 MB
+# of wheels leave ~36 MB).
 #   build     pip-install carried wheels into $SITE, build the extension (MAX_JOBS=16)
 #   test      pytest tests (GPU tests run here)
 #   cmake     libflashqla + the C++ examples through CMake, run by ctest on the GPU
@@ -107,8 +109,8 @@ elif [ -n "${FLASHQLA_COMMIT:-}" ]; then
 fi
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.max.sm --format=csv,noheader 2>&1 | tee -a "$LOG"
 
-for t in .whl/kcache/*.tar.gz; do
-  [ -f "$t" ] && mkdir -p /tmp/kcache && tar xzf "$t" -C /tmp/kcache && say "unpacked kernel caches $t"
+for t in .whl/kcache/*.tar.gz .whl/kcache/*.tar.xz; do
+  [ -f "$t" ] && mkdir -p /tmp/kcache && tar xf "$t" -C /tmp/kcache && say "unpacked kernel caches $t"
 done
 
 if has z3; then
@@ -325,7 +327,11 @@ if has sanitize; then
 fi
 
 if [ "${CACHE_SAVE:-0}" = 1 ] && [ -d /tmp/kcache ]; then
-  tar czf "$OUT/kernel-caches.tar.gz" -C /tmp/kcache . && say "saved kernel caches ($(du -h "$OUT/kernel-caches.tar.gz" | cut -f1))"
+  for d in tilelang triton; do
+    [ -d "/tmp/kcache/$d" ] || continue
+    tar cf - -C /tmp/kcache "$d" | xz -T0 -6 > "$OUT/kcache-$d.tar.xz" \
+      && say "saved the $d kernel cache ($(du -h "$OUT/kcache-$d.tar.xz" | cut -f1); over 16 MiB does not come back)"
+  done
 fi
 say "done status=$status"
 # the device tool brings back 8 files at most: past that, logs travel as one tarball

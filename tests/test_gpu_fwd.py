@@ -96,6 +96,29 @@ def test_varlen_boundaries_and_tail(idx):
     assert torch.equal(s[0], d["initial_state"][0]) and torch.equal(s[5], d["initial_state"][5])
 
 
+# Packed sequences do not see each other: NaN in every input of one sequence reaches no other sequence's o or
+# state. (The prep's TMA loads bring the next packed sequence's tokens into a partial chunk's tail rows, which it
+# must zero as cp.async's zero fill did.) Each clean sequence alone gives bitwise the same o rows and state.
+@pytest.mark.parametrize("l2norm", [False, True])
+def test_packed_sequences_are_isolated(monkeypatch, l2norm):
+    monkeypatch.setenv("FLASHQLA_CP", "0")
+    lens = [100, 37, 200, 64]
+    d = make(lens, 2, 4, seed=71)
+    kw = {"use_qk_l2norm_in_kernel": l2norm}
+    bounds = [0] + torch.tensor(lens).cumsum(0).tolist()
+    bad = slice(bounds[1], bounds[2])  # the second sequence: the tail rows of the first one's last chunk
+    for name in ("q", "k", "v", "g", "beta"):
+        d[name][:, bad] = float("nan")
+    o, s = run_ours(d, **kw)
+    for n in (0, 2, 3):
+        a, b = bounds[n], bounds[n + 1]
+        one = {name: d[name][:, a:b] for name in ("q", "k", "v", "g", "beta")}
+        one.update(initial_state=d["initial_state"][n:n + 1], cu_seqlens=None)
+        o1, s1 = run_ours(one, **kw)
+        assert torch.isfinite(o[:, a:b]).all() and torch.isfinite(s[n]).all()
+        assert torch.equal(o[:, a:b], o1) and torch.equal(s[n], s1[0])
+
+
 def test_dense_batch_fp16_bf16_gates_no_h0():
     d = make([200], 2, 4, dtype=torch.float16, dense_B=3, seed=4, g_dtype=torch.bfloat16, beta_dtype=torch.float16)
     d["initial_state"] = None
@@ -478,7 +501,10 @@ def test_prep_beside_the_chain_matches_the_prep_kernel(monkeypatch, case):
             monkeypatch.delenv("FLASHQLA_OVERLAP")
         else:
             monkeypatch.setenv("FLASHQLA_OVERLAP", mode)
-        out[mode] = run_ours(d, **kw)
+        names = gpu_kernel_names(lambda: out.__setitem__(mode, run_ours(d, **kw)))
+        # the workers ran: with the overlap no prep kernel is launched, so X and W came from them
+        if mode is not None:
+            assert any("gdn_prep_kernel<" in n for n in names) == (mode == "0"), names
     for mode in ("1", None):
         assert torch.equal(out["0"][0], out[mode][0]) and torch.equal(out["0"][1], out[mode][1])
     monkeypatch.setenv("FLASHQLA_OVERLAP", "1")

@@ -95,7 +95,7 @@ CUTLASS_DEVICE void zero_rows_past_end(const flashqla_gdn_fwd_params_t& p, int64
   sequence_bounds<IndexT>(p, p.num_seqs - 1, b, bos, end);
   const int64_t vec_per_row = p.head_dim_v / 8;
   const int64_t total = (p.seqlen - end) * p.heads_v * vec_per_row;
-  const uint4 zero = make_uint4(0, 0, 0, 0);
+  const uint4 zero{0u, 0u, 0u, 0u};  // (make_uint4 here compiled to two 8-byte stores once other code used it)
   for (int64_t i = tail * threads + tid; i < total; i += int64_t(tails) * threads) {
     const int64_t t = end + i / (p.heads_v * vec_per_row);
     const int64_t h = (i / vec_per_row) % p.heads_v, c = i % vec_per_row;
