@@ -6,8 +6,8 @@
 #   bash benchmarks/build_variants.sh v2=fwd-v2 v21=fwd-v2.1 v3=fwd-v3     (name=git-ref ...)
 #
 # Needs a venv that mirrors the H200 (Python 3.12, torch 2.11.0; see shared/BUILDING.md): $VENV
-# (default /work/venvs/h200). Writes variants/<name>/{_C.cpython-312-x86_64-linux-gnu.so,fq_phases,COMMIT};
-# carry `variants` (about 9 MB per variant) to the H200 machine. A variant may also get an ENV file
+# (default /work/venvs/h200). Writes variants/<name>/{_C.cpython-312-x86_64-linux-gnu.so.xz,fq_phases.xz,COMMIT}
+# (xz: a variant's .so is ~31 MB raw, ~3 MB compressed; h200.sh unpacks them); carry `variants` to the H200. A variant may also get an ENV file
 # (KEY=VALUE lines) that h200.sh sets for it only: two names for one ref compare two runtime modes.
 set -euo pipefail
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
@@ -27,6 +27,7 @@ for spec in "$@"; do
   "$CUDA_HOME/bin/nvcc" -O3 -std=c++17 -gencode=arch=compute_90a,code=sm_90a --expt-relaxed-constexpr \
     -I"$dir/csrc/include" -I"$dir/csrc" -I"$CUTLASS_INC" "$dir/benchmarks/profile_fwd_phases.cu" \
     -o "$ROOT/variants/$name/fq_phases"
+  xz -T0 -6 -f "$ROOT/variants/$name"/_C.cpython-312-*.so "$ROOT/variants/$name/fq_phases"
   git -C "$dir" rev-parse HEAD > "$ROOT/variants/$name/COMMIT"
   git -C "$ROOT" worktree remove --force "$dir"
 done

@@ -59,6 +59,15 @@ export TILELANG_CACHE_DIR=${TILELANG_CACHE_DIR:-/tmp/kcache/tilelang} TRITON_CAC
 LOG="$OUT/h200.log"
 has() { [[ ",$STAGES," == *",$1,"* ]]; }
 say() { echo "== $*" | tee -a "$LOG"; }
+# xz without relying on the xz tool being installed there: Python's lzma (one thread) where it is missing
+unxz_file() {  # file.xz -> file
+  if command -v xz > /dev/null; then xz -d -f "$1"; else
+    python3 -c 'import lzma, os, shutil, sys; s = sys.argv[1]; shutil.copyfileobj(lzma.open(s), open(s[:-3], "wb")); os.remove(s)' "$1"; fi
+}
+tar_xz() {  # output.tar.xz, directory, name inside
+  if command -v xz > /dev/null; then tar cf - -C "$2" "$3" | xz -T0 -6 > "$1"; else
+    python3 -c 'import sys, tarfile; t = tarfile.open(sys.argv[1], "w:xz", preset=3); t.add(sys.argv[2] + "/" + sys.argv[3], arcname=sys.argv[3]); t.close()' "$1" "$2" "$3"; fi
+}
 status=0
 # A standalone CUDA tool of benchmarks/ (torch-free, sm_90a): source, binary.
 cuda_tool() {  # source, binary, extra nvcc flags (e.g. -D switches)
@@ -109,8 +118,9 @@ elif [ -n "${FLASHQLA_COMMIT:-}" ]; then
 fi
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.max.sm --format=csv,noheader 2>&1 | tee -a "$LOG"
 
-for t in .whl/kcache/*.tar.gz .whl/kcache/*.tar.xz; do
-  [ -f "$t" ] && mkdir -p /tmp/kcache && tar xf "$t" -C /tmp/kcache && say "unpacked kernel caches $t"
+for t in .whl/kcache/*.tar.gz .whl/kcache/*.tar.xz; do  # (Python's tarfile reads both without the xz tool)
+  [ -f "$t" ] && mkdir -p /tmp/kcache && python3 -c 'import sys, tarfile; tarfile.open(sys.argv[1]).extractall(sys.argv[2])' \
+    "$t" /tmp/kcache && say "unpacked kernel caches $t"
 done
 
 if has z3; then
@@ -285,6 +295,8 @@ if has variants; then
   for vdir in variants/*/; do
     name=$(basename "$vdir"); vlog="$OUT/variants.log"   # one log for all: $OUT brings back 8 files at most
     say "variant $name ($(cat "$vdir/COMMIT"))"
+    for z in "$vdir"/*.xz; do [ -f "$z" ] && unxz_file "$z"; done  # (build_variants.sh packs them)
+    chmod +x "$vdir/fq_phases" 2>/dev/null
     cp "$vdir"/_C.cpython-312-*.so flashqla/
     # variants/<name>/ENV (optional): KEY=VALUE lines set for this variant only (e.g. FLASHQLA_FWD_SPLIT=0)
     venv=$( [ -f "$vdir/ENV" ] && grep -E '^[A-Z_][A-Z0-9_]*=' "$vdir/ENV" | tr '\n' ' ' )
@@ -329,7 +341,7 @@ fi
 if [ "${CACHE_SAVE:-0}" = 1 ] && [ -d /tmp/kcache ]; then
   for d in tilelang triton; do
     [ -d "/tmp/kcache/$d" ] || continue
-    tar cf - -C /tmp/kcache "$d" | xz -T0 -6 > "$OUT/kcache-$d.tar.xz" \
+    tar_xz "$OUT/kcache-$d.tar.xz" /tmp/kcache "$d" \
       && say "saved the $d kernel cache ($(du -h "$OUT/kcache-$d.tar.xz" | cut -f1); over 16 MiB does not come back)"
   done
 fi
