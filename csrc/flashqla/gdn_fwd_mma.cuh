@@ -1159,7 +1159,7 @@ CUTLASS_DEVICE void state_role(const flashqla_gdn_fwd_params_t& p, Storage& sm, 
                   tq, v0);
   // else the chain alone: no Q S^T, no intra-chunk O, no O store (warp-uniform for ptxas in the wgmma chain)
   // (kOb: the O warps form O; the host launches that kernel only with o and without chunk states)
-  const bool want_o = !kOb && (kWg ? __shfl_sync(0xffffffffu, wk.o != nullptr, 0) != 0 : wk.o != nullptr);
+  const bool want_o = !kOb && uniform<kWg>(wk.o != nullptr);
   float* pair_scratch = nullptr;  // (the K split)
   if constexpr (kKSplit) pair_scratch = sm.aux[vg].la;
   const PairShares pair(pair_scratch, kh);
