@@ -19,6 +19,7 @@
 
 #include "examples/example_util.h"  // CUDA_OK
 
+#include "flashqla/tma.cuh"
 #include "flashqla/warp_mma.cuh"
 #include "flashqla/wgmma.cuh"
 
@@ -39,19 +40,9 @@ struct Problem {
   int hq, hv;
 };
 
-__device__ __forceinline__ void mbar_init(uint64_t* bar) {
-  asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;\n" ::"r"(smem_addr(bar)));
-}
-__device__ __forceinline__ void mbar_expect_tx(uint64_t* bar, uint32_t bytes) {
-  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(smem_addr(bar)), "r"(bytes) : "memory");
-}
-__device__ __forceinline__ void mbar_wait(uint64_t* bar, uint32_t phase) {
-  asm volatile(
-      "{\n .reg .pred p;\n WAIT:\n mbarrier.try_wait.parity.shared::cta.b64 p, [%0], %1;\n @!p bra WAIT;\n}\n" ::"r"(
-          smem_addr(bar)),
-      "r"(phase)
-      : "memory");
-}
+using flashqla::tma::mbar_expect_tx;
+using flashqla::tma::mbar_init;
+using flashqla::tma::mbar_wait;
 __device__ __forceinline__ void tma3(void* dst, const CUtensorMap* map, uint64_t* bar, int c0, int c1, int c2) {
   asm volatile(
       "cp.async.bulk.tensor.3d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1, {%3, %4, %5}], [%2];\n" ::"r"(
@@ -95,13 +86,12 @@ __device__ void issue_cp_async(Stage& s, const Problem& pr, int c, int hq, int h
 __global__ void __launch_bounds__(128, 1) probe(const __grid_constant__ Maps m, const Problem pr, int mode,
                                                 long long* cycles, Stage* dump) {
   extern __shared__ __align__(1024) unsigned char raw[];
-  Stage* st = reinterpret_cast<Stage*>((reinterpret_cast<uintptr_t>(raw) + 1023) & ~uintptr_t(1023));
+  Stage* st = reinterpret_cast<Stage*>(flashqla::gmma::align_smem_1024(raw));  // (as shared memory, not generic)
   __shared__ uint64_t bars[2];
   const int h = blockIdx.x % pr.hv, vb = (blockIdx.x / pr.hv) & 1, hq = h / (pr.hv / pr.hq);
   if (threadIdx.x == 0) {
     mbar_init(&bars[0]);
     mbar_init(&bars[1]);
-    asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
   }
   __syncthreads();
   const long long t_start = clock64();
@@ -132,17 +122,6 @@ __global__ void __launch_bounds__(128, 1) probe(const __grid_constant__ Maps m, 
   if (threadIdx.x == 0) cycles[blockIdx.x] = clock64() - t_start;
 }
 
-static int encode_fn(PFN_cuTensorMapEncodeTiled_v12000* out) {
-  void* fn = nullptr;
-  cudaDriverEntryPointQueryResult q;
-  CUDA_OK(cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &fn, 12000, cudaEnableDefault, &q));
-  if (fn == nullptr || q != cudaDriverEntryPointSuccess) {
-    std::printf("cuTensorMapEncodeTiled not available\n");
-    return 1;
-  }
-  *out = reinterpret_cast<PFN_cuTensorMapEncodeTiled_v12000>(fn);
-  return 0;
-}
 // [T, heads, cols] bf16 rows, boxes of 64 rows x 64 columns of one head, 128-byte swizzle, zero fill past the end
 static CUtensorMap make_map(PFN_cuTensorMapEncodeTiled_v12000 enc, const void* base, int heads, int cols) {
   CUtensorMap m;
@@ -160,8 +139,11 @@ static CUtensorMap make_map(PFN_cuTensorMapEncodeTiled_v12000 enc, const void* b
 }
 
 int main() {
-  PFN_cuTensorMapEncodeTiled_v12000 enc = nullptr;
-  if (encode_fn(&enc) != 0) return 1;
+  const PFN_cuTensorMapEncodeTiled_v12000 enc = flashqla::tma::encode_fn();  // (the library's entry point)
+  if (enc == nullptr) {
+    std::printf("cuTensorMapEncodeTiled not available\n");
+    return 1;
+  }
   int clk_khz = 0;
   CUDA_OK(cudaDeviceGetAttribute(&clk_khz, cudaDevAttrClockRate, 0));
   const int configs[2][2] = {{2, 8}, {16, 64}};  // (hq, hv): 16 CTAs (TP8-like), 128 CTAs (TP1-like)

@@ -125,9 +125,10 @@ __device__ void run_chain(const bf16* K, const bf16* XT, const float* VT, const 
                           long long* cycles, int chunks, const Products& prod) {
   using SlotT = typename Products::SlotT;
   extern __shared__ __align__(128) unsigned char smem_raw[];
-  // (dynamic shared memory is 16-byte aligned; the swizzled slots want 1024: launches add 1 KB of slack)
-  SlotT* sl = reinterpret_cast<SlotT*>((reinterpret_cast<uintptr_t>(smem_raw) + alignof(SlotT) - 1) &
-                                       ~uintptr_t(alignof(SlotT) - 1));
+  // (dynamic shared memory is 16-byte aligned; the swizzled slots want 1024: launches add 1 KB of slack. Aligned
+  // by an offset on the array, so that the slots are addressed as shared memory, not generic)
+  static_assert(alignof(SlotT) <= 128 || alignof(SlotT) == 1024, "the slots' two alignments");
+  SlotT* sl = reinterpret_cast<SlotT*>(alignof(SlotT) == 1024 ? flashqla::gmma::align_smem_1024(smem_raw) : smem_raw);
   load_slots(sl, K, XT, VT);
   const Lane L;
   float s[16][4];

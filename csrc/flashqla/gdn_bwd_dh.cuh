@@ -195,11 +195,9 @@ CUTLASS_DEVICE void dh_state_role(const flashqla_gdn_fwd_params_t& p, Storage& s
 
     // dS' of chunk c: the gradient of its end state, [K][V] rows like the states, fp32 (the gradient kernel's
     // <S0, dS'> reads it unrounded)
-    // (malformed cu_seqlens can name more chunks than dh has slots.) Warp-uniform for ptxas: in the wgmma chain the
-    // store runs while the products are in flight, and a branch it cannot prove uniform there made it serialise
-    // every wgmma of the kernel (ptxas C7518)
-    const bool store_ds = kWg ? __shfl_sync(0xffffffffu, wk.chunk0 + c < chunk_bound(p), 0) != 0
-                              : wk.chunk0 + c < chunk_bound(p);
+    // (malformed cu_seqlens can name more chunks than dh has slots; uniform: the wgmma chain stores while its
+    // products are in flight)
+    const bool store_ds = uniform<kWg>(wk.chunk0 + c < chunk_bound(p));
     float* ds_dst = dh + ((wk.chunk0 + c) * p.heads_v + wk.h) * int64_t(kDimK) * kDimV + koff + wk.col0;
 
     uint32_t sa[kKS][4];

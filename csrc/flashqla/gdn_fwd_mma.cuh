@@ -1159,7 +1159,7 @@ CUTLASS_DEVICE void state_role(const flashqla_gdn_fwd_params_t& p, Storage& sm, 
                   tq, v0);
   // else the chain alone: no Q S^T, no intra-chunk O, no O store (warp-uniform for ptxas in the wgmma chain)
   // (kOb: the O warps form O; the host launches that kernel only with o and without chunk states)
-  const bool want_o = !kOb && (kWg ? __shfl_sync(0xffffffffu, wk.o != nullptr, 0) != 0 : wk.o != nullptr);
+  const bool want_o = !kOb && uniform<kWg>(wk.o != nullptr);
   float* pair_scratch = nullptr;  // (the K split)
   if constexpr (kKSplit) pair_scratch = sm.aux[vg].la;
   const PairShares pair(pair_scratch, kh);
@@ -1646,27 +1646,28 @@ CUTLASS_DEVICE void prep_head(const flashqla_gdn_fwd_params_t& p, const PrepBuff
 // as wgmma (aux_gram_inverse_wg, aux_mwx_wg), the inverse as there. Outputs that differ from prep_head's in
 // rounding only (the products' accumulation order). (A separate function: folded into prep_head by an
 // if constexpr on the storage, the mma.sync form's code changed.)
-// kBulkX (the prep kernel's; not the workers beside the chain, whose flag must follow X's writes): X's rows go out
-// as bulk copies, one 256-byte row per thread of the first 64, instead of eight 16-byte loads and stores per
-// thread (the store of X measured 12% of the CTA's cycles).
-// kTma (the prep kernel's, with tensor maps): K and Q by TMA.
-template <typename T, bool kBulkX = false, bool kTma = false>
+// kKernel (the prep kernel's: one chunk per CTA, and no flag waits for its X; maps holds K's and Q's tensor
+// maps): K and Q by TMA on the barrier's first phase, and X's rows out as bulk copies, one 256-byte row per thread
+// of the first 64, instead of eight 16-byte loads and stores per thread (the store of X measured 12% of the CTA's
+// cycles). Otherwise (the workers beside the chain, which loop over chunks and release a flag once X is written):
+// cp.async and stores.
+template <typename T, bool kKernel = false>
 CUTLASS_DEVICE void prep_head_wg(const flashqla_gdn_fwd_params_t& p, const PrepBuffers<T>& pb, PrepStorageWg<T>& sm,
                                  const Work<T>& wk, int64_t c, int tid, uint32_t bar, long long& t_mark,
                                  const tma::QkMaps* maps = nullptr) {
   const int rows = static_cast<int>(wk.len - c * kChunk < kChunk ? wk.len - c * kChunk : kChunk);
   const int64_t row0 = wk.flat0 + c * kChunk;
-  if constexpr (kTma) {
+  if constexpr (kKernel) {
     if (tid == 0) tma_qk_issue<T>(p, *maps, sm, wk, c);
   }
-  aux_chunk<T, AuxMode::kInputsOnly, kBlockV, false, kTma>(p, sm, sm, wk, c, tid, bar, pb, t_mark);  // K, Q, gates, l2norm
+  aux_chunk<T, AuxMode::kInputsOnly, kBlockV, false, kKernel>(p, sm, sm, wk, c, tid, bar, pb, t_mark);  // K, Q, gates, l2norm
   warp::fence_async_smem();  // the copies and l2norm's stores, before the wgmma read the tiles
   warp::bar_sync(bar, kPrepThreads);
   float qk[8][4];
   aux_gram_inverse_wg<T>(sm, sm, tid, bar, t_mark, qk);
   aux_mwx_wg<T>(sm, sm, tid, bar, t_mark, qk,
                 WToGlobal<T>{pb.w + row0 * p.heads_v * kChunk + wk.h * kChunk, p.heads_v * kChunk, rows});
-  if constexpr (kBulkX) {
+  if constexpr (kKernel) {
     static_assert(kChunk <= kPrepThreads && kDimK * sizeof(T) % 16 == 0 && kLdK * sizeof(T) % 16 == 0, "bulk rows");
     warp::fence_async_smem();  // this thread's stores of X, before the copies (the async proxy) read them
     warp::bar_sync(bar, kPrepThreads);
@@ -1724,7 +1725,7 @@ __global__ void __launch_bounds__(kPrepThreads, kGroup ? kPrepGroupCtasPerSm : k
     store_prep_x<T>(p, pb, sm, row0, rows, ct.h, tid);
     FLASHQLA_ROLE_PHASE(1, kAuxWaitEmpty);  // (the prep's slot for its stores)
   } else if constexpr (kWg) {
-    prep_head_wg<T, true, true>(p, pb, sm, wk, c, tid, kBarAux, t_mark, &maps);
+    prep_head_wg<T, true>(p, pb, sm, wk, c, tid, kBarAux, t_mark, &maps);
     FLASHQLA_ROLE_PHASE(1, kAuxWaitEmpty);  // (the prep's slot for its stores)
   } else if constexpr (!kGroup) {
     prep_head<T>(p, pb, sm, wk, c, tid, kBarAux, t_mark);
@@ -1943,14 +1944,12 @@ inline int overlap_prep_ctas(const flashqla_gdn_fwd_params_t& p) {
   return even && items >= 2LL * workers * kPrepUnits ? workers : 0;
 }
 
-// The wgmma prep's tensor maps of K and Q (true: both made, maps.on set).
-template <typename T>
-bool qk_maps(const flashqla_gdn_fwd_params_t& p, tma::QkMaps& maps) {
-  maps.on = tma::encode_qk(maps.k, p.k, p.qkv_dtype, p.batch, p.seqlen, p.heads_qk, p.k_stride_batch, p.k_stride_time,
-                           p.k_stride_head) &&
-            tma::encode_qk(maps.q, p.q, p.qkv_dtype, p.batch, p.seqlen, p.heads_qk, p.q_stride_batch, p.q_stride_time,
-                           p.q_stride_head);
-  return maps.on != 0;
+// The wgmma prep's tensor maps of K and Q (false: TMA cannot describe one of them).
+inline bool qk_maps(const flashqla_gdn_fwd_params_t& p, tma::QkMaps& maps) {
+  return tma::encode_qk(maps.k, p.k, p.qkv_dtype, p.batch, p.seqlen, p.heads_qk, p.k_stride_batch, p.k_stride_time,
+                        p.k_stride_head) &&
+         tma::encode_qk(maps.q, p.q, p.qkv_dtype, p.batch, p.seqlen, p.heads_qk, p.q_stride_batch, p.q_stride_time,
+                        p.q_stride_head);
 }
 
 template <typename T>
@@ -1985,7 +1984,7 @@ cudaError_t launch(const flashqla_gdn_fwd_params_t& p, cudaStream_t stream) {
   // a call with o)
   const int hpc = states_only(p) ? 1 : prep_heads_per_cta(p, chunks);
   tma::QkMaps maps{};  // (the wgmma prep's K and Q by TMA: strides TMA can describe, else the mma.sync prep)
-  const bool wg = !states_only(p) && hpc == 1 && prep_wg(false) && qk_maps<T>(p, maps);
+  const bool wg = !states_only(p) && hpc == 1 && prep_wg(false) && qk_maps(p, maps);
   auto prep = states_only(p) ? (ix64 ? gdn_prep_kernel<T, int64_t, false, true> : gdn_prep_kernel<T, int32_t, false, true>)
               : hpc > 1   ? (ix64 ? gdn_prep_kernel<T, int64_t, true> : gdn_prep_kernel<T, int32_t, true>)
               : wg        ? (ix64 ? gdn_prep_kernel<T, int64_t, false, false, true> : gdn_prep_kernel<T, int32_t, false, false, true>)

@@ -18,11 +18,10 @@
 namespace flashqla {
 namespace tma {
 
-// The prep kernel's two maps; on = 0: no maps (the kernel loads by cp.async).
+// The prep kernel's two maps (a kernel parameter: unused by the prep forms that load by cp.async).
 struct QkMaps {
   CUtensorMap k;
   CUtensorMap q;
-  int on;
 };
 
 CUTLASS_DEVICE void mbar_init(uint64_t* bar) {

@@ -21,6 +21,12 @@ namespace flashqla {
 namespace warp {
 
 CUTLASS_DEVICE uint32_t smem_addr(const void* p) { return static_cast<uint32_t>(__cvta_generic_to_shared(p)); }
+// v as lane 0 has it, with kUniform: a value ptxas can prove warp-uniform. The wgmma chains need it for branches
+// near their products: one it cannot prove uniform made it serialise every wgmma of the kernel (C7518).
+template <bool kUniform>
+CUTLASS_DEVICE bool uniform(bool v) {
+  return kUniform ? __shfl_sync(0xffffffffu, v, 0) != 0 : v;
+}
 
 // Four 8 x 8 16-bit matrices; lane l supplies the row address of matrix l / 8.
 CUTLASS_DEVICE void ldsm_x4(uint32_t (&r)[4], const void* p) {

@@ -90,34 +90,30 @@ CUTLASS_DEVICE void pin(float (&d)[N]) {
 // imm-trans-b: 0 for a K-major B, 1 for an MN-major one (16-bit types only).
 template <int N, typename T, int kTransB>
 struct RsOp;
-// One specialisation per shape and 16-bit type: the operand list written once per shape, the type's PTX name
-// spliced into the instruction string.
-#define FLASHQLA_GMMA_RS64(T, PTX) \
+// The accumulator operands: 32 fp32 registers from d[o] (an m64n64 tile per warpgroup; m64n128 is two of them),
+// and the matching PTX register lists.
+#define FLASHQLA_GMMA_D32(d, o) "+f"(d[o + 0]), "+f"(d[o + 1]), "+f"(d[o + 2]), "+f"(d[o + 3]), "+f"(d[o + 4]), "+f"(d[o + 5]), "+f"(d[o + 6]), "+f"(d[o + 7]), "+f"(d[o + 8]), "+f"(d[o + 9]), "+f"(d[o + 10]), "+f"(d[o + 11]), "+f"(d[o + 12]), "+f"(d[o + 13]), "+f"(d[o + 14]), "+f"(d[o + 15]), "+f"(d[o + 16]), "+f"(d[o + 17]), "+f"(d[o + 18]), "+f"(d[o + 19]), "+f"(d[o + 20]), "+f"(d[o + 21]), "+f"(d[o + 22]), "+f"(d[o + 23]), "+f"(d[o + 24]), "+f"(d[o + 25]), "+f"(d[o + 26]), "+f"(d[o + 27]), "+f"(d[o + 28]), "+f"(d[o + 29]), "+f"(d[o + 30]), "+f"(d[o + 31])
+#define FLASHQLA_GMMA_R32 "{%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,%16,%17,%18,%19,%20,%21,%22,%23,%24,%25,%26,%27,%28,%29,%30,%31}"
+#define FLASHQLA_GMMA_R64 "{%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,%16,%17,%18,%19,%20,%21,%22,%23,%24,%25,%26,%27,%28,%29,%30,%31,%32,%33,%34,%35,%36,%37,%38,%39,%40,%41,%42,%43,%44,%45,%46,%47,%48,%49,%50,%51,%52,%53,%54,%55,%56,%57,%58,%59,%60,%61,%62,%63}"
+// One specialisation per shape N and 16-bit type: the type's PTX name spliced into the instruction string, the
+// register list REGS and the A / B / trans-b operand numbers TAIL after the accumulator, its operands after TAIL.
+#define FLASHQLA_GMMA_RS(N, T, PTX, REGS, TAIL, ...) \
 template <int kTransB> \
-struct RsOp<64, T, kTransB> { \
-  static CUTLASS_DEVICE void run(float (&d)[32], const uint32_t (&a)[4], uint64_t desc_b) { \
-    asm volatile( \
-        "wgmma.mma_async.sync.aligned.m64n64k16.f32." PTX "." PTX " {%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,%16,%17,%18,%19,%20,%21,%22,%23,%24,%25,%26,%27,%28,%29,%30,%31}, {%32,%33,%34,%35}, %36, 1, 1, 1, %37;\n" \
-        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]) \
-        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b), "n"(kTransB)); \
+struct RsOp<N, T, kTransB> { \
+  static CUTLASS_DEVICE void run(float (&d)[N / 2], const uint32_t (&a)[4], uint64_t desc_b) { \
+    asm volatile("wgmma.mma_async.sync.aligned.m64n" #N "k16.f32." PTX "." PTX " " REGS TAIL \
+                 : __VA_ARGS__ \
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b), "n"(kTransB)); \
   } \
 };
-FLASHQLA_GMMA_RS64(__nv_bfloat16, "bf16")
-FLASHQLA_GMMA_RS64(__half, "f16")
-#undef FLASHQLA_GMMA_RS64
-#define FLASHQLA_GMMA_RS128(T, PTX) \
-template <int kTransB> \
-struct RsOp<128, T, kTransB> { \
-  static CUTLASS_DEVICE void run(float (&d)[64], const uint32_t (&a)[4], uint64_t desc_b) { \
-    asm volatile( \
-        "wgmma.mma_async.sync.aligned.m64n128k16.f32." PTX "." PTX " {%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,%16,%17,%18,%19,%20,%21,%22,%23,%24,%25,%26,%27,%28,%29,%30,%31,%32,%33,%34,%35,%36,%37,%38,%39,%40,%41,%42,%43,%44,%45,%46,%47,%48,%49,%50,%51,%52,%53,%54,%55,%56,%57,%58,%59,%60,%61,%62,%63}, {%64,%65,%66,%67}, %68, 1, 1, 1, %69;\n" \
-        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]), "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]), "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]), "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63]) \
-        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b), "n"(kTransB)); \
-  } \
-};
-FLASHQLA_GMMA_RS128(__nv_bfloat16, "bf16")
-FLASHQLA_GMMA_RS128(__half, "f16")
-#undef FLASHQLA_GMMA_RS128
+#define FLASHQLA_GMMA_RS_TYPES(T, PTX) \
+FLASHQLA_GMMA_RS(64, T, PTX, FLASHQLA_GMMA_R32, ", {%32,%33,%34,%35}, %36, 1, 1, 1, %37;\n", FLASHQLA_GMMA_D32(d, 0)) \
+FLASHQLA_GMMA_RS(128, T, PTX, FLASHQLA_GMMA_R64, ", {%64,%65,%66,%67}, %68, 1, 1, 1, %69;\n", \
+                 FLASHQLA_GMMA_D32(d, 0), FLASHQLA_GMMA_D32(d, 32))
+FLASHQLA_GMMA_RS_TYPES(__nv_bfloat16, "bf16")
+FLASHQLA_GMMA_RS_TYPES(__half, "f16")
+#undef FLASHQLA_GMMA_RS_TYPES
+#undef FLASHQLA_GMMA_RS
 template <int N, typename T, int kTransB = 0>
 CUTLASS_DEVICE void wgmma_rs(float (&d)[N / 2], const uint32_t (&a)[4], uint64_t desc_b) {
   RsOp<N, T, kTransB>::run(d, a, desc_b);
@@ -130,15 +126,18 @@ struct SsOp;
 template <> \
 struct SsOp<64, T> { \
   static CUTLASS_DEVICE void run(float (&d)[32], uint64_t desc_a, uint64_t desc_b) { \
-    asm volatile( \
-        "wgmma.mma_async.sync.aligned.m64n64k16.f32." PTX "." PTX " {%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,%16,%17,%18,%19,%20,%21,%22,%23,%24,%25,%26,%27,%28,%29,%30,%31}, %32, %33, 1, 1, 1, 0, 0;\n" \
-        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]) \
-        : "l"(desc_a), "l"(desc_b)); \
+    asm volatile("wgmma.mma_async.sync.aligned.m64n64k16.f32." PTX "." PTX " " FLASHQLA_GMMA_R32 \
+                 ", %32, %33, 1, 1, 1, 0, 0;\n" \
+                 : FLASHQLA_GMMA_D32(d, 0) \
+                 : "l"(desc_a), "l"(desc_b)); \
   } \
 };
 FLASHQLA_GMMA_SS64(__nv_bfloat16, "bf16")
 FLASHQLA_GMMA_SS64(__half, "f16")
 #undef FLASHQLA_GMMA_SS64
+#undef FLASHQLA_GMMA_D32
+#undef FLASHQLA_GMMA_R32
+#undef FLASHQLA_GMMA_R64
 template <int N, typename T>
 CUTLASS_DEVICE void wgmma_ss(float (&d)[N / 2], uint64_t desc_a, uint64_t desc_b) {
   SsOp<N, T>::run(d, desc_a, desc_b);
