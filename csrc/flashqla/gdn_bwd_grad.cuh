@@ -21,10 +21,10 @@
 // With flashqla_gdn_bwd_dh's `a` given (gp.a), the inverse's rows are loaded instead of recomputed.
 // One CTA per (chunk, GVA group) runs the group's value heads in order: dq and dk come out per q/k head,
 // summed over the group in fp32 in a fixed order (the caller applies the l2norm backward); rows past the
-// last sequence are zeroed by zero_tail_rows_kernel. dq and dk leave a whole chunk through shared memory by TMA
-// boxes from thread 0 (the group's later heads by fp32 reduce-adds, each after the previous head's completed), dv
-// by a bulk copy per row from a few warps (kCopyWarps); each issuing thread waits for its copies to have read
-// shared memory before the next head's phases 1-2 let anything write there.
+// last sequence are zeroed by zero_tail_rows_kernel. dq, dk and dv leave through shared memory by bulk copies
+// (the group's later heads by bulk fp32 reduce-adds, each after the previous head's completed), a few per
+// warp (kCopyWarps), each thread waiting for its copies to have read shared memory before the next head's
+// phases 1-2 let anything write there.
 #pragma once
 
 #include "gdn_fwd_mma.cuh"
@@ -40,11 +40,12 @@ constexpr uint32_t kBarAuxIssued = kBarState + 1;
 static_assert(kBarAuxIssued < 16, "named barrier ids");
 constexpr int kGradWarps = 8;
 constexpr int kGradThreads = kGradWarps * 32;
-// dv's bulk copies out (64 rows in phase 8) come from warps 0..kCopyWarps-1, copy i from lane i / kCopyWarps of
-// warp i % kCopyWarps. Their cost is the copy engine's (~20-27 cycles per row copy, however many warps issue
-// them: phase timers with 4 and 8 warps), and the issuing warps wait for it, so the fewest warps that keep it
-// busy: the four aux warps, which wait for the loaders in phase 8 anyway (4: 45.4k cycles per head, 8: 46.3k).
-// (dq's and dk's 128 row copies took ~3.7k cycles of phase 13b this way; eight TMA boxes replace them.)
+// The bulk copies out (dv's 64 rows in phase 8, dq's and dk's 128 in phase 13b) come from warps
+// 0..kCopyWarps-1, copy i from lane i / kCopyWarps of warp i % kCopyWarps. Their cost is the copy engine's
+// (~20-27 cycles per row copy, however many warps issue them: phase timers with 4 and 8 warps), and the
+// issuing warps wait for it, so the fewest warps that keep it busy: the four aux warps, which wait for the
+// loaders in phase 8 anyway (4: 45.4k cycles per head, 8: 46.3k). Each row keeps its thread across the
+// group's heads (the reduce-adds' order rests on it).
 #ifndef FLASHQLA_GRAD_COPY_WARPS
 #define FLASHQLA_GRAD_COPY_WARPS 4
 #endif
@@ -53,7 +54,7 @@ constexpr int kCopyWarps = FLASHQLA_GRAD_COPY_WARPS;
 #ifndef FLASHQLA_GRAD_LOAD_BATCH
 #define FLASHQLA_GRAD_LOAD_BATCH 16
 #endif
-static_assert(kCopyWarps >= 1 && kCopyWarps <= kGradWarps && kChunk / kCopyWarps <= 32, "copies per lane");
+static_assert(kCopyWarps >= 1 && kCopyWarps <= kGradWarps && 2 * kChunk / kCopyWarps <= 32, "copies per lane");
 // The warp that computes the gates (dg, dbeta) in phase 13b: one that issues no bulk copies there, so the two
 // overlap (warp 0 did both: the copies' issue, ~3k cycles, then the gates, while warps 4-7 waited).
 // FLASHQLA_GRAD_GATE_WARP: a compile-time switch for the phase profiler's A/B.
@@ -69,16 +70,11 @@ CUTLASS_DEVICE int copy_index(int tid, int n) {
   return w < kCopyWarps && i < n ? i : -1;
 }
 enum RowSum { kSumDte, kSumDbeta, kSumDgamma, kSumH, kRowSums };
-// fp32 C x 128 staging tiles for dq and dk, over the S0 and dS' tiles (dead by then): four 64-row x 32-column
-// boxes, 128-byte swizzled as the TMA stores (tma::DqkMaps) read them; a fragment's float2 stores take two
-// wavefronts per warp
-using OutTile = float[4][kChunk * 32];
-CUTLASS_DEVICE float* out_at(OutTile& t, int r, int c) {
-  return reinterpret_cast<float*>(reinterpret_cast<char*>(t[c >> 5]) + r * 128 + ((((c & 31) >> 2) ^ (r & 7)) << 4) +
-                                  (c & 3) * 4);
-}
-static_assert(sizeof(OutTile) <= sizeof(__half) * kDimK * kDimV, "the staging tiles fit in S0's and dS' 16-bit tiles");
-static_assert(kLdK * 2 % 16 == 0, "16-byte aligned rows for dv's bulk copies");
+// fp32 C x 128 staging tiles for dq and dk (rows 16-byte aligned for the bulk copies; 136-float rows put a
+// fragment's float2 stores at two wavefronts per warp) in the S0 and dS' tiles, dead by then
+constexpr int kLdO = kDimK + 8;
+static_assert(sizeof(float) * kChunk * kLdO <= 2 * kDimK * kLdK, "the staging tiles fit in S0's and dS' 16-bit tiles");
+static_assert(kLdO * sizeof(float) % 16 == 0 && kLdK * 2 % 16 == 0, "16-byte aligned rows for the bulk copies");
 
 // Diagnostics only (benchmarks/profile_bwd_grad_phases.cu): with FLASHQLA_GRAD_TIMERS, thread 0 (an aux warp)
 // and thread 128 (a loader warp in phases 1-2) of every CTA add the cycles since their previous mark to
@@ -123,13 +119,13 @@ struct GradStorage {
                          // then A^T dA's partner), at the end dq's staging tile (fp32 C x 128)
     T s0[2][kDimK * 64];
     float f2[2][kChunk * kLdF];
-    OutTile dq_st;
+    float dq_st[kChunk * kLdO];
   };
   union alignas(1024) {  // dS' as T [K][V] (StateTile); once its products are done, dP and dM (fp32), later dL
                          // and dA; at the end dk's staging tile
     T ds[2][kDimK * 64];
     float dpm[2][kChunk * kLdF];
-    OutTile dk_st;
+    float dk_st[kChunk * kLdO];
   };
   AuxScratch<T> ax;    // A = (I + L)^-1 (la, fp32), M = Gamma * A (m), G, beta
   T y[kChunk * kLdK];  // Y, later dR (= dV, bulk-stored from here)
@@ -242,8 +238,7 @@ CUTLASS_DEVICE void store_pair(T* p, float a, float b) {
 // Outputs per flashqla_gdn_bwd_grad (flashqla.h); gp.fwd describes the inputs.
 // kLoadA: gp.a is given (its own instantiation: a runtime branch cost the other path ~8% in registers)
 template <typename T, typename IndexT, bool kLoadA>
-__global__ void __launch_bounds__(kGradThreads, 1)
-    gdn_bwd_grad_kernel(const __grid_constant__ flashqla_gdn_bwd_grad_params_t gp, const __grid_constant__ tma::DqkMaps maps) {
+__global__ void __launch_bounds__(kGradThreads, 1) gdn_bwd_grad_kernel(const __grid_constant__ flashqla_gdn_bwd_grad_params_t gp) {
   using namespace warp;
   const flashqla_gdn_fwd_params_t& p = gp.fwd;
   extern __shared__ __align__(128) unsigned char smem_raw[];
@@ -602,51 +597,29 @@ __global__ void __launch_bounds__(kGradThreads, 1)
     }
     FLASHQLA_GRAD_SYNC(22);
 
-    // ---- phase 13: dK += (dKK^T + dKK^T^T) K; dq, dk out in fp32: stores for the group's first head, adds for
-    // the others, in head order. A whole chunk: staged (over the dead S0 and dS' tiles) and sent by eight TMA
-    // boxes from thread 0, whose earlier heads' boxes have completed first. A partial chunk (its box would
-    // reach into the next sequence's rows) or no maps: from registers, each thread reading back what it wrote
-    // for the earlier heads (fp32 adds commute, so both forms give the same bits)
+    // ---- phase 13: dK += (dKK^T + dKK^T^T) K; dq, dk staged in fp32 (over the dead S0 and dS' tiles) and
+    // sent by bulk copies, one row per thread (copy_index): stores for the group's first head, fp32
+    // reduce-adds for the others (in head order: each thread's previous copies have completed first)
     gemm_rows16<T, 8, false, true>(dk, sm.pq, kLdC, m0, sm.in.k, kLdK, n0, 0, kChunk / 16, ld);
-    const bool boxes = maps.on != 0 && rows == kChunk;  // CTA-uniform
-    if (boxes) {
 #pragma unroll
-      for (int which = 0; which < 2; ++which)
-        for_pairs(which == 0 ? dq : dk, m0, n0, lane, [&](int r, int col, int, float a, float b) {
-          *reinterpret_cast<float2*>(out_at(which == 0 ? sm.dq_st : sm.dk_st, r, col)) = make_float2(a, b);
-        });
-      fence_async_smem();
-    } else {
-#pragma unroll
-      for (int which = 0; which < 2; ++which)
-        for_pairs(which == 0 ? dq : dk, m0, n0, lane, [&](int r, int col, int, float a, float b) {
-          if (r < rows) {
-            float2* dst = reinterpret_cast<float2*>((which == 0 ? gp.dq : gp.dk) +
-                                                    ((row0 + r) * p.heads_qk + hq) * int64_t(kDimK) + col);
-            float2 v = make_float2(a, b);
-            if (vh > 0) {
-              const float2 o = *dst;
-              v = make_float2(o.x + a, o.y + b);
-            }
-            *dst = v;
-          }
-        });
-    }
+    for (int which = 0; which < 2; ++which)
+      for_pairs(which == 0 ? dq : dk, m0, n0, lane, [&](int r, int col, int, float a, float b) {
+        *reinterpret_cast<float2*>(&(which == 0 ? sm.dq_st : sm.dk_st)[r * kLdO + col]) = make_float2(a, b);
+      });
+    fence_async_smem();
     FLASHQLA_GRAD_SYNC(24);
-    if (boxes && tid == 0) {
-      bulk_wait();  // the earlier heads' boxes have landed
-#pragma unroll
-      for (int which = 0; which < 2; ++which)
-#pragma unroll
-        for (int b = 0; b < kDimK / 32; ++b) {
-          const CUtensorMap* map = which == 0 ? &maps.dq : &maps.dk;
-          const float* src = (which == 0 ? sm.dq_st : sm.dk_st)[b];
-          if (vh == 0)
-            tma::store_box_f32<false>(map, src, 32 * b, static_cast<int>(hq), static_cast<int>(row0));
-          else
-            tma::store_box_f32<true>(map, src, 32 * b, static_cast<int>(hq), static_cast<int>(row0));
-        }
-      bulk_commit();
+    if (const int i = copy_index(tid, 2 * kChunk); i >= 0) {
+      const int which = i / kChunk, r = i % kChunk;
+      if (r < rows) {
+        float* dst = (which == 0 ? gp.dq : gp.dk) + ((row0 + r) * p.heads_qk + hq) * int64_t(kDimK);
+        const float* src = &(which == 0 ? sm.dq_st : sm.dk_st)[r * kLdO];
+        bulk_wait();  // the earlier heads' copies of this row have landed
+        if (vh == 0)
+          bulk_store(dst, src, kDimK * sizeof(float));
+        else
+          bulk_reduce_add(dst, src, kDimK * sizeof(float));
+        bulk_commit();
+      }
     }
 
     // ---- gates (warp kGateWarp): dG, then dg = the reverse cumsum over the chunk; dbeta
@@ -729,11 +702,7 @@ cudaError_t launch(const flashqla_gdn_bwd_grad_params_t& gp, cudaStream_t stream
   static_assert(sizeof(GradStorage<T>) + 1024 <= 227 * 1024, "one gradient CTA per SM");
   cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem));
   if (err != cudaSuccess) return err;
-  tma::DqkMaps maps{};  // dq and dk by TMA boxes where the maps can be made (else from registers)
-  const int64_t total_rows = p.batch * p.seqlen;
-  maps.on = tma::encode_rows_f32(maps.dq, gp.dq, total_rows, p.heads_qk) &&
-            tma::encode_rows_f32(maps.dk, gp.dk, total_rows, p.heads_qk);
-  kernel<<<dim3(static_cast<unsigned>(chunks), static_cast<unsigned>(p.heads_qk)), kGradThreads, smem, stream>>>(gp, maps);
+  kernel<<<dim3(static_cast<unsigned>(chunks), static_cast<unsigned>(p.heads_qk)), kGradThreads, smem, stream>>>(gp);
   return cudaGetLastError();
 }
 

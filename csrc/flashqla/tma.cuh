@@ -1,9 +1,9 @@
-// TMA (cp.async.bulk.tensor): loads of q/k tiles for the forward's prep kernel, stores of the gradient kernel's
-// dq / dk tiles; the tensor maps (host) and the mbarrier and copy instructions (device). Torch-free. A q or k
-// map describes one [batch, seqlen, heads, 128] tensor in 64 x 64 boxes (64 tokens x 64 columns of one head) with
-// the 128-byte swizzle, which puts every byte where gmma::sw128_off does (benchmarks/tma_load_probe.cu checked it
-// byte for byte on the H200). Rows past the tensor's end arrive as zeros; rows past a packed sequence's end hold
-// the next sequence's tokens, which the caller zeroes.
+// TMA (cp.async.bulk.tensor) loads of q/k tiles for the forward's prep kernel: the tensor maps (host) and the
+// mbarrier and copy instructions (device). Torch-free. A map describes one [batch, seqlen, heads, 128] q or k
+// tensor in 64 x 64 boxes (64 tokens x 64 columns of one head) with the 128-byte swizzle, which puts every byte
+// where gmma::sw128_off does (benchmarks/tma_load_probe.cu checked it byte for byte on the H200). Rows past the
+// tensor's end arrive as zeros; rows past a packed sequence's end hold the next sequence's tokens, which the
+// caller zeroes.
 #pragma once
 
 #include <cuda.h>
@@ -48,29 +48,6 @@ CUTLASS_DEVICE void load_box(void* dst, const CUtensorMap* map, uint64_t* bar, i
       : "memory");
 }
 
-// The gradient kernel's dq and dk maps (fp32 [rows, heads_qk, 128], boxes of 64 rows x 32 columns of one head,
-// 128-byte swizzled); `on` false where they could not be made (the kernel then writes from registers).
-struct DqkMaps {
-  CUtensorMap dq;
-  CUtensorMap dk;
-  int on;
-};
-// One 64-row x 32-column fp32 box from src (1024-byte aligned, swizzled) to (column c0, head, row) of the map's
-// tensor: stored (kAdd false) or added to it in fp32 (kAdd true; the add happens at L2, in issue order for one
-// thread's bulk groups once the earlier group has completed). Completes on the issuing thread's bulk group.
-template <bool kAdd>
-CUTLASS_DEVICE void store_box_f32(const CUtensorMap* map, const void* src, int c0, int head, int row) {
-  if constexpr (kAdd)
-    asm volatile("cp.reduce.async.bulk.tensor.3d.global.shared::cta.add.tile.bulk_group [%0, {%2, %3, %4}], [%1];\n" ::"l"(
-                     map),
-                 "r"(warp::smem_addr(src)), "r"(c0), "r"(head), "r"(row)
-                 : "memory");
-  else
-    asm volatile("cp.async.bulk.tensor.3d.global.shared::cta.bulk_group [%0, {%2, %3, %4}], [%1];\n" ::"l"(map),
-                 "r"(warp::smem_addr(src)), "r"(c0), "r"(head), "r"(row)
-                 : "memory");
-}
-
 // cuTensorMapEncodeTiled through the runtime's driver entry point (no link to libcuda); nullptr if unavailable.
 inline PFN_cuTensorMapEncodeTiled_v12000 encode_fn() {
   static PFN_cuTensorMapEncodeTiled_v12000 fn = [] {
@@ -102,21 +79,6 @@ inline bool encode_qk(CUtensorMap& map, const void* base, flashqla_dtype_t dtype
              const_cast<void*>(base), dims, strides, box, estr, CU_TENSOR_MAP_INTERLEAVE_NONE,
              CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_128B,
              CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS;
-}
-
-// A map of a contiguous fp32 [rows, heads, 128] tensor in 64 x 32 boxes (64 rows x 32 columns of one head, 128
-// bytes a row: the 128-byte swizzle); false where TMA cannot describe it.
-inline bool encode_rows_f32(CUtensorMap& map, float* base, int64_t rows, int64_t heads) {
-  const PFN_cuTensorMapEncodeTiled_v12000 enc = encode_fn();
-  if (enc == nullptr || base == nullptr || reinterpret_cast<uintptr_t>(base) % 16 != 0 || rows <= 0 || heads <= 0 ||
-      rows >= (int64_t(1) << 31) || heads * 512 >= (int64_t(1) << 40))
-    return false;
-  const cuuint64_t dims[3] = {128, cuuint64_t(heads), cuuint64_t(rows)};
-  const cuuint64_t strides[2] = {512, cuuint64_t(512 * heads)};
-  const cuuint32_t box[3] = {32, 1, 64}, estr[3] = {1, 1, 1};
-  return enc(&map, CU_TENSOR_MAP_DATA_TYPE_FLOAT32, 3, base, dims, strides, box, estr, CU_TENSOR_MAP_INTERLEAVE_NONE,
-             CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_128B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) ==
-         CUDA_SUCCESS;
 }
 
 }  // namespace tma
