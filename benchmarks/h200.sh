@@ -45,7 +45,9 @@
 #             (ab-<n>.json, the variant in its env field), e.g. AB_ENVS="FLASHQLA_BWD_GRAD=0;FLASHQLA_BWD_GRAD=1"
 #   variants  for each prebuilt variants/<name>/ (benchmarks/build_variants.sh; carry `variants`): swap its
 #             _C into flashqla/, run the forward GPU tests, its phase profiler and the benchmark with
-#             $VARIANT_BENCH_ARGS (VARIANT_STEPS picks among test,phases,bench,racecheck); one record per variant, one log (variants.log) for all (not in the default stages)
+#             $VARIANT_BENCH_ARGS (VARIANT_STEPS picks among test,phases,bench,racecheck; the test step runs
+#             $VARIANT_TEST_PATHS, default tests/test_gpu_fwd.py); one record per variant, one log (variants.log) for all
+#             (not in the default stages)
 set -uo pipefail
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
 cd "$ROOT"
@@ -307,10 +309,9 @@ if has variants; then
       if [[ $steps == *,racecheck,* ]]; then
         timeout ${SAN_TIMEOUT:-120} compute-sanitizer --tool racecheck --error-exitcode 3 python3 benchmarks/sanitize_cases.py 2>&1 | tail -12
       fi
-      if [[ $steps != *,test,* ]]; then
-        :
-      elif timeout ${VARIANT_TEST_TIMEOUT:-90} python3 -m pytest tests/test_gpu_fwd.py -q -x -p no:cacheprovider -s 2>&1 \
-           | tail -15; [ "${PIPESTATUS[0]}" -eq 0 ]; then
+      # (without the test step the others run untested; a variant tested and failed runs nothing more)
+      if [[ $steps != *,test,* ]] || { timeout ${VARIANT_TEST_TIMEOUT:-90} python3 -m pytest ${VARIANT_TEST_PATHS:-tests/test_gpu_fwd.py} \
+           -q -x -p no:cacheprovider -s 2>&1 | tail -15; [ "${PIPESTATUS[0]}" -eq 0 ]; }; then
         [[ $steps == *,phases,* ]] && timeout 60 "$vdir/fq_phases" 2>&1
         [[ $steps == *,bench,* ]] && OUT= FLASHQLA_COMMIT=$(cat "$vdir/COMMIT") FLASHQLA_DIRTY=0 timeout ${BENCH_TIMEOUT:-300} python3 -m flashqla.bench \
           run --cases "$CASES" --prewarm ${PREWARM:-16} ${VARIANT_BENCH_ARGS:---fwd-only --libs flashqla,fla_triton --no-accuracy} \

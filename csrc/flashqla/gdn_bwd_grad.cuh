@@ -115,15 +115,15 @@ template <typename T>
 struct GradStorage {
   GradStage<T> in;
   T dout[kChunk * kLdK];
-  union {  // S0 as T [K][V]; once its products are done, two fp32 64 x 64 tiles (A^T, then A^T dA's partner),
-            // at the end dq's staging tile (fp32 C x 128)
-    T s0[kDimK * kLdK];
+  union alignas(1024) {  // S0 as T [K][V] (StateTile); once its products are done, two fp32 64 x 64 tiles (A^T,
+                         // then A^T dA's partner), at the end dq's staging tile (fp32 C x 128)
+    T s0[2][kDimK * 64];
     float f2[2][kChunk * kLdF];
     float dq_st[kChunk * kLdO];
   };
-  union {  // dS' as T [K][V]; once its products are done, dP and dM (fp32), later dL and dA; at the end dk's
-            // staging tile
-    T ds[kDimK * kLdK];
+  union alignas(1024) {  // dS' as T [K][V] (StateTile); once its products are done, dP and dM (fp32), later dL
+                         // and dA; at the end dk's staging tile
+    T ds[2][kDimK * 64];
     float dpm[2][kChunk * kLdF];
     float dk_st[kChunk * kLdO];
   };
@@ -160,14 +160,55 @@ CUTLASS_DEVICE void for_frag_pairs(int m0, int n0, int lane, F&& f) {
     for (int hh = 0; hh < 2; ++hh) f(nt, hh, m0 + (lane >> 2) + 8 * hh, n0 + 8 * nt + 2 * (lane & 3));
 }
 
-// acc = diag(s) (A B^T) (kAssign) or acc -= diag(s) (A B^T): this warp's 16 x 64 tile (rows from m0, columns
-// from n0), A and B C x 128 tiles in shared memory (B read as [n][k]), s one factor per row
+// The state tiles S0 and dS' (T, K x V = 128 x 128) are stored as two 64-column blocks, 128-byte swizzled
+// (gmma::sw128_off), so that wgmma reads them as B straight from shared memory in both orientations: the state
+// products below are one warpgroup-wide m64n64 wgmma chain per column half (warps 0-3 and 4-7), where
+// mma.sync had every warp load all of B for its own 16 rows (four times the shared-memory traffic).
+template <typename T>
+using StateTile = T[2][kDimK * 64];
+template <typename T>
+CUTLASS_DEVICE T* state_at(StateTile<T>& s, int r, int c) {  // element (r, c); 8 bytes from c % 4 == 0 are contiguous
+  return reinterpret_cast<T*>(reinterpret_cast<char*>(s[c >> 6]) + gmma::sw128_off(r, c & 63));
+}
+
+// acc = A B, this warpgroup's 64 x 64 tile (warp w: rows m0 = 16 (w % 4); the state's column / row half ch):
+// A a C x 128 padded tile, each warp's mma.sync A fragments (ldmatrix) as wgmma's register operand; B from a
+// state tile S: kMn 1: B = S[:, 64 ch + n] (K S0, K dS'), kMn 0: B = S[64 ch + n, :]^T (X S0^T, X dS'^T). The
+// tile's stores were made visible to the async proxy (fence_async_smem) before a barrier ahead of this.
+template <int kMn, typename T>
+CUTLASS_DEVICE void state_product(float (&acc)[8][4], const T* A, int m0, const StateTile<T>& S, int ch,
+                                  const warp::LdsmOffsets& ld) {
+  using namespace gmma;
+  constexpr int kSteps = kDimK / 16;
+  static_assert(kDimK == kDimV, "square states: both orientations have 128-long k");
+  uint32_t a[kSteps][4];
+#pragma unroll
+  for (int ks = 0; ks < kSteps; ++ks) warp::ldsm_x4(a[ks], A + (m0 + ld.a_row) * kLdK + 16 * ks + ld.a_col);
+  warp::zero_acc(acc);
+  auto& d = reinterpret_cast<float(&)[32]>(acc);
+  fence();
+  pin(d);
+#pragma unroll
+  for (int ks = 0; ks < kSteps; ++ks) {
+    if constexpr (kMn)  // rows 16 ks.. of block ch (two 8-row atoms, SBO apart; N = 64: one block, LBO unused)
+      wgmma_rs<64, T, 1>(d, a[ks], make_desc_sw128(reinterpret_cast<const char*>(S[ch]) + 2048 * ks,
+                                                   kDimK * 64 * sizeof(T), 1024));
+    else  // rows 64 ch.. (8-row atoms SBO apart), the k16 step's 32 bytes within its 64-column block
+      wgmma_rs<64, T, 0>(d, a[ks], make_desc_sw128(reinterpret_cast<const char*>(S[ks >> 2]) + 64 * 128 * ch +
+                                                       32 * (ks & 3), 16, 1024));
+  }
+  commit();
+  wait_all();
+  pin(d);
+}
+
+// acc = diag(s) (A B^T) (kAssign) or acc -= diag(s) (A B^T): this warp's 16 x 64 tile (rows from m0, the state's
+// row half ch), A a C x 128 tile in shared memory, B a state tile (B^T = S[64 ch + n, :]^T), s one factor per row
 template <bool kAssign, typename T>
-CUTLASS_DEVICE void row_scaled_abt(float (&acc)[8][4], const T* A, const T* B, const float* s, int m0, int n0, int lane,
-                                   const warp::LdsmOffsets& ld) {
+CUTLASS_DEVICE void row_scaled_abt(float (&acc)[8][4], const T* A, const StateTile<T>& B, const float* s, int m0,
+                                   int ch, int lane, const warp::LdsmOffsets& ld) {
   float t[8][4];
-  warp::zero_acc(t);
-  warp::gemm_rows16<T, 8, false, false>(t, A, kLdK, m0, B, kLdK, n0, 0, kDimV / 16, ld);
+  state_product<0>(t, A, m0, B, ch, ld);
 #pragma unroll
   for (int nt = 0; nt < 8; ++nt)
 #pragma unroll
@@ -201,9 +242,9 @@ __global__ void __launch_bounds__(kGradThreads, 1) gdn_bwd_grad_kernel(const __g
   using namespace warp;
   const flashqla_gdn_fwd_params_t& p = gp.fwd;
   extern __shared__ __align__(128) unsigned char smem_raw[];
-  auto& sm = *reinterpret_cast<GradStorage<T>*>(smem_raw);
+  auto& sm = *reinterpret_cast<GradStorage<T>*>(gmma::align_smem_1024(smem_raw));  // the state tiles' swizzle atoms
   const int tid = threadIdx.x, w = tid >> 5, lane = tid & 31;
-  const int rb = w & 3, ch = w >> 2;
+  const int rb = w & 3, ch = w >> 2;  // warpgroup ch: the state products' column half
   const int m0 = 16 * rb, n0 = 64 * ch, n0c = 32 * ch;  // C x 128 and C x C warp tiles
   const LdsmOffsets ld(lane);
   CtaTile ct;
@@ -310,14 +351,15 @@ __global__ void __launch_bounds__(kGradThreads, 1) gdn_bwd_grad_kernel(const __g
           const int i = u + (i0 + e) * kAuxThreads, r = i >> 5, c4 = (i & 31) * 4;
           const float2 s01 = unpack2<T>(a[e].x), s23 = unpack2<T>(a[e].y);
           dot += s01.x * b[e].x + s01.y * b[e].y + s23.x * b[e].z + s23.y * b[e].w;
-          *reinterpret_cast<uint2*>(&sm.s0[r * kLdK + c4]) = a[e];
-          store_pair<T>(&sm.ds[r * kLdK + c4], b[e].x, b[e].y);
-          store_pair<T>(&sm.ds[r * kLdK + c4 + 2], b[e].z, b[e].w);
+          *reinterpret_cast<uint2*>(state_at<T>(sm.s0, r, c4)) = a[e];
+          *reinterpret_cast<uint2*>(state_at<T>(sm.ds, r, c4)) =
+              make_uint2(pack2<T>(b[e].x, b[e].y), pack2<T>(b[e].z, b[e].w));
         }
       }
 #pragma unroll
       for (int off = 16; off > 0; off >>= 1) dot += __shfl_xor_sync(0xffffffffu, dot, off);
       if (lane == 0) sm.red[w] = dot;
+      fence_async_smem();   // S0 and dS' -> wgmma (after the barrier)
       cp_async_wait_all();  // dO
     }
     FLASHQLA_GRAD_SYNC(0);
@@ -342,8 +384,7 @@ __global__ void __launch_bounds__(kGradThreads, 1) gdn_bwd_grad_kernel(const __g
         *reinterpret_cast<uint4*>(&sm.ax.m[i * kLdC + j0]) = lower_piece8<T, true, false>(sm.ax, i, j0);
       }
       float ks[8][4];
-      zero_acc(ks);
-      gemm_rows16<T, 8, false, true>(ks, sm.in.k, kLdK, m0, sm.s0, kLdK, n0, 0, kDimK / 16, ld);
+      state_product<1>(ks, sm.in.k, m0, sm.s0, ch, ld);
       for_frag_pairs<8>(m0, n0, lane, [&](int nt, int hh, int r, int col) {
         const float2 v = unpack2<T>(vraw[nt][hh]);
         const float gm = sm.in.gamma[r], bt = sm.ax.beta[r];
@@ -358,10 +399,9 @@ __global__ void __launch_bounds__(kGradThreads, 1) gdn_bwd_grad_kernel(const __g
     {
       float vn[8][4], dw[8][4];
       zero_acc(vn);
-      zero_acc(dw);
       zero_acc(u1);
       gemm_rows16<T, 8, false, true>(vn, sm.ax.m, kLdC, m0, sm.y, kLdK, n0, 0, kChunk / 16, ld);
-      gemm_rows16<T, 8, false, true>(dw, sm.in.k, kLdK, m0, sm.ds, kLdK, n0, 0, kDimK / 16, ld);
+      state_product<1>(dw, sm.in.k, m0, sm.ds, ch, ld);
       gemm_rows16<T, 8, true, true>(u1, sm.pq, kLdC, m0, sm.dout, kLdK, n0, 0, kChunk / 16, ld);
       float s[2] = {0.f, 0.f};
 #pragma unroll
@@ -382,7 +422,7 @@ __global__ void __launch_bounds__(kGradThreads, 1) gdn_bwd_grad_kernel(const __g
     // ---- phase 5: dK = dte (Vn dS'^T)  (dK and dQ accumulate in registers from here on)
     float dk[8][4], dq[8][4];
     zero_acc(dq);
-    row_scaled_abt<true>(dk, sm.vn, sm.ds, sm.in.decay, m0, n0, lane, ld);
+    row_scaled_abt<true>(dk, sm.vn, sm.ds, sm.in.decay, m0, ch, lane, ld);
     FLASHQLA_GRAD_SYNC(6);  // dS' is dead: dpm takes its place
 
     // ---- phase 6: dP = scale dO Vn^T, dM = dVn Y^T (fp32, C x C)
@@ -413,10 +453,9 @@ __global__ void __launch_bounds__(kGradThreads, 1) gdn_bwd_grad_kernel(const __g
       load_v();
       float dy[8][4], ks[8][4];
       zero_acc(dy);
-      zero_acc(ks);
       gemm_rows16<T, 8, true, true>(dy, sm.ax.m, kLdC, m0, sm.dvn, kLdK, n0, 0, kChunk / 16, ld);
       gemm_rows16<T, 8, true, true>(dy, sm.ax.m, kLdC, m0, sm.vn, kLdK, n0, 0, kChunk / 16, ld);
-      gemm_rows16<T, 8, false, true>(ks, sm.in.k, kLdK, m0, sm.s0, kLdK, n0, 0, kDimK / 16, ld);
+      state_product<1>(ks, sm.in.k, m0, sm.s0, ch, ld);
       float sb[2] = {0.f, 0.f}, sg[2] = {0.f, 0.f};
       for_frag_pairs<8>(m0, n0, lane, [&](int nt, int hh, int r, int col) {
         const float2 v = unpack2<T>(vraw[nt][hh]);
@@ -447,10 +486,9 @@ __global__ void __launch_bounds__(kGradThreads, 1) gdn_bwd_grad_kernel(const __g
                    kDimV * sizeof(T));
         bulk_commit();
       }
-      row_scaled_abt<false>(dk, sm.y, sm.s0, sm.in.gamma, m0, n0, lane, ld);
+      row_scaled_abt<false>(dk, sm.y, sm.s0, sm.in.gamma, m0, ch, lane, ld);
       float t[8][4];
-      zero_acc(t);
-      gemm_rows16<T, 8, false, false>(t, sm.dout, kLdK, m0, sm.s0, kLdK, n0, 0, kDimV / 16, ld);
+      state_product<0>(t, sm.dout, m0, sm.s0, ch, ld);
       float sg[2] = {0.f, 0.f};
       for_frag_pairs<8>(m0, n0, lane, [&](int nt, int hh, int r, int col) {
         const float2 qv = load_pair<T>(&sm.in.q[r * kLdK + col]);
@@ -660,8 +698,8 @@ cudaError_t launch(const flashqla_gdn_bwd_grad_params_t& gp, cudaStream_t stream
   if (chunks == 0 || p.num_seqs == 0) return cudaSuccess;
   auto kernel = gp.a != nullptr ? (ix64 ? gdn_bwd_grad_kernel<T, int64_t, true> : gdn_bwd_grad_kernel<T, int32_t, true>)
                                 : (ix64 ? gdn_bwd_grad_kernel<T, int64_t, false> : gdn_bwd_grad_kernel<T, int32_t, false>);
-  const size_t smem = sizeof(GradStorage<T>);
-  static_assert(sizeof(GradStorage<T>) <= 227 * 1024, "one gradient CTA per SM");
+  const size_t smem = sizeof(GradStorage<T>) + 1024;  // + the slack align_smem_1024 takes
+  static_assert(sizeof(GradStorage<T>) + 1024 <= 227 * 1024, "one gradient CTA per SM");
   cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem));
   if (err != cudaSuccess) return err;
   kernel<<<dim3(static_cast<unsigned>(chunks), static_cast<unsigned>(p.heads_qk)), kGradThreads, smem, stream>>>(gp);
