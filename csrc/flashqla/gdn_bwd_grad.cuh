@@ -1,12 +1,12 @@
 // Backward, part 2: the chunk-parallel gradient step (reference._chunk_local_grads), v1.
 //
 // With S0 (the state at each chunk's start, the forward kernel's chunk_states) and dS' (the gradient of the
-// state at its end, gdn_bwd_dh) every chunk's gradients are independent. One CTA (8 warps) per (chunk, q/k
-// head) runs the step for each value head of the GVA group as a sequence of phases, each a set of
+// state at its end, gdn_bwd_dh) every chunk's gradients are independent. One CTA (kGradWarps: 8 or 16 warps) per (chunk,
+// q/k head) runs the step for each value head of the GVA group as a sequence of phases, each a set of
 // tensor-core products over shared memory with an epilogue, separated by __syncthreads (the first two
-// overlap: the aux warps' products while the other four load S0 and dS'): every operand staged in shared
-// memory, products recomputed where that saves a buffer. Warp w owns rows [16 (w % 4), +16) and column half
-// w / 4 of every C x 128 (64 columns) and C x C (32 columns) product; its row-wise intermediates stay in
+// overlap: the aux warps' products while the others load S0 and dS'): every operand staged in shared
+// memory, products recomputed where that saves a buffer. Warp w owns rows [16 (w % 4), +16) and column group
+// w / 4 of every C x 128 (128 / groups columns) and C x C (64 / groups) product; its row-wise intermediates stay in
 // registers, what other warps read goes to shared memory as T. Row sums are reduced in a fixed order
 // (deterministic). Products, C = 64:
 //   KS = K S0, R = V - gamma KS, Y = beta R, Vn = M Y (M = Gamma * A), dW = K dS', U1 = scale P^T dO
@@ -38,8 +38,21 @@ using namespace gdn_fwd_mma;
 // start after them, so that the aux chain's inputs are not queued behind the loaders'
 constexpr uint32_t kBarAuxIssued = kBarState + 1;
 static_assert(kBarAuxIssued < 16, "named barrier ids");
-constexpr int kGradWarps = 8;
+// 8 or 16 warps. Warp w owns rows [16 (w % 4), +16) and column group w / 4 of every C x 128 and C x C product;
+// warps 0-3 are also the aux warps of phases 1-2, the others load S0 and dS' there. (FLASHQLA_GRAD_WARPS: a
+// compile-time switch; 16 halves every warp's tiles, and so its registers, for twice the warps per SM.)
+#ifndef FLASHQLA_GRAD_WARPS
+#define FLASHQLA_GRAD_WARPS 8
+#endif
+constexpr int kGradWarps = FLASHQLA_GRAD_WARPS;
+static_assert(kGradWarps == 8 || kGradWarps == 16, "two or four warpgroups");
 constexpr int kGradThreads = kGradWarps * 32;
+constexpr int kColGroups = kGradWarps / 4;
+constexpr int kNT = kDimV / 8 / kColGroups;     // 8-column tiles of a warp's C x 128 tile
+constexpr int kNTc = kChunk / 8 / kColGroups;   // of its C x C tile
+constexpr int kLoaderThreads = kGradThreads - kAuxThreads;
+constexpr int kTf32Blocks = 16 / kGradWarps;  // the 16 x 16 blocks of the 64 x 64 tf32 products per warp
+static_assert(kDimK == kDimV && kNTc % 2 == 0, "square states; pairs of n-tiles");
 // The bulk copies out (dv's 64 rows in phase 8, dq's and dk's 128 in phase 13b) come from warps
 // 0..kCopyWarps-1, copy i from lane i / kCopyWarps of warp i % kCopyWarps. Their cost is the copy engine's
 // (~20-27 cycles per row copy, however many warps issue them: phase timers with 4 and 8 warps), and the
@@ -52,7 +65,7 @@ constexpr int kGradThreads = kGradWarps * 32;
 constexpr int kCopyWarps = FLASHQLA_GRAD_COPY_WARPS;
 // items (8 bytes of S0 and 16 of dS') each loader thread has in flight in phases 1-2 (see there)
 #ifndef FLASHQLA_GRAD_LOAD_BATCH
-#define FLASHQLA_GRAD_LOAD_BATCH 16
+#define FLASHQLA_GRAD_LOAD_BATCH (FLASHQLA_GRAD_WARPS == 8 ? 16 : 8)
 #endif
 static_assert(kCopyWarps >= 1 && kCopyWarps <= kGradWarps && 2 * kChunk / kCopyWarps <= 32, "copies per lane");
 // The warp that computes the gates (dg, dbeta) in phase 13b: one that issues no bulk copies there, so the two
@@ -84,7 +97,7 @@ constexpr int kGradMarks = 28;
 __device__ unsigned long long g_grad_cycles[2][kGradMarks];
 #define FLASHQLA_GRAD_MARK(i)                                                                    \
   do {                                                                                           \
-    if ((threadIdx.x & 127) == 0) {                                                              \
+    if (threadIdx.x == 0 || threadIdx.x == 128) {                                                \
       const long long now_ = clock64();                                                          \
       atomicAdd(&g_grad_cycles[threadIdx.x >> 7][i], (unsigned long long)(now_ - t_grad));       \
       t_grad = now_;                                                                             \
@@ -132,7 +145,7 @@ struct GradStorage {
   T vn[kChunk * kLdK];
   T dvn[kChunk * kLdK];
   T pq[kChunk * kLdC];  // P, later dQK, later dKK^T + dKK^T^T
-  float rows[kRowSums][kGradWarps][kChunk];  // per-warp row sums
+  float rows[kRowSums][kColGroups][kChunk];  // row sums per column group (each row's from the warp of its rows)
   float cols[4][kChunk];                     // per-row-block column sums of H
   float red[kGradWarps];                     // <S0, dS'>
   int64_t seq, chunk;
@@ -162,7 +175,7 @@ CUTLASS_DEVICE void for_frag_pairs(int m0, int n0, int lane, F&& f) {
 
 // The state tiles S0 and dS' (T, K x V = 128 x 128) are stored as two 64-column blocks, 128-byte swizzled
 // (gmma::sw128_off), so that wgmma reads them as B straight from shared memory in both orientations: the state
-// products below are one warpgroup-wide m64n64 wgmma chain per column half (warps 0-3 and 4-7), where
+// products below are one warpgroup-wide m64nN wgmma chain per column group (warps 0-3, 4-7, ...), where
 // mma.sync had every warp load all of B for its own 16 rows (four times the shared-memory traffic).
 template <typename T>
 using StateTile = T[2][kDimK * 64];
@@ -171,46 +184,62 @@ CUTLASS_DEVICE T* state_at(StateTile<T>& s, int r, int c) {  // element (r, c); 
   return reinterpret_cast<T*>(reinterpret_cast<char*>(s[c >> 6]) + gmma::sw128_off(r, c & 63));
 }
 
-// acc = A B, this warpgroup's 64 x 64 tile (warp w: rows m0 = 16 (w % 4); the state's column / row half ch):
-// A a C x 128 padded tile, each warp's mma.sync A fragments (ldmatrix) as wgmma's register operand; B from a
-// state tile S: kMn 1: B = S[:, 64 ch + n] (K S0, K dS'), kMn 0: B = S[64 ch + n, :]^T (X S0^T, X dS'^T). The
-// tile's stores were made visible to the async proxy (fence_async_smem) before a barrier ahead of this.
+// acc = A B, this warpgroup's 64 x N tile (N = 8 kNT; warp w: rows m0 = 16 (w % 4); the state's columns / rows
+// n0..n0 + N - 1): A a C x 128 padded tile, each warp's mma.sync A fragments (ldmatrix) as wgmma's register
+// operand; B from a state tile S: kMn 1: B = S[:, n0 + n] (K S0, K dS'), kMn 0: B = S[n0 + n, :]^T (X S0^T,
+// X dS'^T). The tile's stores were made visible to the async proxy (fence_async_smem) before a barrier ahead of
+// this.
 template <int kMn, typename T>
-CUTLASS_DEVICE void state_product(float (&acc)[8][4], const T* A, int m0, const StateTile<T>& S, int ch,
+CUTLASS_DEVICE void state_product(float (&acc)[kNT][4], const T* A, int m0, const StateTile<T>& S, int n0,
                                   const warp::LdsmOffsets& ld) {
   using namespace gmma;
-  constexpr int kSteps = kDimK / 16;
+  constexpr int kSteps = kDimK / 16, kN = 8 * kNT;
   static_assert(kDimK == kDimV, "square states: both orientations have 128-long k");
-  uint32_t a[kSteps][4];
-#pragma unroll
-  for (int ks = 0; ks < kSteps; ++ks) warp::ldsm_x4(a[ks], A + (m0 + ld.a_row) * kLdK + 16 * ks + ld.a_col);
+  static_assert(64 % kN == 0, "a warpgroup's columns within one 64-column block");
+  // A's fragments in flight at once: all eight k16 steps' (32 registers) with 8 warps; with 16 (128 registers a
+  // thread) two groups of four, the second loaded once the first has completed
+  constexpr int kParts = kGradWarps == 16 ? 2 : 1, kPer = kSteps / kParts;
   warp::zero_acc(acc);
-  auto& d = reinterpret_cast<float(&)[32]>(acc);
-  fence();
-  pin(d);
+  auto& d = reinterpret_cast<float(&)[4 * kNT]>(acc);
 #pragma unroll
-  for (int ks = 0; ks < kSteps; ++ks) {
-    if constexpr (kMn)  // rows 16 ks.. of block ch (two 8-row atoms, SBO apart; N = 64: one block, LBO unused)
-      wgmma_rs<64, T, 1>(d, a[ks], make_desc_sw128(reinterpret_cast<const char*>(S[ch]) + 2048 * ks,
-                                                   kDimK * 64 * sizeof(T), 1024));
-    else  // rows 64 ch.. (8-row atoms SBO apart), the k16 step's 32 bytes within its 64-column block
-      wgmma_rs<64, T, 0>(d, a[ks], make_desc_sw128(reinterpret_cast<const char*>(S[ks >> 2]) + 64 * 128 * ch +
-                                                       32 * (ks & 3), 16, 1024));
+  for (int part = 0; part < kParts; ++part) {
+    uint32_t a[kPer][4];
+#pragma unroll
+    for (int i = 0; i < kPer; ++i) {
+      const int ks = part * kPer + i;
+      warp::ldsm_x4(a[i], A + (m0 + ld.a_row) * kLdK + 16 * ks + ld.a_col);
+    }
+    fence();
+    pin(d);
+#pragma unroll
+    for (int i = 0; i < kPer; ++i) {
+      const int ks = part * kPer + i;
+      // kMn: rows 16 ks.. of block n0 / 64 (two 8-row atoms, SBO apart; N <= 64: within one block, LBO unused),
+      // from byte 2 (n0 % 64) of each 128-byte row (the swizzle applies to the address, as for K-major's k
+      // steps). Else: rows n0.. (8-row atoms SBO apart), the k16 step's 32 bytes within its 64-column block
+      if constexpr (kMn)
+        wgmma_rs<kN, T, 1>(d, a[i], make_desc_sw128(reinterpret_cast<const char*>(S[n0 >> 6]) + 2 * (n0 & 63) +
+                                                        2048 * ks, kDimK * 64 * sizeof(T), 1024));
+      else
+        wgmma_rs<kN, T, 0>(d, a[i], make_desc_sw128(reinterpret_cast<const char*>(S[ks >> 2]) + 128 * n0 +
+                                                        32 * (ks & 3), 16, 1024));
+    }
+    commit();
+    wait_all();
+    pin(d);
   }
-  commit();
-  wait_all();
-  pin(d);
 }
 
-// acc = diag(s) (A B^T) (kAssign) or acc -= diag(s) (A B^T): this warp's 16 x 64 tile (rows from m0, the state's
-// row half ch), A a C x 128 tile in shared memory, B a state tile (B^T = S[64 ch + n, :]^T), s one factor per row
+// acc = diag(s) (A B^T) (kAssign) or acc -= diag(s) (A B^T): this warp's 16 x 8 kNT tile (rows from m0, the
+// state's rows from n0), A a C x 128 tile in shared memory, B a state tile (B^T = S[n0 + n, :]^T), s one factor
+// per row
 template <bool kAssign, typename T>
-CUTLASS_DEVICE void row_scaled_abt(float (&acc)[8][4], const T* A, const StateTile<T>& B, const float* s, int m0,
-                                   int ch, int lane, const warp::LdsmOffsets& ld) {
-  float t[8][4];
-  state_product<0>(t, A, m0, B, ch, ld);
+CUTLASS_DEVICE void row_scaled_abt(float (&acc)[kNT][4], const T* A, const StateTile<T>& B, const float* s, int m0,
+                                   int n0, int lane, const warp::LdsmOffsets& ld) {
+  float t[kNT][4];
+  state_product<0>(t, A, m0, B, n0, ld);
 #pragma unroll
-  for (int nt = 0; nt < 8; ++nt)
+  for (int nt = 0; nt < kNT; ++nt)
 #pragma unroll
     for (int e = 0; e < 4; ++e) {
       const float x = s[m0 + (lane >> 2) + 8 * (e >> 1)] * t[nt][e];
@@ -220,10 +249,10 @@ CUTLASS_DEVICE void row_scaled_abt(float (&acc)[8][4], const T* A, const StateTi
 
 // The four lanes of a quad hold one row's columns: their sum, to the quad's first lane, into
 // sums[w][row] (+= when accumulate).
-CUTLASS_DEVICE void quad_row_sum(float (*sums)[kChunk], int w, int row, float x, int lane, bool accumulate) {
+CUTLASS_DEVICE void quad_row_sum(float (*sums)[kChunk], int g, int row, float x, int lane, bool accumulate) {
   x += __shfl_xor_sync(0xffffffffu, x, 1);
   x += __shfl_xor_sync(0xffffffffu, x, 2);
-  if ((lane & 3) == 0) sums[w][row] = accumulate ? sums[w][row] + x : x;
+  if ((lane & 3) == 0) sums[g][row] = accumulate ? sums[g][row] + x : x;
 }
 
 template <typename T>
@@ -244,8 +273,8 @@ __global__ void __launch_bounds__(kGradThreads, 1) gdn_bwd_grad_kernel(const __g
   extern __shared__ __align__(128) unsigned char smem_raw[];
   auto& sm = *reinterpret_cast<GradStorage<T>*>(gmma::align_smem_1024(smem_raw));  // the state tiles' swizzle atoms
   const int tid = threadIdx.x, w = tid >> 5, lane = tid & 31;
-  const int rb = w & 3, ch = w >> 2;  // warpgroup ch: the state products' column half
-  const int m0 = 16 * rb, n0 = 64 * ch, n0c = 32 * ch;  // C x 128 and C x C warp tiles
+  const int rb = w & 3, ch = w >> 2;  // warpgroup ch: the column group
+  const int m0 = 16 * rb, n0 = 8 * kNT * ch, n0c = 8 * kNTc * ch;  // C x 128 and C x C warp tiles
   const LdsmOffsets ld(lane);
   CtaTile ct;
   int64_t c;
@@ -270,7 +299,7 @@ __global__ void __launch_bounds__(kGradThreads, 1) gdn_bwd_grad_kernel(const __g
     // gates: K and Q, normalised, are still in shared memory, which no phase writes), then the raw Gram
     // products, L and the inverse A (ax.la) -- or, given gp.a, A's rows as the dS chain's prep computed them
     // (the same code on the same inputs: bitwise the same) and Q K^T alone --, P = Q K^T * Gamma to pq
-    // (M = Gamma * A in phase 3). Warps 4-7 meanwhile: dO (cp.async), S0 (T) and dS' (fp32) through registers into
+    // (M = Gamma * A in phase 3). Warps 4.. meanwhile: dO (cp.async), S0 (T) and dS' (fp32) through registers into
     // their T tiles with <S0, dS'> in fp32 (96 KB per head, whose latency the aux work hides)
     if (tid < kAuxThreads) {
       if constexpr (kLoadA) {
@@ -317,7 +346,7 @@ __global__ void __launch_bounds__(kGradThreads, 1) gdn_bwd_grad_kernel(const __g
       const int u = tid - kAuxThreads;
       const T* dop = static_cast<const T*>(gp.dout) + wk.b * gp.dout_stride_batch + wk.t0 * gp.dout_stride_time +
                      h * gp.dout_stride_head;
-      for (int i = u; i < kChunk * kDimV / 8; i += kAuxThreads) {
+      for (int i = u; i < kChunk * kDimV / 8; i += kLoaderThreads) {
         const int r = i >> 4, c8 = (i & 15) * 8;
         const bool ok = r < rows;
         cp_async_16(&sm.dout[r * kLdK + c8], ok ? dop + (c * kChunk + r) * gp.dout_stride_time + c8 : dop, ok);
@@ -334,21 +363,25 @@ __global__ void __launch_bounds__(kGradThreads, 1) gdn_bwd_grad_kernel(const __g
       // FLASHQLA_GRAD_LOAD_BATCH stays a compile-time switch for the phase profiler's A/B
       const T* s0g = static_cast<const T*>(gp.states) + slot;
       const float* dsg = gp.dh + slot;
-      constexpr int kPer = kDimK * kDimV / 4 / kAuxThreads, kBatch = FLASHQLA_GRAD_LOAD_BATCH;
-      static_assert(kPer % kBatch == 0, "whole batches");
+      constexpr int kItems = kDimK * kDimV / 4, kBatch = FLASHQLA_GRAD_LOAD_BATCH;
+      constexpr int kPer = (kItems + kLoaderThreads * kBatch - 1) / (kLoaderThreads * kBatch) * kBatch;
+      constexpr bool kWhole = kItems % (kLoaderThreads * kBatch) == 0;  // no item past the end
       float dot = 0.f;
       for (int i0 = 0; i0 < kPer; i0 += kBatch) {
         uint2 a[kBatch];
         float4 b[kBatch];
 #pragma unroll
         for (int e = 0; e < kBatch; ++e) {
-          const int i = u + (i0 + e) * kAuxThreads, r = i >> 5, c4 = (i & 31) * 4;
-          a[e] = __ldg(reinterpret_cast<const uint2*>(s0g + r * kDimV + c4));
-          b[e] = __ldg(reinterpret_cast<const float4*>(dsg + r * kDimV + c4));
+          const int i = u + (i0 + e) * kLoaderThreads, r = i >> 5, c4 = (i & 31) * 4;
+          if (kWhole || i < kItems) {
+            a[e] = __ldg(reinterpret_cast<const uint2*>(s0g + r * kDimV + c4));
+            b[e] = __ldg(reinterpret_cast<const float4*>(dsg + r * kDimV + c4));
+          }
         }
 #pragma unroll
         for (int e = 0; e < kBatch; ++e) {
-          const int i = u + (i0 + e) * kAuxThreads, r = i >> 5, c4 = (i & 31) * 4;
+          const int i = u + (i0 + e) * kLoaderThreads, r = i >> 5, c4 = (i & 31) * 4;
+          if (!kWhole && i >= kItems) continue;
           const float2 s01 = unpack2<T>(a[e].x), s23 = unpack2<T>(a[e].y);
           dot += s01.x * b[e].x + s01.y * b[e].y + s23.x * b[e].z + s23.y * b[e].w;
           *reinterpret_cast<uint2*>(state_at<T>(sm.s0, r, c4)) = a[e];
@@ -368,9 +401,9 @@ __global__ void __launch_bounds__(kGradThreads, 1) gdn_bwd_grad_kernel(const __g
     // memory into registers before a phase's products so that their latency hides behind them (read pair by
     // pair inside the epilogues, each load waited for its own round trip)
     const T* vg = wk.v + c * kChunk * p.v_stride_time;  // this chunk's V rows (all 128 columns)
-    uint32_t vraw[8][2];
+    uint32_t vraw[kNT][2];
     auto load_v = [&]() {
-      for_frag_pairs<8>(m0, n0, lane, [&](int nt, int hh, int r, int col) {
+      for_frag_pairs<kNT>(m0, n0, lane, [&](int nt, int hh, int r, int col) {
         vraw[nt][hh] = r < rows ? __ldg(reinterpret_cast<const unsigned int*>(vg + r * p.v_stride_time + col)) : 0u;
       });
     };
@@ -383,9 +416,9 @@ __global__ void __launch_bounds__(kGradThreads, 1) gdn_bwd_grad_kernel(const __g
         const int i = item >> 3, j0 = (item & 7) * 8;
         *reinterpret_cast<uint4*>(&sm.ax.m[i * kLdC + j0]) = lower_piece8<T, true, false>(sm.ax, i, j0);
       }
-      float ks[8][4];
-      state_product<1>(ks, sm.in.k, m0, sm.s0, ch, ld);
-      for_frag_pairs<8>(m0, n0, lane, [&](int nt, int hh, int r, int col) {
+      float ks[kNT][4];
+      state_product<1>(ks, sm.in.k, m0, sm.s0, n0, ld);
+      for_frag_pairs<kNT>(m0, n0, lane, [&](int nt, int hh, int r, int col) {
         const float2 v = unpack2<T>(vraw[nt][hh]);
         const float gm = sm.in.gamma[r], bt = sm.ax.beta[r];
         store_pair<T>(&sm.y[r * kLdK + col], bt * (v.x - gm * ks[nt][2 * hh]), bt * (v.y - gm * ks[nt][2 * hh + 1]));
@@ -395,43 +428,43 @@ __global__ void __launch_bounds__(kGradThreads, 1) gdn_bwd_grad_kernel(const __g
 
     // ---- phase 4: Vn = M Y, dW = K dS', U1 = scale P^T dO; dVn = U1 + dte dW; d_dte = rowsum(dW * Vn).
     // dVn stays in registers (fp32) until phase 7 writes what its bf16 copy lost (dY's hi + lo operand)
-    float u1[8][4];
+    float u1[kNT][4];
     {
-      float vn[8][4], dw[8][4];
+      float vn[kNT][4], dw[kNT][4];
       zero_acc(vn);
       zero_acc(u1);
-      gemm_rows16<T, 8, false, true>(vn, sm.ax.m, kLdC, m0, sm.y, kLdK, n0, 0, kChunk / 16, ld);
-      state_product<1>(dw, sm.in.k, m0, sm.ds, ch, ld);
-      gemm_rows16<T, 8, true, true>(u1, sm.pq, kLdC, m0, sm.dout, kLdK, n0, 0, kChunk / 16, ld);
+      gemm_rows16<T, kNT, false, true>(vn, sm.ax.m, kLdC, m0, sm.y, kLdK, n0, 0, kChunk / 16, ld);
+      state_product<1>(dw, sm.in.k, m0, sm.ds, n0, ld);
+      gemm_rows16<T, kNT, true, true>(u1, sm.pq, kLdC, m0, sm.dout, kLdK, n0, 0, kChunk / 16, ld);
       float s[2] = {0.f, 0.f};
 #pragma unroll
-      for (int nt = 0; nt < 8; ++nt)
+      for (int nt = 0; nt < kNT; ++nt)
 #pragma unroll
         for (int e = 0; e < 4; ++e) {
           const int r = m0 + (lane >> 2) + 8 * (e >> 1);
           s[e >> 1] += dw[nt][e] * vn[nt][e];
           u1[nt][e] = p.scale * u1[nt][e] + sm.in.decay[r] * dw[nt][e];  // dVn
         }
-      quad_row_sum(sm.rows[kSumDte], w, m0 + (lane >> 2), s[0], lane, false);
-      quad_row_sum(sm.rows[kSumDte], w, m0 + (lane >> 2) + 8, s[1], lane, false);
+      quad_row_sum(sm.rows[kSumDte], ch, m0 + (lane >> 2), s[0], lane, false);
+      quad_row_sum(sm.rows[kSumDte], ch, m0 + (lane >> 2) + 8, s[1], lane, false);
       for_pairs(vn, m0, n0, lane, [&](int r, int col, int, float a, float b) { store_pair<T>(&sm.vn[r * kLdK + col], a, b); });
       for_pairs(u1, m0, n0, lane, [&](int r, int col, int, float a, float b) { store_pair<T>(&sm.dvn[r * kLdK + col], a, b); });
     }
     FLASHQLA_GRAD_SYNC(4);
 
     // ---- phase 5: dK = dte (Vn dS'^T)  (dK and dQ accumulate in registers from here on)
-    float dk[8][4], dq[8][4];
+    float dk[kNT][4], dq[kNT][4];
     zero_acc(dq);
-    row_scaled_abt<true>(dk, sm.vn, sm.ds, sm.in.decay, m0, ch, lane, ld);
+    row_scaled_abt<true>(dk, sm.vn, sm.ds, sm.in.decay, m0, n0, lane, ld);
     FLASHQLA_GRAD_SYNC(6);  // dS' is dead: dpm takes its place
 
     // ---- phase 6: dP = scale dO Vn^T, dM = dVn Y^T (fp32, C x C)
     {
-      float a[4][4], b[4][4];
+      float a[kNTc][4], b[kNTc][4];
       zero_acc(a);
       zero_acc(b);
-      gemm_rows16<T, 4, false, false>(a, sm.dout, kLdK, m0, sm.vn, kLdK, n0c, 0, kDimV / 16, ld);
-      gemm_rows16<T, 4, false, false>(b, sm.dvn, kLdK, m0, sm.y, kLdK, n0c, 0, kDimV / 16, ld);
+      gemm_rows16<T, kNTc, false, false>(a, sm.dout, kLdK, m0, sm.vn, kLdK, n0c, 0, kDimV / 16, ld);
+      gemm_rows16<T, kNTc, false, false>(b, sm.dvn, kLdK, m0, sm.y, kLdK, n0c, 0, kDimV / 16, ld);
       for_pairs(a, m0, n0c, lane, [&](int r, int col, int, float x, float y) {
         *reinterpret_cast<float2*>(&sm.dpm[0][r * kLdF + col]) = make_float2(p.scale * x, p.scale * y);
       });
@@ -451,13 +484,13 @@ __global__ void __launch_bounds__(kGradThreads, 1) gdn_bwd_grad_kernel(const __g
     FLASHQLA_GRAD_SYNC(10);
     {
       load_v();
-      float dy[8][4], ks[8][4];
+      float dy[kNT][4], ks[kNT][4];
       zero_acc(dy);
-      gemm_rows16<T, 8, true, true>(dy, sm.ax.m, kLdC, m0, sm.dvn, kLdK, n0, 0, kChunk / 16, ld);
-      gemm_rows16<T, 8, true, true>(dy, sm.ax.m, kLdC, m0, sm.vn, kLdK, n0, 0, kChunk / 16, ld);
-      state_product<1>(ks, sm.in.k, m0, sm.s0, ch, ld);
+      gemm_rows16<T, kNT, true, true>(dy, sm.ax.m, kLdC, m0, sm.dvn, kLdK, n0, 0, kChunk / 16, ld);
+      gemm_rows16<T, kNT, true, true>(dy, sm.ax.m, kLdC, m0, sm.vn, kLdK, n0, 0, kChunk / 16, ld);
+      state_product<1>(ks, sm.in.k, m0, sm.s0, n0, ld);
       float sb[2] = {0.f, 0.f}, sg[2] = {0.f, 0.f};
-      for_frag_pairs<8>(m0, n0, lane, [&](int nt, int hh, int r, int col) {
+      for_frag_pairs<kNT>(m0, n0, lane, [&](int nt, int hh, int r, int col) {
         const float2 v = unpack2<T>(vraw[nt][hh]);
         const float gm = sm.in.gamma[r], bt = sm.ax.beta[r];
         const float k0 = ks[nt][2 * hh], k1 = ks[nt][2 * hh + 1];
@@ -470,8 +503,8 @@ __global__ void __launch_bounds__(kGradThreads, 1) gdn_bwd_grad_kernel(const __g
       });
 #pragma unroll
       for (int hh = 0; hh < 2; ++hh) {
-        quad_row_sum(sm.rows[kSumDbeta], w, m0 + (lane >> 2) + 8 * hh, sb[hh], lane, false);
-        quad_row_sum(sm.rows[kSumDgamma], w, m0 + (lane >> 2) + 8 * hh, sg[hh], lane, false);
+        quad_row_sum(sm.rows[kSumDbeta], ch, m0 + (lane >> 2) + 8 * hh, sb[hh], lane, false);
+        quad_row_sum(sm.rows[kSumDgamma], ch, m0 + (lane >> 2) + 8 * hh, sg[hh], lane, false);
       }
       fence_async_smem();  // dR in y, for phase 8's bulk store
     }
@@ -486,11 +519,11 @@ __global__ void __launch_bounds__(kGradThreads, 1) gdn_bwd_grad_kernel(const __g
                    kDimV * sizeof(T));
         bulk_commit();
       }
-      row_scaled_abt<false>(dk, sm.y, sm.s0, sm.in.gamma, m0, ch, lane, ld);
-      float t[8][4];
-      state_product<0>(t, sm.dout, m0, sm.s0, ch, ld);
+      row_scaled_abt<false>(dk, sm.y, sm.s0, sm.in.gamma, m0, n0, lane, ld);
+      float t[kNT][4];
+      state_product<0>(t, sm.dout, m0, sm.s0, n0, ld);
       float sg[2] = {0.f, 0.f};
-      for_frag_pairs<8>(m0, n0, lane, [&](int nt, int hh, int r, int col) {
+      for_frag_pairs<kNT>(m0, n0, lane, [&](int nt, int hh, int r, int col) {
         const float2 qv = load_pair<T>(&sm.in.q[r * kLdK + col]);
         sg[hh] += qv.x * t[nt][2 * hh] + qv.y * t[nt][2 * hh + 1];
         const float s = p.scale * sm.in.gamma[r];
@@ -499,20 +532,20 @@ __global__ void __launch_bounds__(kGradThreads, 1) gdn_bwd_grad_kernel(const __g
       });
 #pragma unroll
       for (int hh = 0; hh < 2; ++hh)
-        quad_row_sum(sm.rows[kSumDgamma], w, m0 + (lane >> 2) + 8 * hh, p.scale * sg[hh], lane, true);
+        quad_row_sum(sm.rows[kSumDgamma], ch, m0 + (lane >> 2) + 8 * hh, p.scale * sg[hh], lane, true);
     }
     FLASHQLA_GRAD_SYNC(14);  // S0 is dead: f2 takes its place
 
     // ---- phase 9: Q K^T again; dQK = dP * Gamma -> pq; dA = dM * Gamma (over dM); H = Gamma * (dP * QK^T +
     // dM * A) (lower): row sums and per-row-block column sums. A^T -> f2[0].
     {
-      float qk[4][4];
+      float qk[kNTc][4];
       zero_acc(qk);
-      gemm_rows16<T, 4, false, false>(qk, sm.in.q, kLdK, m0, sm.in.k, kLdK, n0c, 0, kDimK / 16, ld);
+      gemm_rows16<T, kNTc, false, false>(qk, sm.in.q, kLdK, m0, sm.in.k, kLdK, n0c, 0, kDimK / 16, ld);
       float hr[2] = {0.f, 0.f};
-      float hc[4][2] = {};
+      float hc[kNTc][2] = {};
 #pragma unroll
-      for (int nt = 0; nt < 4; ++nt)
+      for (int nt = 0; nt < kNTc; ++nt)
 #pragma unroll
         for (int hh = 0; hh < 2; ++hh) {
           const int r = m0 + (lane >> 2) + 8 * hh, col = n0c + 8 * nt + 2 * (lane & 3);
@@ -532,10 +565,10 @@ __global__ void __launch_bounds__(kGradThreads, 1) gdn_bwd_grad_kernel(const __g
           store_pair<T>(&sm.pq[r * kLdC + col], dqk[0], dqk[1]);
         }
 #pragma unroll
-      for (int hh = 0; hh < 2; ++hh) quad_row_sum(sm.rows[kSumH], w, m0 + (lane >> 2) + 8 * hh, hr[hh], lane, false);
+      for (int hh = 0; hh < 2; ++hh) quad_row_sum(sm.rows[kSumH], ch, m0 + (lane >> 2) + 8 * hh, hr[hh], lane, false);
       // column sums over the warp's 16 rows: lanes with the same lane % 4 hold the same columns
 #pragma unroll
-      for (int nt = 0; nt < 4; ++nt)
+      for (int nt = 0; nt < kNTc; ++nt)
 #pragma unroll
         for (int e = 0; e < 2; ++e) {
           float x = hc[nt][e];
@@ -552,11 +585,11 @@ __global__ void __launch_bounds__(kGradThreads, 1) gdn_bwd_grad_kernel(const __g
     FLASHQLA_GRAD_SYNC(16);
 
     // ---- phase 10: dQ += dQK K, dK += dQK^T Q; tf32: X = dA A^T -> f2[1]
-    gemm_rows16<T, 8, false, true>(dq, sm.pq, kLdC, m0, sm.in.k, kLdK, n0, 0, kChunk / 16, ld);
-    gemm_rows16<T, 8, true, true>(dk, sm.pq, kLdC, m0, sm.in.q, kLdK, n0, 0, kChunk / 16, ld);
+    gemm_rows16<T, kNT, false, true>(dq, sm.pq, kLdC, m0, sm.in.k, kLdK, n0, 0, kChunk / 16, ld);
+    gemm_rows16<T, kNT, true, true>(dk, sm.pq, kLdC, m0, sm.in.q, kLdK, n0, 0, kChunk / 16, ld);
 #pragma unroll
-    for (int b = 0; b < 2; ++b) {  // 16 blocks of 16 x 16, two per warp
-      const int blk = 2 * w + b, bi = blk >> 2, bj = blk & 3;
+    for (int b = 0; b < kTf32Blocks; ++b) {  // 16 blocks of 16 x 16
+      const int blk = kTf32Blocks * w + b, bi = blk >> 2, bj = blk & 3;
       float x[2][4] = {};
       mma16x16_tf32(x, &sm.dpm[1][16 * bi * kLdF], kLdF, &sm.f2[0][16 * bj], kLdF, kChunk / 8, lane);
       store16x16(&sm.f2[1][16 * bi * kLdF + 16 * bj], kLdF, x, 1.f, lane);
@@ -565,8 +598,8 @@ __global__ void __launch_bounds__(kGradThreads, 1) gdn_bwd_grad_kernel(const __g
 
     // ---- phase 11 (tf32): dL = -A^T X -> dpm[0] (dP is dead)
 #pragma unroll
-    for (int b = 0; b < 2; ++b) {
-      const int blk = 2 * w + b, bi = blk >> 2, bj = blk & 3;
+    for (int b = 0; b < kTf32Blocks; ++b) {
+      const int blk = kTf32Blocks * w + b, bi = blk >> 2, bj = blk & 3;
       float x[2][4] = {};
       mma16x16_tf32(x, &sm.f2[0][16 * bi * kLdF], kLdF, &sm.f2[1][16 * bj], kLdF, kChunk / 8, lane);
       store16x16(&sm.dpm[0][16 * bi * kLdF + 16 * bj], kLdF, x, -1.f, lane);
@@ -575,9 +608,9 @@ __global__ void __launch_bounds__(kGradThreads, 1) gdn_bwd_grad_kernel(const __g
 
     // ---- phase 12: K K^T again: dbeta += rowsum(dL * K K^T) (strictly lower); dKK^T + its transpose -> pq
     {
-      float kk[4][4];
+      float kk[kNTc][4];
       zero_acc(kk);
-      gemm_rows16<T, 4, false, false>(kk, sm.in.k, kLdK, m0, sm.in.k, kLdK, n0c, 0, kDimK / 16, ld);
+      gemm_rows16<T, kNTc, false, false>(kk, sm.in.k, kLdK, m0, sm.in.k, kLdK, n0c, 0, kDimK / 16, ld);
       float sb[2] = {0.f, 0.f};
       for_pairs(kk, m0, n0c, lane, [&](int r, int col, int hh, float a, float b) {
         float sym[2];
@@ -593,14 +626,14 @@ __global__ void __launch_bounds__(kGradThreads, 1) gdn_bwd_grad_kernel(const __g
       });
 #pragma unroll
       for (int hh = 0; hh < 2; ++hh)
-        quad_row_sum(sm.rows[kSumDbeta], w, m0 + (lane >> 2) + 8 * hh, sb[hh], lane, true);
+        quad_row_sum(sm.rows[kSumDbeta], ch, m0 + (lane >> 2) + 8 * hh, sb[hh], lane, true);
     }
     FLASHQLA_GRAD_SYNC(22);
 
     // ---- phase 13: dK += (dKK^T + dKK^T^T) K; dq, dk staged in fp32 (over the dead S0 and dS' tiles) and
     // sent by bulk copies, one row per thread (copy_index): stores for the group's first head, fp32
     // reduce-adds for the others (in head order: each thread's previous copies have completed first)
-    gemm_rows16<T, 8, false, true>(dk, sm.pq, kLdC, m0, sm.in.k, kLdK, n0, 0, kChunk / 16, ld);
+    gemm_rows16<T, kNT, false, true>(dk, sm.pq, kLdC, m0, sm.in.k, kLdK, n0, 0, kChunk / 16, ld);
 #pragma unroll
     for (int which = 0; which < 2; ++which)
       for_pairs(which == 0 ? dq : dk, m0, n0, lane, [&](int r, int col, int, float a, float b) {
@@ -627,8 +660,13 @@ __global__ void __launch_bounds__(kGradThreads, 1) gdn_bwd_grad_kernel(const __g
       float dG[2], dbeta[2], dte_sum = 0.f;
 #pragma unroll
       for (int e = 0; e < 2; ++e) {
-        const int i = 2 * lane + e, b = i >> 4;  // row i's warps: b (columns 0-63) and b + 4
-        const auto sum = [&](int k) { return sm.rows[k][b][i] + sm.rows[k][b + 4][i]; };
+        const int i = 2 * lane + e;  // row i's sums, one per column group, added in order
+        const auto sum = [&](int k) {
+          float x = sm.rows[k][0][i];
+#pragma unroll
+          for (int g = 1; g < kColGroups; ++g) x += sm.rows[k][g][i];
+          return x;
+        };
         const float d_dte = sum(kSumDte);
         const float hcol = sm.cols[0][i] + sm.cols[1][i] + sm.cols[2][i] + sm.cols[3][i];
         dG[e] = sm.in.gamma[i] * sum(kSumDgamma) - sm.in.decay[i] * d_dte + sum(kSumH) - hcol;
