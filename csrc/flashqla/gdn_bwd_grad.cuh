@@ -1,12 +1,12 @@
 // Backward, part 2: the chunk-parallel gradient step (reference._chunk_local_grads), v1.
 //
 // With S0 (the state at each chunk's start, the forward kernel's chunk_states) and dS' (the gradient of the
-// state at its end, gdn_bwd_dh) every chunk's gradients are independent. One CTA (kGradWarps: 8 or 16 warps) per (chunk,
-// q/k head) runs the step for each value head of the GVA group as a sequence of phases, each a set of
-// tensor-core products over shared memory with an epilogue, separated by __syncthreads (the first two
-// overlap: the aux warps' products while the others load S0 and dS'): every operand staged in shared
-// memory, products recomputed where that saves a buffer. Warp w owns rows [16 (w % 4), +16) and column group
-// w / 4 of every C x 128 (128 / groups columns) and C x C (64 / groups) product; its row-wise intermediates stay in
+// state at its end, gdn_bwd_dh) every chunk's gradients are independent. One CTA (kGradWarps, 8 or 16 warps)
+// per (chunk, q/k head) runs the step for each value head of the GVA group as a sequence of phases, each a set
+// of tensor-core products over shared memory with an epilogue, separated by __syncthreads (the first two
+// overlap: the aux warps' products while the others load S0 and dS'): every operand staged in shared memory,
+// products recomputed where that saves a buffer. Warp w owns rows [16 (w % 4), +16) and column group w / 4 of
+// every C x 128 (128 / groups columns) and C x C (64 / groups) product; its row-wise intermediates stay in
 // registers, what other warps read goes to shared memory as T. Row sums are reduced in a fixed order
 // (deterministic). Products, C = 64:
 //   KS = K S0, R = V - gamma KS, Y = beta R, Vn = M Y (M = Gamma * A), dW = K dS', U1 = scale P^T dO
@@ -248,7 +248,7 @@ CUTLASS_DEVICE void row_scaled_abt(float (&acc)[kNT][4], const T* A, const State
 }
 
 // The four lanes of a quad hold one row's columns: their sum, to the quad's first lane, into
-// sums[w][row] (+= when accumulate).
+// sums[g][row] (g: the warp's column group; += when accumulate).
 CUTLASS_DEVICE void quad_row_sum(float (*sums)[kChunk], int g, int row, float x, int lane, bool accumulate) {
   x += __shfl_xor_sync(0xffffffffu, x, 1);
   x += __shfl_xor_sync(0xffffffffu, x, 2);
