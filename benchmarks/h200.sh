@@ -45,9 +45,10 @@
 #             (ab-<n>.json, the variant in its env field), e.g. AB_ENVS="FLASHQLA_BWD_GRAD=0;FLASHQLA_BWD_GRAD=1"
 #   variants  for each prebuilt variants/<name>/ (benchmarks/build_variants.sh; carry `variants`): swap its
 #             _C into flashqla/, run the forward GPU tests, its phase profiler and the benchmark with
-#             $VARIANT_BENCH_ARGS (VARIANT_STEPS picks among test,phases,bench,racecheck; the test step runs
-#             $VARIANT_TEST_PATHS, default tests/test_gpu_fwd.py); one record per variant, one log (variants.log) for all
-#             (not in the default stages)
+#             $VARIANT_BENCH_ARGS (VARIANT_STEPS picks among test,digest,phases,bench,racecheck; the test step
+#             runs $VARIANT_TEST_PATHS, default tests/test_gpu_fwd.py; digest prints benchmarks/bwd_digest.py's
+#             bit-exact fingerprints, to compare builds that should agree); one record per variant, one log
+#             (variants.log) for all (not in the default stages)
 set -uo pipefail
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
 cd "$ROOT"
@@ -312,6 +313,7 @@ if has variants; then
       # (without the test step the others run untested; a variant tested and failed runs nothing more)
       if [[ $steps != *,test,* ]] || { timeout ${VARIANT_TEST_TIMEOUT:-90} python3 -m pytest ${VARIANT_TEST_PATHS:-tests/test_gpu_fwd.py} \
            -q -x -p no:cacheprovider -s 2>&1 | tail -15; [ "${PIPESTATUS[0]}" -eq 0 ]; }; then
+        [[ $steps == *,digest,* ]] && timeout 120 python3 benchmarks/bwd_digest.py 2>&1 | grep -E "^digest|Error"
         [[ $steps == *,phases,* ]] && timeout 60 "$vdir/fq_phases" 2>&1
         [[ $steps == *,bench,* ]] && OUT= FLASHQLA_COMMIT=$(cat "$vdir/COMMIT") FLASHQLA_DIRTY=0 timeout ${BENCH_TIMEOUT:-300} python3 -m flashqla.bench \
           run --cases "$CASES" --prewarm ${PREWARM:-16} ${VARIANT_BENCH_ARGS:---fwd-only --libs flashqla,fla_triton --no-accuracy} \
@@ -322,7 +324,7 @@ if has variants; then
     } > /tmp/variant-$name.log 2>&1
     [ -n "$venv" ] && unset $(echo "$venv" | sed -E 's/=[^ ]*//g')
     cat /tmp/variant-$name.log >> "$vlog"
-    grep -E "passed|failed|not timed|anchor:|T=32768|forward, 1 x|flashqla .* ms|SUMMARY" /tmp/variant-$name.log | head -40 | tee -a "$LOG"
+    grep -E "passed|failed|not timed|anchor:|T=32768|forward, 1 x|flashqla .* ms|SUMMARY|^digest" /tmp/variant-$name.log | head -40 | tee -a "$LOG"
   done
   [ -f /tmp/own_C.so ] && cp /tmp/own_C.so flashqla/_C.cpython-312-x86_64-linux-gnu.so
 fi
