@@ -1,12 +1,12 @@
 // Backward, part 2: the chunk-parallel gradient step (reference._chunk_local_grads), v1.
 //
 // With S0 (the state at each chunk's start, the forward kernel's chunk_states) and dS' (the gradient of the
-// state at its end, gdn_bwd_dh) every chunk's gradients are independent. One CTA (kGradWarps, 8 or 16 warps)
-// per (chunk, q/k head) runs the step for each value head of the GVA group as a sequence of phases, each a set
-// of tensor-core products over shared memory with an epilogue, separated by __syncthreads (the first two
-// overlap: the aux warps' products while the others load S0 and dS'): every operand staged in shared memory,
-// products recomputed where that saves a buffer. Warp w owns rows [16 (w % 4), +16) and column group w / 4 of
-// every C x 128 (128 / groups columns) and C x C (64 / groups) product; its row-wise intermediates stay in
+// state at its end, gdn_bwd_dh) every chunk's gradients are independent. One CTA (8 warps) per (chunk, q/k
+// head) runs the step for each value head of the GVA group as a sequence of phases, each a set of tensor-core
+// products over shared memory with an epilogue, separated by __syncthreads (the first two overlap: the aux
+// warps' products while the others load S0 and dS'): every operand staged in shared memory, products
+// recomputed where that saves a buffer. Warp w owns rows [16 (w % 4), +16) and column half w / 4 of every
+// C x 128 (64 columns) and C x C (32 columns) product; its row-wise intermediates stay in
 // registers, what other warps read goes to shared memory as T. Row sums are reduced in a fixed order
 // (deterministic). Products, C = 64:
 //   KS = K S0, R = V - gamma KS, Y = beta R, Vn = M Y (M = Gamma * A), dW = K dS', U1 = scale P^T dO
@@ -38,21 +38,17 @@ using namespace gdn_fwd_mma;
 // start after them, so that the aux chain's inputs are not queued behind the loaders'
 constexpr uint32_t kBarAuxIssued = kBarState + 1;
 static_assert(kBarAuxIssued < 16, "named barrier ids");
-// 8 or 16 warps. Warp w owns rows [16 (w % 4), +16) and column group w / 4 of every C x 128 and C x C product;
-// warps 0-3 are also the aux warps of phases 1-2, the others load S0 and dS' there. (FLASHQLA_GRAD_WARPS: a
-// compile-time switch; 16 halves every warp's tiles, and so its registers, for twice the warps per SM.)
-#ifndef FLASHQLA_GRAD_WARPS
-#define FLASHQLA_GRAD_WARPS 8
-#endif
-constexpr int kGradWarps = FLASHQLA_GRAD_WARPS;
-static_assert(kGradWarps == 8 || kGradWarps == 16, "two or four warpgroups");
+// Warp w owns rows [16 (w % 4), +16) and column group w / 4 of every C x 128 and C x C product; warps 0-3 are
+// also the aux warps of phases 1-2, the others load S0 and dS' there. (16 warps, each with half the tiles under a
+// 128-register cap, measured 19% slower in session 14: spills, and A loaded by twice the warps.)
+constexpr int kGradWarps = 8;
 constexpr int kGradThreads = kGradWarps * 32;
 constexpr int kColGroups = kGradWarps / 4;
 constexpr int kNT = kDimV / 8 / kColGroups;     // 8-column tiles of a warp's C x 128 tile
 constexpr int kNTc = kChunk / 8 / kColGroups;   // of its C x C tile
 constexpr int kLoaderThreads = kGradThreads - kAuxThreads;
 constexpr int kTf32Blocks = 16 / kGradWarps;  // the 16 x 16 blocks of the 64 x 64 tf32 products per warp
-static_assert(kDimK == kDimV && kNTc % 2 == 0, "square states; pairs of n-tiles");
+static_assert(kDimK == kDimV && kNTc % 2 == 0 && kTf32Blocks * kGradWarps == 16, "square states; n-tile pairs");
 // The bulk copies out (dv's 64 rows in phase 8, dq's and dk's 128 in phase 13b) come from warps
 // 0..kCopyWarps-1, copy i from lane i / kCopyWarps of warp i % kCopyWarps. Their cost is the copy engine's
 // (~20-27 cycles per row copy, however many warps issue them: phase timers with 4 and 8 warps), and the
@@ -65,7 +61,7 @@ static_assert(kDimK == kDimV && kNTc % 2 == 0, "square states; pairs of n-tiles"
 constexpr int kCopyWarps = FLASHQLA_GRAD_COPY_WARPS;
 // items (8 bytes of S0 and 16 of dS') each loader thread has in flight in phases 1-2 (see there)
 #ifndef FLASHQLA_GRAD_LOAD_BATCH
-#define FLASHQLA_GRAD_LOAD_BATCH (FLASHQLA_GRAD_WARPS == 8 ? 16 : 8)
+#define FLASHQLA_GRAD_LOAD_BATCH 16
 #endif
 static_assert(kCopyWarps >= 1 && kCopyWarps <= kGradWarps && 2 * kChunk / kCopyWarps <= 32, "copies per lane");
 // The warp that computes the gates (dg, dbeta) in phase 13b: one that issues no bulk copies there, so the two
@@ -174,18 +170,14 @@ CUTLASS_DEVICE void for_frag_pairs(int m0, int n0, int lane, F&& f) {
 }
 
 // The state tiles S0 and dS' (T, K x V = 128 x 128) are stored as two 64-column blocks, 128-byte swizzled
-// (gmma::sw128_off), so that wgmma reads them as B straight from shared memory in both orientations: the state
-// products below are one warpgroup-wide m64nN wgmma chain per column group (warps 0-3, 4-7, ...), where
-// mma.sync had every warp load all of B for its own 16 rows (four times the shared-memory traffic).
+// (gmma::sw128_off; tile16 addresses them), so that wgmma reads them as B straight from shared memory in both
+// orientations: the state products below are one warpgroup-wide m64n64 wgmma chain per column half (warps 0-3,
+// 4-7), where mma.sync had every warp load all of B for its own 16 rows (four times the shared-memory traffic).
 template <typename T>
 using StateTile = T[2][kDimK * 64];
-template <typename T>
-CUTLASS_DEVICE T* state_at(StateTile<T>& s, int r, int c) {  // element (r, c); 8 bytes from c % 4 == 0 are contiguous
-  return reinterpret_cast<T*>(reinterpret_cast<char*>(s[c >> 6]) + gmma::sw128_off(r, c & 63));
-}
 
-// acc = A B, this warpgroup's 64 x N tile (N = 8 kNT; warp w: rows m0 = 16 (w % 4); the state's columns / rows
-// n0..n0 + N - 1): A a C x 128 padded tile, each warp's mma.sync A fragments (ldmatrix) as wgmma's register
+// acc = A B, this warpgroup's 64 x 64 tile (warp w: rows m0 = 16 (w % 4); the state's columns / rows
+// n0..n0 + 63): A a C x 128 padded tile, each warp's mma.sync A fragments (ldmatrix) as wgmma's register
 // operand; B from a state tile S: kMn 1: B = S[:, n0 + n] (K S0, K dS'), kMn 0: B = S[n0 + n, :]^T (X S0^T,
 // X dS'^T). The tile's stores were made visible to the async proxy (fence_async_smem) before a barrier ahead of
 // this.
@@ -195,39 +187,28 @@ CUTLASS_DEVICE void state_product(float (&acc)[kNT][4], const T* A, int m0, cons
   using namespace gmma;
   constexpr int kSteps = kDimK / 16, kN = 8 * kNT;
   static_assert(kDimK == kDimV, "square states: both orientations have 128-long k");
-  static_assert(64 % kN == 0, "a warpgroup's columns within one 64-column block");
-  // A's fragments in flight at once: all eight k16 steps' (32 registers) with 8 warps; with 16 (128 registers a
-  // thread) two groups of four, the second loaded once the first has completed
-  constexpr int kParts = kGradWarps == 16 ? 2 : 1, kPer = kSteps / kParts;
+  static_assert(kN == 64, "a warpgroup's columns: one 64-column block");
+  uint32_t a[kSteps][4];  // all eight k16 steps' A fragments in flight at once
+#pragma unroll
+  for (int ks = 0; ks < kSteps; ++ks) warp::ldsm_x4(a[ks], A + (m0 + ld.a_row) * kLdK + 16 * ks + ld.a_col);
   warp::zero_acc(acc);
   auto& d = reinterpret_cast<float(&)[4 * kNT]>(acc);
+  fence();
+  pin(d);
 #pragma unroll
-  for (int part = 0; part < kParts; ++part) {
-    uint32_t a[kPer][4];
-#pragma unroll
-    for (int i = 0; i < kPer; ++i) {
-      const int ks = part * kPer + i;
-      warp::ldsm_x4(a[i], A + (m0 + ld.a_row) * kLdK + 16 * ks + ld.a_col);
-    }
-    fence();
-    pin(d);
-#pragma unroll
-    for (int i = 0; i < kPer; ++i) {
-      const int ks = part * kPer + i;
-      // kMn: rows 16 ks.. of block n0 / 64 (two 8-row atoms, SBO apart; N <= 64: within one block, LBO unused),
-      // from byte 2 (n0 % 64) of each 128-byte row (the swizzle applies to the address, as for K-major's k
-      // steps). Else: rows n0.. (8-row atoms SBO apart), the k16 step's 32 bytes within its 64-column block
-      if constexpr (kMn)
-        wgmma_rs<kN, T, 1>(d, a[i], make_desc_sw128(reinterpret_cast<const char*>(S[n0 >> 6]) + 2 * (n0 & 63) +
-                                                        2048 * ks, kDimK * 64 * sizeof(T), 1024));
-      else
-        wgmma_rs<kN, T, 0>(d, a[i], make_desc_sw128(reinterpret_cast<const char*>(S[ks >> 2]) + 128 * n0 +
-                                                        32 * (ks & 3), 16, 1024));
-    }
-    commit();
-    wait_all();
-    pin(d);
+  for (int ks = 0; ks < kSteps; ++ks) {
+    // kMn: rows 16 ks.. of block n0 / 64 (two 8-row atoms, SBO apart; N = 64: one block, LBO unused). Else: rows
+    // n0.. (8-row atoms SBO apart), the k16 step's 32 bytes within its 64-column block
+    if constexpr (kMn)
+      wgmma_rs<kN, T, 1>(d, a[ks], make_desc_sw128(reinterpret_cast<const char*>(S[n0 >> 6]) + 2048 * ks,
+                                                   kDimK * 64 * sizeof(T), 1024));
+    else
+      wgmma_rs<kN, T, 0>(d, a[ks], make_desc_sw128(reinterpret_cast<const char*>(S[ks >> 2]) + 128 * n0 +
+                                                       32 * (ks & 3), 16, 1024));
   }
+  commit();
+  wait_all();
+  pin(d);
 }
 
 // acc = diag(s) (A B^T) (kAssign) or acc -= diag(s) (A B^T): this warp's 16 x 8 kNT tile (rows from m0, the
@@ -363,9 +344,8 @@ __global__ void __launch_bounds__(kGradThreads, 1) gdn_bwd_grad_kernel(const __g
       // FLASHQLA_GRAD_LOAD_BATCH stays a compile-time switch for the phase profiler's A/B
       const T* s0g = static_cast<const T*>(gp.states) + slot;
       const float* dsg = gp.dh + slot;
-      constexpr int kItems = kDimK * kDimV / 4, kBatch = FLASHQLA_GRAD_LOAD_BATCH;
-      constexpr int kPer = (kItems + kLoaderThreads * kBatch - 1) / (kLoaderThreads * kBatch) * kBatch;
-      constexpr bool kWhole = kItems % (kLoaderThreads * kBatch) == 0;  // no item past the end
+      constexpr int kPer = kDimK * kDimV / 4 / kLoaderThreads, kBatch = FLASHQLA_GRAD_LOAD_BATCH;
+      static_assert(kPer % kBatch == 0, "whole batches");
       float dot = 0.f;
       for (int i0 = 0; i0 < kPer; i0 += kBatch) {
         uint2 a[kBatch];
@@ -373,19 +353,16 @@ __global__ void __launch_bounds__(kGradThreads, 1) gdn_bwd_grad_kernel(const __g
 #pragma unroll
         for (int e = 0; e < kBatch; ++e) {
           const int i = u + (i0 + e) * kLoaderThreads, r = i >> 5, c4 = (i & 31) * 4;
-          if (kWhole || i < kItems) {
-            a[e] = __ldg(reinterpret_cast<const uint2*>(s0g + r * kDimV + c4));
-            b[e] = __ldg(reinterpret_cast<const float4*>(dsg + r * kDimV + c4));
-          }
+          a[e] = __ldg(reinterpret_cast<const uint2*>(s0g + r * kDimV + c4));
+          b[e] = __ldg(reinterpret_cast<const float4*>(dsg + r * kDimV + c4));
         }
 #pragma unroll
         for (int e = 0; e < kBatch; ++e) {
           const int i = u + (i0 + e) * kLoaderThreads, r = i >> 5, c4 = (i & 31) * 4;
-          if (!kWhole && i >= kItems) continue;
           const float2 s01 = unpack2<T>(a[e].x), s23 = unpack2<T>(a[e].y);
           dot += s01.x * b[e].x + s01.y * b[e].y + s23.x * b[e].z + s23.y * b[e].w;
-          *reinterpret_cast<uint2*>(state_at<T>(sm.s0, r, c4)) = a[e];
-          *reinterpret_cast<uint2*>(state_at<T>(sm.ds, r, c4)) =
+          *reinterpret_cast<uint2*>(tile16(sm.s0, r, c4)) = a[e];
+          *reinterpret_cast<uint2*>(tile16(sm.ds, r, c4)) =
               make_uint2(pack2<T>(b[e].x, b[e].y), pack2<T>(b[e].z, b[e].w));
         }
       }

@@ -218,13 +218,14 @@ struct SharedStorageOb {
   GateScratch aux[kAuxGroups];
 };
 static_assert(sizeof(SharedStorageOb<__nv_bfloat16>) + 1024 <= 227 * 1024, "the O-beside storage, aligned, fits");
-// The 16 bytes at (row r, column c, a multiple of 8) of a stage tile, in either layout.
+// The 16 bytes at (row r, column c, a multiple of 8) of a stage tile, in either layout (the swizzled form also
+// for the gradient kernel's 128-row state tiles; from any c, the bytes up to the next multiple of 8).
 template <typename T>
 CUTLASS_DEVICE T* tile16(T (&t)[kChunk * kLdK], int r, int c) { return &t[r * kLdK + c]; }
 template <typename T>
 CUTLASS_DEVICE T* tile16(T (&t)[kChunk * kLdC], int r, int c) { return &t[r * kLdC + c]; }
-template <typename T>
-CUTLASS_DEVICE T* tile16(T (&t)[2][kChunk * 64], int r, int c) {
+template <typename T, int N>
+CUTLASS_DEVICE T* tile16(T (&t)[2][N], int r, int c) {
   return reinterpret_cast<T*>(reinterpret_cast<char*>(t[c >> 6]) + gmma::sw128_off(r, c & 63));
 }
 template <typename T>

@@ -90,11 +90,9 @@ CUTLASS_DEVICE void pin(float (&d)[N]) {
 // imm-trans-b: 0 for a K-major B, 1 for an MN-major one (16-bit types only).
 template <int N, typename T, int kTransB>
 struct RsOp;
-// The accumulator operands: 16 or 32 fp32 registers from d[o] (an m64n32 or m64n64 tile per warpgroup; m64n128 is
-// two m64n64), and the matching PTX register lists.
-#define FLASHQLA_GMMA_D16(d, o) "+f"(d[o + 0]), "+f"(d[o + 1]), "+f"(d[o + 2]), "+f"(d[o + 3]), "+f"(d[o + 4]), "+f"(d[o + 5]), "+f"(d[o + 6]), "+f"(d[o + 7]), "+f"(d[o + 8]), "+f"(d[o + 9]), "+f"(d[o + 10]), "+f"(d[o + 11]), "+f"(d[o + 12]), "+f"(d[o + 13]), "+f"(d[o + 14]), "+f"(d[o + 15])
+// The accumulator operands: 32 fp32 registers from d[o] (an m64n64 tile per warpgroup; m64n128 is two of them),
+// and the matching PTX register lists.
 #define FLASHQLA_GMMA_D32(d, o) "+f"(d[o + 0]), "+f"(d[o + 1]), "+f"(d[o + 2]), "+f"(d[o + 3]), "+f"(d[o + 4]), "+f"(d[o + 5]), "+f"(d[o + 6]), "+f"(d[o + 7]), "+f"(d[o + 8]), "+f"(d[o + 9]), "+f"(d[o + 10]), "+f"(d[o + 11]), "+f"(d[o + 12]), "+f"(d[o + 13]), "+f"(d[o + 14]), "+f"(d[o + 15]), "+f"(d[o + 16]), "+f"(d[o + 17]), "+f"(d[o + 18]), "+f"(d[o + 19]), "+f"(d[o + 20]), "+f"(d[o + 21]), "+f"(d[o + 22]), "+f"(d[o + 23]), "+f"(d[o + 24]), "+f"(d[o + 25]), "+f"(d[o + 26]), "+f"(d[o + 27]), "+f"(d[o + 28]), "+f"(d[o + 29]), "+f"(d[o + 30]), "+f"(d[o + 31])
-#define FLASHQLA_GMMA_R16 "{%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15}"
 #define FLASHQLA_GMMA_R32 "{%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,%16,%17,%18,%19,%20,%21,%22,%23,%24,%25,%26,%27,%28,%29,%30,%31}"
 #define FLASHQLA_GMMA_R64 "{%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,%16,%17,%18,%19,%20,%21,%22,%23,%24,%25,%26,%27,%28,%29,%30,%31,%32,%33,%34,%35,%36,%37,%38,%39,%40,%41,%42,%43,%44,%45,%46,%47,%48,%49,%50,%51,%52,%53,%54,%55,%56,%57,%58,%59,%60,%61,%62,%63}"
 // One specialisation per shape N and 16-bit type: the type's PTX name spliced into the instruction string, the
@@ -109,7 +107,6 @@ struct RsOp<N, T, kTransB> { \
   } \
 };
 #define FLASHQLA_GMMA_RS_TYPES(T, PTX) \
-FLASHQLA_GMMA_RS(32, T, PTX, FLASHQLA_GMMA_R16, ", {%16,%17,%18,%19}, %20, 1, 1, 1, %21;\n", FLASHQLA_GMMA_D16(d, 0)) \
 FLASHQLA_GMMA_RS(64, T, PTX, FLASHQLA_GMMA_R32, ", {%32,%33,%34,%35}, %36, 1, 1, 1, %37;\n", FLASHQLA_GMMA_D32(d, 0)) \
 FLASHQLA_GMMA_RS(128, T, PTX, FLASHQLA_GMMA_R64, ", {%64,%65,%66,%67}, %68, 1, 1, 1, %69;\n", \
                  FLASHQLA_GMMA_D32(d, 0), FLASHQLA_GMMA_D32(d, 32))
@@ -138,9 +135,7 @@ struct SsOp<64, T> { \
 FLASHQLA_GMMA_SS64(__nv_bfloat16, "bf16")
 FLASHQLA_GMMA_SS64(__half, "f16")
 #undef FLASHQLA_GMMA_SS64
-#undef FLASHQLA_GMMA_D16
 #undef FLASHQLA_GMMA_D32
-#undef FLASHQLA_GMMA_R16
 #undef FLASHQLA_GMMA_R32
 #undef FLASHQLA_GMMA_R64
 template <int N, typename T>
