@@ -130,8 +130,8 @@ struct GradStorage {
     float f2[2][kChunk * kLdF];
     float dq_st[kChunk * kLdO];
   };
-  union alignas(1024) {  // dS' as T [K][V] (StateTile); once its products are done, dP and dM (fp32), later dL
-                         // and dA; at the end dk's staging tile
+  union alignas(1024) {  // dS' as T [K][V] (StateTile); once its products are done, dA (dpm[1], fp32) and later
+                         // dL (dpm[0]); at the end dk's staging tile
     T ds[2][kDimK * 64];
     float dpm[2][kChunk * kLdF];
     float dk_st[kChunk * kLdO];
@@ -435,19 +435,54 @@ __global__ void __launch_bounds__(kGradThreads, 1) gdn_bwd_grad_kernel(const __g
     row_scaled_abt<true>(dk, sm.vn, sm.ds, sm.in.decay, m0, n0, lane, ld);
     FLASHQLA_GRAD_SYNC(6);  // dS' is dead: dpm takes its place
 
-    // ---- phase 6: dP = scale dO Vn^T, dM = dVn Y^T (fp32, C x C)
+    // ---- phase 6: dP = scale dO Vn^T, dM = dVn Y^T and Q K^T (C x C, this warp's tile, in registers), and with
+    // them at once: dQK = dP * Gamma -> pq (P is dead since phase 4), dA = dM * Gamma -> dpm[1] (fp32), H = Gamma
+    // * (dP * QK^T + dM * A) (lower): row sums and per-row-block column sums. (dP and dM went through shared
+    // memory to phase 9 before: the same values, one fp32 tile and a product's pass fewer.)
     {
-      float a[kNTc][4], b[kNTc][4];
+      float a[kNTc][4], b[kNTc][4], qk[kNTc][4];
       zero_acc(a);
       zero_acc(b);
+      zero_acc(qk);
       gemm_rows16<T, kNTc, false, false>(a, sm.dout, kLdK, m0, sm.vn, kLdK, n0c, 0, kDimV / 16, ld);
       gemm_rows16<T, kNTc, false, false>(b, sm.dvn, kLdK, m0, sm.y, kLdK, n0c, 0, kDimV / 16, ld);
-      for_pairs(a, m0, n0c, lane, [&](int r, int col, int, float x, float y) {
-        *reinterpret_cast<float2*>(&sm.dpm[0][r * kLdF + col]) = make_float2(p.scale * x, p.scale * y);
-      });
-      for_pairs(b, m0, n0c, lane, [&](int r, int col, int, float x, float y) {
-        *reinterpret_cast<float2*>(&sm.dpm[1][r * kLdF + col]) = make_float2(x, y);
-      });
+      gemm_rows16<T, kNTc, false, false>(qk, sm.in.q, kLdK, m0, sm.in.k, kLdK, n0c, 0, kDimK / 16, ld);
+      float hr[2] = {0.f, 0.f};
+      float hc[kNTc][2] = {};
+#pragma unroll
+      for (int nt = 0; nt < kNTc; ++nt)
+#pragma unroll
+        for (int hh = 0; hh < 2; ++hh) {
+          const int r = m0 + (lane >> 2) + 8 * hh, col = n0c + 8 * nt + 2 * (lane & 3);
+          float dqk[2], da[2];
+#pragma unroll
+          for (int e = 0; e < 2; ++e) {
+            const int j = col + e;
+            const bool low = j <= r;
+            const float gam = low ? __expf(sm.ax.G[r] - sm.ax.G[j]) : 0.f;
+            const float dp = p.scale * a[nt][2 * hh + e], dm = b[nt][2 * hh + e], am = sm.ax.la[r * kLdF + j];
+            const float hv = low ? gam * (dp * qk[nt][2 * hh + e] + dm * am) : 0.f;
+            hr[hh] += hv;
+            hc[nt][e] += hv;
+            dqk[e] = dp * gam;
+            da[e] = dm * gam;
+          }
+          store_pair<T>(&sm.pq[r * kLdC + col], dqk[0], dqk[1]);
+          *reinterpret_cast<float2*>(&sm.dpm[1][r * kLdF + col]) = make_float2(da[0], da[1]);
+        }
+#pragma unroll
+      for (int hh = 0; hh < 2; ++hh) quad_row_sum(sm.rows[kSumH], ch, m0 + (lane >> 2) + 8 * hh, hr[hh], lane, false);
+      // column sums over the warp's 16 rows: lanes with the same lane % 4 hold the same columns
+#pragma unroll
+      for (int nt = 0; nt < kNTc; ++nt)
+#pragma unroll
+        for (int e = 0; e < 2; ++e) {
+          float x = hc[nt][e];
+          x += __shfl_xor_sync(0xffffffffu, x, 4);
+          x += __shfl_xor_sync(0xffffffffu, x, 8);
+          x += __shfl_xor_sync(0xffffffffu, x, 16);
+          if (lane < 4) sm.cols[rb][n0c + 8 * nt + 2 * lane + e] = x;
+        }
     }
     FLASHQLA_GRAD_SYNC(8);
 
@@ -513,51 +548,10 @@ __global__ void __launch_bounds__(kGradThreads, 1) gdn_bwd_grad_kernel(const __g
     }
     FLASHQLA_GRAD_SYNC(14);  // S0 is dead: f2 takes its place
 
-    // ---- phase 9: Q K^T again; dQK = dP * Gamma -> pq; dA = dM * Gamma (over dM); H = Gamma * (dP * QK^T +
-    // dM * A) (lower): row sums and per-row-block column sums. A^T -> f2[0].
-    {
-      float qk[kNTc][4];
-      zero_acc(qk);
-      gemm_rows16<T, kNTc, false, false>(qk, sm.in.q, kLdK, m0, sm.in.k, kLdK, n0c, 0, kDimK / 16, ld);
-      float hr[2] = {0.f, 0.f};
-      float hc[kNTc][2] = {};
-#pragma unroll
-      for (int nt = 0; nt < kNTc; ++nt)
-#pragma unroll
-        for (int hh = 0; hh < 2; ++hh) {
-          const int r = m0 + (lane >> 2) + 8 * hh, col = n0c + 8 * nt + 2 * (lane & 3);
-          float dqk[2];
-#pragma unroll
-          for (int e = 0; e < 2; ++e) {
-            const int j = col + e;
-            const bool low = j <= r;
-            const float gam = low ? __expf(sm.ax.G[r] - sm.ax.G[j]) : 0.f;
-            const float dp = sm.dpm[0][r * kLdF + j], dm = sm.dpm[1][r * kLdF + j], a = sm.ax.la[r * kLdF + j];
-            const float hv = low ? gam * (dp * qk[nt][2 * hh + e] + dm * a) : 0.f;
-            hr[hh] += hv;
-            hc[nt][e] += hv;
-            dqk[e] = dp * gam;
-            sm.dpm[1][r * kLdF + j] = dm * gam;  // dA (this thread's element only)
-          }
-          store_pair<T>(&sm.pq[r * kLdC + col], dqk[0], dqk[1]);
-        }
-#pragma unroll
-      for (int hh = 0; hh < 2; ++hh) quad_row_sum(sm.rows[kSumH], ch, m0 + (lane >> 2) + 8 * hh, hr[hh], lane, false);
-      // column sums over the warp's 16 rows: lanes with the same lane % 4 hold the same columns
-#pragma unroll
-      for (int nt = 0; nt < kNTc; ++nt)
-#pragma unroll
-        for (int e = 0; e < 2; ++e) {
-          float x = hc[nt][e];
-          x += __shfl_xor_sync(0xffffffffu, x, 4);
-          x += __shfl_xor_sync(0xffffffffu, x, 8);
-          x += __shfl_xor_sync(0xffffffffu, x, 16);
-          if (lane < 4) sm.cols[rb][n0c + 8 * nt + 2 * lane + e] = x;
-        }
-      for (int e = tid; e < kChunk * kChunk; e += kGradThreads) {
-        const int i = e >> 6, j = e & 63;
-        sm.f2[0][i * kLdF + j] = j >= i ? sm.ax.la[j * kLdF + i] : 0.f;  // la above A's lower blocks is stale
-      }
+    // ---- phase 9: A^T -> f2[0] (over S0, dead since phase 8)
+    for (int e = tid; e < kChunk * kChunk; e += kGradThreads) {
+      const int i = e >> 6, j = e & 63;
+      sm.f2[0][i * kLdF + j] = j >= i ? sm.ax.la[j * kLdF + i] : 0.f;  // la above A's lower blocks is stale
     }
     FLASHQLA_GRAD_SYNC(16);
 
@@ -573,7 +567,7 @@ __global__ void __launch_bounds__(kGradThreads, 1) gdn_bwd_grad_kernel(const __g
     }
     FLASHQLA_GRAD_SYNC(18);
 
-    // ---- phase 11 (tf32): dL = -A^T X -> dpm[0] (dP is dead)
+    // ---- phase 11 (tf32): dL = -A^T X -> dpm[0]
 #pragma unroll
     for (int b = 0; b < kTf32Blocks; ++b) {
       const int blk = kTf32Blocks * w + b, bi = blk >> 2, bj = blk & 3;
