@@ -127,7 +127,7 @@ struct GradStorage {
   union alignas(1024) {  // S0 as T [K][V] (StateTile); once its products are done, two fp32 64 x 64 tiles (A^T,
                          // then A^T dA's partner), at the end dq's staging tile (fp32 C x 128)
     T s0[2][kDimK * 64];
-    float f2[2][kChunk * kLdF];
+    float xt[kChunk * kLdF];  // X = dA A^T (phases 10-11)
     float dq_st[kChunk * kLdO];
   };
   union alignas(1024) {  // dS' as T [K][V] (StateTile); once its products are done, dA (dpm[1], fp32) and later
@@ -546,24 +546,24 @@ __global__ void __launch_bounds__(kGradThreads, 1) gdn_bwd_grad_kernel(const __g
       for (int hh = 0; hh < 2; ++hh)
         quad_row_sum(sm.rows[kSumDgamma], ch, m0 + (lane >> 2) + 8 * hh, p.scale * sg[hh], lane, true);
     }
-    FLASHQLA_GRAD_SYNC(14);  // S0 is dead: f2 takes its place
+    FLASHQLA_GRAD_SYNC(14);  // S0 is dead: xt takes its place
+    // (phase 9, A^T staged in fp32, is gone: phases 10 and 11 read A transposed from la; mark 16 stays unused)
 
-    // ---- phase 9: A^T -> f2[0] (over S0, dead since phase 8)
-    for (int e = tid; e < kChunk * kChunk; e += kGradThreads) {
-      const int i = e >> 6, j = e & 63;
-      sm.f2[0][i * kLdF + j] = j >= i ? sm.ax.la[j * kLdF + i] : 0.f;  // la above A's lower blocks is stale
-    }
-    FLASHQLA_GRAD_SYNC(16);
-
-    // ---- phase 10: dQ += dQK K, dK += dQK^T Q; tf32: X = dA A^T -> f2[1]
+    // ---- phase 10: dQ += dQK K, dK += dQK^T Q; tf32: X = dA A^T -> xt
     gemm_rows16<T, kNT, false, true>(dq, sm.pq, kLdC, m0, sm.in.k, kLdK, n0, 0, kChunk / 16, ld);
     gemm_rows16<T, kNT, true, true>(dk, sm.pq, kLdC, m0, sm.in.q, kLdK, n0, 0, kChunk / 16, ld);
 #pragma unroll
     for (int b = 0; b < kTf32Blocks; ++b) {  // 16 blocks of 16 x 16
       const int blk = kTf32Blocks * w + b, bi = blk >> 2, bj = blk & 3;
       float x[2][4] = {};
-      mma16x16_tf32(x, &sm.dpm[1][16 * bi * kLdF], kLdF, &sm.f2[0][16 * bj], kLdF, kChunk / 8, lane);
-      store16x16(&sm.f2[1][16 * bi * kLdF + 16 * bj], kLdF, x, 1.f, lane);
+      mma16x16_tf32_by(
+          x, [&](int r, int k) { return sm.dpm[1][(16 * bi + r) * kLdF + k]; },
+          [&](int k, int n) {  // A^T: A[j][k], lower triangular (la above A's lower blocks is stale)
+            const int j = 16 * bj + n;
+            return k <= j ? sm.ax.la[j * kLdF + k] : 0.f;
+          },
+          kChunk / 8, lane);
+      store16x16(&sm.xt[16 * bi * kLdF + 16 * bj], kLdF, x, 1.f, lane);
     }
     FLASHQLA_GRAD_SYNC(18);
 
@@ -572,7 +572,13 @@ __global__ void __launch_bounds__(kGradThreads, 1) gdn_bwd_grad_kernel(const __g
     for (int b = 0; b < kTf32Blocks; ++b) {
       const int blk = kTf32Blocks * w + b, bi = blk >> 2, bj = blk & 3;
       float x[2][4] = {};
-      mma16x16_tf32(x, &sm.f2[0][16 * bi * kLdF], kLdF, &sm.f2[1][16 * bj], kLdF, kChunk / 8, lane);
+      mma16x16_tf32_by(
+          x,
+          [&](int r, int k) {  // A^T: A[k][i], zero above A's diagonal
+            const int i = 16 * bi + r;
+            return k >= i ? sm.ax.la[k * kLdF + i] : 0.f;
+          },
+          [&](int k, int n) { return sm.xt[k * kLdF + 16 * bj + n]; }, kChunk / 8, lane);
       store16x16(&sm.dpm[0][16 * bi * kLdF + 16 * bj], kLdF, x, -1.f, lane);
     }
     FLASHQLA_GRAD_SYNC(20);
