@@ -146,6 +146,12 @@ struct GradStorage {
   float red[kGradWarps];                     // <S0, dS'>
   int64_t seq, chunk;
 };
+// dVn's lo half (T, C x 128 with kLdK rows) over dpm[0] (fp32, C x 64 with kLdF rows: the same bytes)
+static_assert(kLdK * 2 == kLdF * 4, "a T row of kLdK elements is an fp32 row of kLdF");
+template <typename T>
+CUTLASS_DEVICE T* dvn_lo(GradStorage<T>& sm) {
+  return reinterpret_cast<T*>(sm.dpm[0]);
+}
 
 // Calls f(row, col, e_pair, v0, v1) for each pair of adjacent accumulator elements (row, col), (row, col + 1)
 // of a warp tile (16 rows from m0, NT 8-column tiles from n0); e_pair 0: row g, 1: row g + 8.
@@ -484,22 +490,24 @@ __global__ void __launch_bounds__(kGradThreads, 1) gdn_bwd_grad_kernel(const __g
           if (lane < 4) sm.cols[rb][n0c + 8 * nt + 2 * lane + e] = x;
         }
     }
+    // dVn's lo half (what its T copy lost; dY's second operand in phase 7) into dpm[0], free from here (dS' is dead,
+    // dL comes in phase 11): here rather than in a phase of its own, which needed Vn dead and a barrier
+    for_pairs(u1, m0, n0, lane, [&](int r, int col, int, float a, float b) {
+      const float2 hi = load_pair<T>(&sm.dvn[r * kLdK + col]);  // (this thread's own store of phase 4)
+      store_pair<T>(&dvn_lo(sm)[r * kLdK + col], a - hi.x, b - hi.y);
+    });
     FLASHQLA_GRAD_SYNC(8);
 
     // ---- phase 7: dY = M^T dVn with dVn as hi + lo (its bf16 rounding alone doubled dbeta's error in the
     // float64 emulation, benchmarks/precision_study_bwd.py); KS again for R; dV = dR = beta dY -> y (bulk-stored
     // in phase 8, which also applies dKS = -gamma dR after dR S0^T); dbeta = rowsum(dY R); d_gamma = -rowsum(dR KS)
-    for_pairs(u1, m0, n0, lane, [&](int r, int col, int, float a, float b) {  // Vn is dead: its tile takes lo
-      const float2 hi = load_pair<T>(&sm.dvn[r * kLdK + col]);
-      store_pair<T>(&sm.vn[r * kLdK + col], a - hi.x, b - hi.y);
-    });
-    FLASHQLA_GRAD_SYNC(10);
+    // (dVn's lo half was written in phase 6, into dpm[0]; mark 10 stays unused)
     {
       load_v();
       float dy[kNT][4], ks[kNT][4];
       zero_acc(dy);
       gemm_rows16<T, kNT, true, true>(dy, sm.ax.m, kLdC, m0, sm.dvn, kLdK, n0, 0, kChunk / 16, ld);
-      gemm_rows16<T, kNT, true, true>(dy, sm.ax.m, kLdC, m0, sm.vn, kLdK, n0, 0, kChunk / 16, ld);
+      gemm_rows16<T, kNT, true, true>(dy, sm.ax.m, kLdC, m0, dvn_lo(sm), kLdK, n0, 0, kChunk / 16, ld);
       state_product<1>(ks, sm.in.k, m0, sm.s0, n0, ld);
       float sb[2] = {0.f, 0.f}, sg[2] = {0.f, 0.f};
       for_frag_pairs<kNT>(m0, n0, lane, [&](int nt, int hh, int r, int col) {
