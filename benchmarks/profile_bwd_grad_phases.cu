@@ -41,7 +41,8 @@ int main(int argc, char** argv) {
 
   const char* names[fg::kGradMarks / 2] = {
       "1-2 aux: loads, Gram, inverse, P, M | S0, dS' loads", "3 KS, Y", "4 Vn, dW, U1, dVn", "5 dK = dte Vn dS'^T",
-      "6 dP, dM", "7a dVn lo", "7 dY, KS, dV", "8 dKS S0^T, dO S0^T", "9 QK^T, dQK, dA, H, A^T",
+      "6 dP, dM, QK^T, dQK, dA, H, dVn lo", "7a (none: dVn lo in phase 6)", "7 dY, KS, dV", "8 dKS S0^T, dO S0^T",
+      "9 (none: A^T read in place)",
       "10 dQK K, dQK^T Q, dA A^T", "11 dL", "12 KK^T, dbeta, dKK^T", "13 dK += .. K, dq/dk staged",
       "13b dq/dk bulk copies (t0); gates (t128)"};
   const double heads = double(chunks) * hv;  // CTA-heads

@@ -127,11 +127,11 @@ struct GradStorage {
   union alignas(1024) {  // S0 as T [K][V] (StateTile); once its products are done, two fp32 64 x 64 tiles (A^T,
                          // then A^T dA's partner), at the end dq's staging tile (fp32 C x 128)
     T s0[2][kDimK * 64];
-    float f2[2][kChunk * kLdF];
+    float xt[kChunk * kLdF];  // X = dA A^T (phases 10-11)
     float dq_st[kChunk * kLdO];
   };
-  union alignas(1024) {  // dS' as T [K][V] (StateTile); once its products are done, dP and dM (fp32), later dL
-                         // and dA; at the end dk's staging tile
+  union alignas(1024) {  // dS' as T [K][V] (StateTile); once its products are done, dA (dpm[1], fp32) and later
+                         // dL (dpm[0]); at the end dk's staging tile
     T ds[2][kDimK * 64];
     float dpm[2][kChunk * kLdF];
     float dk_st[kChunk * kLdO];
@@ -146,6 +146,12 @@ struct GradStorage {
   float red[kGradWarps];                     // <S0, dS'>
   int64_t seq, chunk;
 };
+// dVn's lo half (T, C x 128 with kLdK rows) over dpm[0] (fp32, C x 64 with kLdF rows: the same bytes)
+static_assert(kLdK * 2 == kLdF * 4, "a T row of kLdK elements is an fp32 row of kLdF");
+template <typename T>
+CUTLASS_DEVICE T* dvn_lo(GradStorage<T>& sm) {
+  return reinterpret_cast<T*>(sm.dpm[0]);
+}
 
 // Calls f(row, col, e_pair, v0, v1) for each pair of adjacent accumulator elements (row, col), (row, col + 1)
 // of a warp tile (16 rows from m0, NT 8-column tiles from n0); e_pair 0: row g, 1: row g + 8.
@@ -435,36 +441,73 @@ __global__ void __launch_bounds__(kGradThreads, 1) gdn_bwd_grad_kernel(const __g
     row_scaled_abt<true>(dk, sm.vn, sm.ds, sm.in.decay, m0, n0, lane, ld);
     FLASHQLA_GRAD_SYNC(6);  // dS' is dead: dpm takes its place
 
-    // ---- phase 6: dP = scale dO Vn^T, dM = dVn Y^T (fp32, C x C)
+    // ---- phase 6: dP = scale dO Vn^T, dM = dVn Y^T and Q K^T (C x C, this warp's tile, in registers), and with
+    // them at once: dQK = dP * Gamma -> pq (P is dead since phase 4), dA = dM * Gamma -> dpm[1] (fp32), H = Gamma
+    // * (dP * QK^T + dM * A) (lower): row sums and per-row-block column sums. (dP and dM went through shared
+    // memory to phase 9 before: the same values, one fp32 tile and a product's pass fewer.)
     {
-      float a[kNTc][4], b[kNTc][4];
+      float a[kNTc][4], b[kNTc][4], qk[kNTc][4];
       zero_acc(a);
       zero_acc(b);
+      zero_acc(qk);
       gemm_rows16<T, kNTc, false, false>(a, sm.dout, kLdK, m0, sm.vn, kLdK, n0c, 0, kDimV / 16, ld);
       gemm_rows16<T, kNTc, false, false>(b, sm.dvn, kLdK, m0, sm.y, kLdK, n0c, 0, kDimV / 16, ld);
-      for_pairs(a, m0, n0c, lane, [&](int r, int col, int, float x, float y) {
-        *reinterpret_cast<float2*>(&sm.dpm[0][r * kLdF + col]) = make_float2(p.scale * x, p.scale * y);
-      });
-      for_pairs(b, m0, n0c, lane, [&](int r, int col, int, float x, float y) {
-        *reinterpret_cast<float2*>(&sm.dpm[1][r * kLdF + col]) = make_float2(x, y);
-      });
+      gemm_rows16<T, kNTc, false, false>(qk, sm.in.q, kLdK, m0, sm.in.k, kLdK, n0c, 0, kDimK / 16, ld);
+      float hr[2] = {0.f, 0.f};
+      float hc[kNTc][2] = {};
+#pragma unroll
+      for (int nt = 0; nt < kNTc; ++nt)
+#pragma unroll
+        for (int hh = 0; hh < 2; ++hh) {
+          const int r = m0 + (lane >> 2) + 8 * hh, col = n0c + 8 * nt + 2 * (lane & 3);
+          float dqk[2], da[2];
+#pragma unroll
+          for (int e = 0; e < 2; ++e) {
+            const int j = col + e;
+            const bool low = j <= r;
+            const float gam = low ? __expf(sm.ax.G[r] - sm.ax.G[j]) : 0.f;
+            const float dp = p.scale * a[nt][2 * hh + e], dm = b[nt][2 * hh + e], am = sm.ax.la[r * kLdF + j];
+            const float hv = low ? gam * (dp * qk[nt][2 * hh + e] + dm * am) : 0.f;
+            hr[hh] += hv;
+            hc[nt][e] += hv;
+            dqk[e] = dp * gam;
+            da[e] = dm * gam;
+          }
+          store_pair<T>(&sm.pq[r * kLdC + col], dqk[0], dqk[1]);
+          *reinterpret_cast<float2*>(&sm.dpm[1][r * kLdF + col]) = make_float2(da[0], da[1]);
+        }
+#pragma unroll
+      for (int hh = 0; hh < 2; ++hh) quad_row_sum(sm.rows[kSumH], ch, m0 + (lane >> 2) + 8 * hh, hr[hh], lane, false);
+      // column sums over the warp's 16 rows: lanes with the same lane % 4 hold the same columns
+#pragma unroll
+      for (int nt = 0; nt < kNTc; ++nt)
+#pragma unroll
+        for (int e = 0; e < 2; ++e) {
+          float x = hc[nt][e];
+          x += __shfl_xor_sync(0xffffffffu, x, 4);
+          x += __shfl_xor_sync(0xffffffffu, x, 8);
+          x += __shfl_xor_sync(0xffffffffu, x, 16);
+          if (lane < 4) sm.cols[rb][n0c + 8 * nt + 2 * lane + e] = x;
+        }
     }
+    // dVn's lo half (what its T copy lost; dY's second operand in phase 7) into dpm[0], free from here (dS' is dead,
+    // dL comes in phase 11): here rather than in a phase of its own, which needed Vn dead and a barrier
+    for_pairs(u1, m0, n0, lane, [&](int r, int col, int, float a, float b) {
+      const float2 hi = load_pair<T>(&sm.dvn[r * kLdK + col]);  // (this thread's own store of phase 4)
+      store_pair<T>(&dvn_lo(sm)[r * kLdK + col], a - hi.x, b - hi.y);
+    });
     FLASHQLA_GRAD_SYNC(8);
 
     // ---- phase 7: dY = M^T dVn with dVn as hi + lo (its bf16 rounding alone doubled dbeta's error in the
     // float64 emulation, benchmarks/precision_study_bwd.py); KS again for R; dV = dR = beta dY -> y (bulk-stored
     // in phase 8, which also applies dKS = -gamma dR after dR S0^T); dbeta = rowsum(dY R); d_gamma = -rowsum(dR KS)
-    for_pairs(u1, m0, n0, lane, [&](int r, int col, int, float a, float b) {  // Vn is dead: its tile takes lo
-      const float2 hi = load_pair<T>(&sm.dvn[r * kLdK + col]);
-      store_pair<T>(&sm.vn[r * kLdK + col], a - hi.x, b - hi.y);
-    });
-    FLASHQLA_GRAD_SYNC(10);
+    // (dVn's lo half was written in phase 6, into dpm[0]; mark 10 stays unused)
     {
       load_v();
       float dy[kNT][4], ks[kNT][4];
       zero_acc(dy);
       gemm_rows16<T, kNT, true, true>(dy, sm.ax.m, kLdC, m0, sm.dvn, kLdK, n0, 0, kChunk / 16, ld);
-      gemm_rows16<T, kNT, true, true>(dy, sm.ax.m, kLdC, m0, sm.vn, kLdK, n0, 0, kChunk / 16, ld);
+      gemm_rows16<T, kNT, true, true>(dy, sm.ax.m, kLdC, m0, dvn_lo(sm), kLdK, n0, 0, kChunk / 16, ld);
       state_product<1>(ks, sm.in.k, m0, sm.s0, n0, ld);
       float sb[2] = {0.f, 0.f}, sg[2] = {0.f, 0.f};
       for_frag_pairs<kNT>(m0, n0, lane, [&](int nt, int hh, int r, int col) {
@@ -511,74 +554,39 @@ __global__ void __launch_bounds__(kGradThreads, 1) gdn_bwd_grad_kernel(const __g
       for (int hh = 0; hh < 2; ++hh)
         quad_row_sum(sm.rows[kSumDgamma], ch, m0 + (lane >> 2) + 8 * hh, p.scale * sg[hh], lane, true);
     }
-    FLASHQLA_GRAD_SYNC(14);  // S0 is dead: f2 takes its place
+    FLASHQLA_GRAD_SYNC(14);  // S0 is dead: xt takes its place
+    // (phase 9, A^T staged in fp32, is gone: phases 10 and 11 read A transposed from la; mark 16 stays unused)
 
-    // ---- phase 9: Q K^T again; dQK = dP * Gamma -> pq; dA = dM * Gamma (over dM); H = Gamma * (dP * QK^T +
-    // dM * A) (lower): row sums and per-row-block column sums. A^T -> f2[0].
-    {
-      float qk[kNTc][4];
-      zero_acc(qk);
-      gemm_rows16<T, kNTc, false, false>(qk, sm.in.q, kLdK, m0, sm.in.k, kLdK, n0c, 0, kDimK / 16, ld);
-      float hr[2] = {0.f, 0.f};
-      float hc[kNTc][2] = {};
-#pragma unroll
-      for (int nt = 0; nt < kNTc; ++nt)
-#pragma unroll
-        for (int hh = 0; hh < 2; ++hh) {
-          const int r = m0 + (lane >> 2) + 8 * hh, col = n0c + 8 * nt + 2 * (lane & 3);
-          float dqk[2];
-#pragma unroll
-          for (int e = 0; e < 2; ++e) {
-            const int j = col + e;
-            const bool low = j <= r;
-            const float gam = low ? __expf(sm.ax.G[r] - sm.ax.G[j]) : 0.f;
-            const float dp = sm.dpm[0][r * kLdF + j], dm = sm.dpm[1][r * kLdF + j], a = sm.ax.la[r * kLdF + j];
-            const float hv = low ? gam * (dp * qk[nt][2 * hh + e] + dm * a) : 0.f;
-            hr[hh] += hv;
-            hc[nt][e] += hv;
-            dqk[e] = dp * gam;
-            sm.dpm[1][r * kLdF + j] = dm * gam;  // dA (this thread's element only)
-          }
-          store_pair<T>(&sm.pq[r * kLdC + col], dqk[0], dqk[1]);
-        }
-#pragma unroll
-      for (int hh = 0; hh < 2; ++hh) quad_row_sum(sm.rows[kSumH], ch, m0 + (lane >> 2) + 8 * hh, hr[hh], lane, false);
-      // column sums over the warp's 16 rows: lanes with the same lane % 4 hold the same columns
-#pragma unroll
-      for (int nt = 0; nt < kNTc; ++nt)
-#pragma unroll
-        for (int e = 0; e < 2; ++e) {
-          float x = hc[nt][e];
-          x += __shfl_xor_sync(0xffffffffu, x, 4);
-          x += __shfl_xor_sync(0xffffffffu, x, 8);
-          x += __shfl_xor_sync(0xffffffffu, x, 16);
-          if (lane < 4) sm.cols[rb][n0c + 8 * nt + 2 * lane + e] = x;
-        }
-      for (int e = tid; e < kChunk * kChunk; e += kGradThreads) {
-        const int i = e >> 6, j = e & 63;
-        sm.f2[0][i * kLdF + j] = j >= i ? sm.ax.la[j * kLdF + i] : 0.f;  // la above A's lower blocks is stale
-      }
-    }
-    FLASHQLA_GRAD_SYNC(16);
-
-    // ---- phase 10: dQ += dQK K, dK += dQK^T Q; tf32: X = dA A^T -> f2[1]
+    // ---- phase 10: dQ += dQK K, dK += dQK^T Q; tf32: X = dA A^T -> xt
     gemm_rows16<T, kNT, false, true>(dq, sm.pq, kLdC, m0, sm.in.k, kLdK, n0, 0, kChunk / 16, ld);
     gemm_rows16<T, kNT, true, true>(dk, sm.pq, kLdC, m0, sm.in.q, kLdK, n0, 0, kChunk / 16, ld);
 #pragma unroll
     for (int b = 0; b < kTf32Blocks; ++b) {  // 16 blocks of 16 x 16
       const int blk = kTf32Blocks * w + b, bi = blk >> 2, bj = blk & 3;
       float x[2][4] = {};
-      mma16x16_tf32(x, &sm.dpm[1][16 * bi * kLdF], kLdF, &sm.f2[0][16 * bj], kLdF, kChunk / 8, lane);
-      store16x16(&sm.f2[1][16 * bi * kLdF + 16 * bj], kLdF, x, 1.f, lane);
+      mma16x16_tf32_by(
+          x, [&](int r, int k) { return sm.dpm[1][(16 * bi + r) * kLdF + k]; },
+          [&](int k, int n) {  // A^T: A[j][k], lower triangular (la above A's lower blocks is stale)
+            const int j = 16 * bj + n;
+            return k <= j ? sm.ax.la[j * kLdF + k] : 0.f;
+          },
+          kChunk / 8, lane);
+      store16x16(&sm.xt[16 * bi * kLdF + 16 * bj], kLdF, x, 1.f, lane);
     }
     FLASHQLA_GRAD_SYNC(18);
 
-    // ---- phase 11 (tf32): dL = -A^T X -> dpm[0] (dP is dead)
+    // ---- phase 11 (tf32): dL = -A^T X -> dpm[0]
 #pragma unroll
     for (int b = 0; b < kTf32Blocks; ++b) {
       const int blk = kTf32Blocks * w + b, bi = blk >> 2, bj = blk & 3;
       float x[2][4] = {};
-      mma16x16_tf32(x, &sm.f2[0][16 * bi * kLdF], kLdF, &sm.f2[1][16 * bj], kLdF, kChunk / 8, lane);
+      mma16x16_tf32_by(
+          x,
+          [&](int r, int k) {  // A^T: A[k][i], zero above A's diagonal
+            const int i = 16 * bi + r;
+            return k >= i ? sm.ax.la[k * kLdF + i] : 0.f;
+          },
+          [&](int k, int n) { return sm.xt[k * kLdF + 16 * bj + n]; }, kChunk / 8, lane);
       store16x16(&sm.dpm[0][16 * bi * kLdF + 16 * bj], kLdF, x, -1.f, lane);
     }
     FLASHQLA_GRAD_SYNC(20);
