@@ -27,6 +27,7 @@
 // phases 1-2 let anything write there.
 #pragma once
 
+#include <cstddef>  // offsetof
 #include "gdn_fwd_mma.cuh"
 
 namespace flashqla {
@@ -204,17 +205,51 @@ using StateTile = T[2][kDimK * 64];
 // (mma.sync had every warp load all of B for its own 16 rows: four times the shared-memory traffic, and eight
 // mma instructions per warp for each wgmma); only the C x C tiles written by the epilogues (M, P, dQK, dKK^T) and
 // dR stay padded, and are A through each warp's ldmatrix fragments (RS).
-// The operand of k16 step ks (< 8) of a two-block swizzled tile X read K-major: the 8-row groups from row r0
-// (r0 0 for A's 64 rows; B^T's rows n0.. otherwise) 1024 bytes apart, the step's 32 bytes within its block.
-template <typename T, int N>
-CUTLASS_DEVICE uint64_t desc_kmajor(const T (&X)[2][N], int r0, int ks) {
-  return gmma::make_desc_sw128(reinterpret_cast<const char*>(X[ks >> 2]) + 128 * r0 + 32 * (ks & 3), 16, 1024);
+// Descriptors of the 128-byte swizzled tiles as the storage's shared address (>> 4) plus constants: a tile's byte
+// offset in the storage (offsetof: known to the compiler), the k16 step's, the column group's (through three
+// bases, one per stride of the column group: 256, 512, 1024 x 16 bytes). Each product's descriptor is then an add.
+// (gmma::make_desc_sw128 from each tile's generic pointer cost ~12 instructions per wgmma, vector and uniform: more
+// than the mma.sync code the products replaced had saved.) Shared addresses are below 2^18 bytes, so the 14-bit
+// start field (bytes >> 4) never carries into LBO's field above it.
+struct SwDesc {
+  uint32_t base;   // the storage's start field
+  uint32_t lo[3];  // + the column group's offset of 256 << i (in 16-byte units)
+  CUTLASS_DEVICE SwDesc(uint32_t addr4, int wg) : base(addr4) {
+#pragma unroll
+    for (int i = 0; i < 3; ++i) lo[i] = addr4 + static_cast<uint32_t>(wg) * (256u << i);
+  }
+  // byte offset off in the storage (a multiple of 16), the column group's offset 256 << kW units (none for kW < 0),
+  // the given LBO; SBO 1024 (8-row groups), layout type 1 (128-byte swizzle)
+  template <int kW>
+  CUTLASS_DEVICE uint64_t at(uint32_t off, int lbo) const {
+    const uint32_t b = kW < 0 ? base : lo[kW < 0 ? 0 : kW];
+    return (uint64_t(0x40000000u | (1024 >> 4)) << 32) | (b + (off >> 4) + (uint32_t(lbo >> 4) << 16));
+  }
+};
+// Storage offsets of the tiles the products read by descriptor
+template <typename T>
+struct GradOff {
+  using S = GradStorage<T>;
+  static constexpr uint32_t k = offsetof(S, in) + offsetof(GradStage<T>, k);
+  static constexpr uint32_t q = offsetof(S, in) + offsetof(GradStage<T>, q);
+  static constexpr uint32_t dout = offsetof(S, dout), s0 = offsetof(S, s0), ds = offsetof(S, ds);
+  static constexpr uint32_t y = offsetof(S, y), vn = offsetof(S, vn), dvn = offsetof(S, dvn);
+  static constexpr uint32_t dvn_lo = offsetof(S, dpm);
+};
+// The operand of k16 step ks (< 8) of a two-block swizzled tile at byte offset X read K-major: the 8-row groups
+// from row 0 (A's 64 rows, kW -1) or from the column group's rows (B^T's: 32 (kW 0) or 64 (kW 1) rows of 128 bytes
+// per group), 1024 bytes apart, the step's 32 bytes within its block (blocks kBlock apart).
+template <int kW, uint32_t kBlock>
+CUTLASS_DEVICE uint64_t desc_kmajor(const SwDesc& sd, uint32_t X, int ks) {
+  return sd.at<kW>(X + kBlock * (ks >> 2) + 32 * (ks & 3), 16);
 }
-// X read MN-major as B: k = X's rows 16 ks.., n = the 64 columns of block nb (one block: LBO unused)
-template <typename T, int N>
-CUTLASS_DEVICE uint64_t desc_mnmajor(const T (&X)[2][N], int nb, int ks) {
-  return gmma::make_desc_sw128(reinterpret_cast<const char*>(X[nb]) + 2048 * ks, N * sizeof(T), 1024);
+// X read MN-major as B: k = X's rows 16 ks.., n = the 64 columns of the column group's block (kBlock bytes apart:
+// 8192 for a RowTile, kW 1; 16384 for a state tile, kW 2; one block: LBO unused)
+template <int kW, uint32_t kBlock>
+CUTLASS_DEVICE uint64_t desc_mnmajor(const SwDesc& sd, uint32_t X, int ks) {
+  return sd.at<kW>(X + 2048 * ks, kBlock);
 }
+constexpr uint32_t kRowBlock = kChunk * 64 * 2, kStateBlock = kDimK * 64 * 2;  // 16-bit T
 template <int NT>
 CUTLASS_DEVICE float (&flat(float (&acc)[NT][4]))[4 * NT] {
   return reinterpret_cast<float(&)[4 * NT]>(acc);
@@ -233,12 +268,12 @@ CUTLASS_DEVICE void wg_chain(F&& issue, float (&... acc)[NTs][4]) {
 }
 // acc += X S (kMn 1: S's columns 64 nb..) or X S^T (kMn 0: S's rows 64 nb..), X a RowTile as A (SS)
 template <int kMn, typename T>
-CUTLASS_DEVICE void issue_row_state(float (&acc)[kNT][4], const RowTile<T>& X, const StateTile<T>& S, int nb) {
+CUTLASS_DEVICE void issue_row_state(const SwDesc& sd, float (&acc)[kNT][4], uint32_t X, uint32_t S) {
   static_assert(kDimK == kDimV && 8 * kNT == 64, "square states; a warpgroup's 64 columns");
 #pragma unroll
   for (int ks = 0; ks < kDimK / 16; ++ks)
-    gmma::wgmma_ss<64, T, 0, kMn>(flat(acc), desc_kmajor(X, 0, ks),
-                                  kMn ? desc_mnmajor(S, nb, ks) : desc_kmajor(S, 64 * nb, ks));
+    gmma::wgmma_ss<64, T, 0, kMn>(flat(acc), desc_kmajor<-1, kRowBlock>(sd, X, ks),
+                                  kMn ? desc_mnmajor<2, kStateBlock>(sd, S, ks) : desc_kmajor<1, kStateBlock>(sd, S, ks));
 }
 // The A fragments of this warp's 16 rows from m0 of a padded tile (leading dimension ld), kSteps k16 steps:
 // A[m][k] = P[m][k] (kTrans false) or P[k][m] (kTrans true)
@@ -254,17 +289,19 @@ CUTLASS_DEVICE void a_frags(uint32_t (&f)[kSteps][4], const T* P, int ld, int m0
 }
 // acc += A X, A's fragments f (a C x C tile: 4 k16 steps), X a RowTile read MN-major (block nb) (RS)
 template <typename T>
-CUTLASS_DEVICE void issue_cc_rows(float (&acc)[kNT][4], const uint32_t (&f)[kChunk / 16][4], const RowTile<T>& X,
-                                  int nb) {
+CUTLASS_DEVICE void issue_cc_rows(const SwDesc& sd, float (&acc)[kNT][4], const uint32_t (&f)[kChunk / 16][4],
+                                  uint32_t X) {
 #pragma unroll
-  for (int ks = 0; ks < kChunk / 16; ++ks) gmma::wgmma_rs<8 * kNT, T, 1>(flat(acc), f[ks], desc_mnmajor(X, nb, ks));
+  for (int ks = 0; ks < kChunk / 16; ++ks)
+    gmma::wgmma_rs<8 * kNT, T, 1>(flat(acc), f[ks], desc_mnmajor<1, kRowBlock>(sd, X, ks));
 }
 // acc += X Z^T (C x C: this warpgroup's 32 columns, Z's rows n0c..), X and Z RowTiles (SS)
 template <typename T>
-CUTLASS_DEVICE void issue_rows_rows_t(float (&acc)[kNTc][4], const RowTile<T>& X, const RowTile<T>& Z, int n0c) {
+CUTLASS_DEVICE void issue_rows_rows_t(const SwDesc& sd, float (&acc)[kNTc][4], uint32_t X, uint32_t Z) {
 #pragma unroll
   for (int ks = 0; ks < kDimK / 16; ++ks)
-    gmma::wgmma_ss<8 * kNTc, T, 0, 0>(flat(acc), desc_kmajor(X, 0, ks), desc_kmajor(Z, n0c, ks));
+    gmma::wgmma_ss<8 * kNTc, T, 0, 0>(flat(acc), desc_kmajor<-1, kRowBlock>(sd, X, ks),
+                                      desc_kmajor<0, kRowBlock>(sd, Z, ks));
 }
 
 // The four lanes of a quad hold one row's columns: their sum, to the quad's first lane, into
@@ -296,6 +333,11 @@ __global__ void __launch_bounds__(kGradThreads, 1) gdn_bwd_grad_kernel(const __g
   const int rb = w & 3, ch = w >> 2;  // warpgroup ch: the column group
   const int m0 = 16 * rb, n0 = 8 * kNT * ch, n0c = 8 * kNTc * ch;  // C x 128 and C x C warp tiles
   const LdsmOffsets ld(lane);
+  // the products' descriptors: the storage's shared address as align_smem_1024 computes it (from smem_raw, the same on
+  // every thread), the column group as a value ptxas can prove warp-uniform
+  const uint32_t s_raw = smem_addr(smem_raw);
+  const SwDesc sd((s_raw + ((1024u - (s_raw & 1023u)) & 1023u)) >> 4, __shfl_sync(0xffffffffu, ch, 0));
+  using Off = GradOff<T>;
   CtaTile ct;
   int64_t c;
   const int group = static_cast<int>(p.heads_v / p.heads_qk);
@@ -434,7 +476,7 @@ __global__ void __launch_bounds__(kGradThreads, 1) gdn_bwd_grad_kernel(const __g
       }
       float ks[kNT][4];
       zero_acc(ks);
-      wg_chain([&] { issue_row_state<1>(ks, sm.in.k, sm.s0, ch); }, ks);
+      wg_chain([&] { issue_row_state<1, T>(sd, ks, Off::k, Off::s0); }, ks);
       for_frag_pairs<kNT>(m0, n0, lane, [&](int nt, int hh, int r, int col) {
         const float2 v = unpack2<T>(vraw[nt][hh]);
         const float gm = sm.in.gamma[r], bt = sm.ax.beta[r];
@@ -457,9 +499,9 @@ __global__ void __launch_bounds__(kGradThreads, 1) gdn_bwd_grad_kernel(const __g
       a_frags<kChunk / 16, true>(fp, sm.pq, kLdC, m0, ld);
       wg_chain(
           [&] {
-            issue_cc_rows<T>(vn, fm, sm.y, ch);
-            issue_row_state<1>(dw, sm.in.k, sm.ds, ch);
-            issue_cc_rows<T>(u1, fp, sm.dout, ch);
+            issue_cc_rows<T>(sd, vn, fm, Off::y);
+            issue_row_state<1, T>(sd, dw, Off::k, Off::ds);
+            issue_cc_rows<T>(sd, u1, fp, Off::dout);
           },
           vn, dw, u1);
       float s[2] = {0.f, 0.f};
@@ -483,7 +525,7 @@ __global__ void __launch_bounds__(kGradThreads, 1) gdn_bwd_grad_kernel(const __g
     float dk[kNT][4], dq[kNT][4];
     zero_acc(dq);
     zero_acc(dk);
-    wg_chain([&] { issue_row_state<0>(dk, sm.vn, sm.ds, ch); }, dk);
+    wg_chain([&] { issue_row_state<0, T>(sd, dk, Off::vn, Off::ds); }, dk);
     for_frag_pairs<kNT>(m0, n0, lane, [&](int nt, int hh, int r, int) {
       dk[nt][2 * hh] *= sm.in.decay[r];
       dk[nt][2 * hh + 1] *= sm.in.decay[r];
@@ -501,9 +543,9 @@ __global__ void __launch_bounds__(kGradThreads, 1) gdn_bwd_grad_kernel(const __g
       zero_acc(qk);
       wg_chain(
           [&] {
-            issue_rows_rows_t<T>(a, sm.dout, sm.vn, n0c);
-            issue_rows_rows_t<T>(b, sm.dvn, sm.y, n0c);
-            issue_rows_rows_t<T>(qk, sm.in.q, sm.in.k, n0c);
+            issue_rows_rows_t<T>(sd, a, Off::dout, Off::vn);
+            issue_rows_rows_t<T>(sd, b, Off::dvn, Off::y);
+            issue_rows_rows_t<T>(sd, qk, Off::q, Off::k);
           },
           a, b, qk);
       float hr[2] = {0.f, 0.f};
@@ -565,9 +607,9 @@ __global__ void __launch_bounds__(kGradThreads, 1) gdn_bwd_grad_kernel(const __g
       a_frags<kChunk / 16, true>(fmt, sm.ax.m, kLdC, m0, ld);
       wg_chain(
           [&] {
-            issue_cc_rows<T>(dy, fmt, sm.dvn, ch);
-            issue_cc_rows<T>(dy, fmt, dvn_lo(sm), ch);
-            issue_row_state<1>(ks, sm.in.k, sm.s0, ch);
+            issue_cc_rows<T>(sd, dy, fmt, Off::dvn);
+            issue_cc_rows<T>(sd, dy, fmt, Off::dvn_lo);
+            issue_row_state<1, T>(sd, ks, Off::k, Off::s0);
           },
           dy, ks);
       float sb[2] = {0.f, 0.f}, sg[2] = {0.f, 0.f};
@@ -609,8 +651,8 @@ __global__ void __launch_bounds__(kGradThreads, 1) gdn_bwd_grad_kernel(const __g
           [&] {
 #pragma unroll
             for (int ks = 0; ks < kDimK / 16; ++ks)
-              gmma::wgmma_rs<8 * kNT, T, 0>(flat(u), fr[ks], desc_kmajor(sm.s0, 64 * ch, ks));
-            issue_row_state<0>(t, sm.dout, sm.s0, ch);
+              gmma::wgmma_rs<8 * kNT, T, 0>(flat(u), fr[ks], desc_kmajor<1, kStateBlock>(sd, Off::s0, ks));
+            issue_row_state<0, T>(sd, t, Off::dout, Off::s0);
           },
           u, t);
       float sg[2] = {0.f, 0.f};
@@ -637,8 +679,8 @@ __global__ void __launch_bounds__(kGradThreads, 1) gdn_bwd_grad_kernel(const __g
       a_frags<kChunk / 16, true>(fqt, sm.pq, kLdC, m0, ld);
       wg_chain(
           [&] {
-            issue_cc_rows<T>(dq, fq, sm.in.k, ch);
-            issue_cc_rows<T>(dk, fqt, sm.in.q, ch);
+            issue_cc_rows<T>(sd, dq, fq, Off::k);
+            issue_cc_rows<T>(sd, dk, fqt, Off::q);
           },
           dq, dk);
     }
@@ -677,7 +719,7 @@ __global__ void __launch_bounds__(kGradThreads, 1) gdn_bwd_grad_kernel(const __g
     {
       float kk[kNTc][4];
       zero_acc(kk);
-      wg_chain([&] { issue_rows_rows_t<T>(kk, sm.in.k, sm.in.k, n0c); }, kk);
+      wg_chain([&] { issue_rows_rows_t<T>(sd, kk, Off::k, Off::k); }, kk);
       float sb[2] = {0.f, 0.f};
       for_pairs(kk, m0, n0c, lane, [&](int r, int col, int hh, float a, float b) {
         float sym[2];
@@ -703,7 +745,7 @@ __global__ void __launch_bounds__(kGradThreads, 1) gdn_bwd_grad_kernel(const __g
     {
       uint32_t fs[kChunk / 16][4];
       a_frags<kChunk / 16, false>(fs, sm.pq, kLdC, m0, ld);
-      wg_chain([&] { issue_cc_rows<T>(dk, fs, sm.in.k, ch); }, dk);
+      wg_chain([&] { issue_cc_rows<T>(sd, dk, fs, Off::k); }, dk);
     }
 #pragma unroll
     for (int which = 0; which < 2; ++which)
