@@ -27,9 +27,19 @@
 // phases 1-2 let anything write there.
 #pragma once
 
+#include <cstddef>  // offsetof
 #include "gdn_fwd_mma.cuh"
 
 namespace flashqla {
+namespace gdn_bwd_grad {
+template <typename T>
+struct GradStage;
+}  // namespace gdn_bwd_grad
+namespace gdn_fwd_mma {
+// aux_chunk's l2norm addresses the gradient kernel's K and Q through tile16
+template <typename T>
+constexpr bool kSwizzledStage<gdn_bwd_grad::GradStage<T>> = true;
+}  // namespace gdn_fwd_mma
 namespace gdn_bwd_grad {
 
 using namespace gdn_fwd_mma;
@@ -112,10 +122,16 @@ __device__ unsigned long long g_grad_cycles[2][kGradMarks];
 #define FLASHQLA_GRAD_SYNC(i) __syncthreads()
 #endif
 
+// A C x 128 tile of chunk rows (K, Q, dO, Y, Vn, dVn) as two 64-column blocks, 128-byte swizzled (gmma::sw128_off;
+// tile16 addresses it), so that wgmma reads it in shared memory as either operand: K-major (its rows as A's rows
+// or as B^T's) and MN-major (its rows as B's k).
 template <typename T>
-struct GradStage {  // the aux code's view (aux_chunk, aux_gram_raw): K, Q and the gates
-  T k[kChunk * kLdK];
-  T q[kChunk * kLdK];
+using RowTile = T[2][kChunk * 64];
+
+template <typename T>
+struct alignas(1024) GradStage {  // the aux code's view (aux_chunk, aux_gram_raw): K, Q and the gates
+  RowTile<T> k;
+  RowTile<T> q;
   float gamma[kChunk];  // e^G
   float decay[kChunk];  // dte = e^(G_C - G)
 };
@@ -123,7 +139,7 @@ struct GradStage {  // the aux code's view (aux_chunk, aux_gram_raw): K, Q and t
 template <typename T>
 struct GradStorage {
   GradStage<T> in;
-  T dout[kChunk * kLdK];
+  alignas(1024) RowTile<T> dout;
   union alignas(1024) {  // S0 as T [K][V] (StateTile); once its products are done, two fp32 64 x 64 tiles (A^T,
                          // then A^T dA's partner), at the end dq's staging tile (fp32 C x 128)
     T s0[2][kDimK * 64];
@@ -136,21 +152,24 @@ struct GradStorage {
     float dpm[2][kChunk * kLdF];
     float dk_st[kChunk * kLdO];
   };
-  AuxScratch<T> ax;    // A = (I + L)^-1 (la, fp32), M = Gamma * A (m), G, beta
-  T y[kChunk * kLdK];  // Y, later dR (= dV, bulk-stored from here)
-  T vn[kChunk * kLdK];
-  T dvn[kChunk * kLdK];
-  T pq[kChunk * kLdC];  // P, later dQK, later dKK^T + dKK^T^T
+  AuxScratch<T> ax;  // A = (I + L)^-1 (la, fp32), M = Gamma * A (m), G, beta
+  alignas(1024) RowTile<T> y;
+  union alignas(1024) {  // Vn; once dP is formed, dR (= dV: bulk-stored by rows, hence padded rows)
+    RowTile<T> vn;
+    T dr[kChunk * kLdK];
+  };
+  alignas(1024) RowTile<T> dvn;
+  T pq[kChunk * kLdC];  // P, later dQK, later dKK^T + dKK^T^T (padded: only ever A, by ldmatrix)
   float rows[kRowSums][kColGroups][kChunk];  // row sums per column group (each row's from the warp of its rows)
   float cols[4][kChunk];                     // per-row-block column sums of H
   float red[kGradWarps];                     // <S0, dS'>
   int64_t seq, chunk;
 };
-// dVn's lo half (T, C x 128 with kLdK rows) over dpm[0] (fp32, C x 64 with kLdF rows: the same bytes)
-static_assert(kLdK * 2 == kLdF * 4, "a T row of kLdK elements is an fp32 row of kLdF");
+// dVn's lo half (a swizzled RowTile) over dpm[0] (fp32, C x 64 with kLdF rows; 1024-aligned in its union)
+static_assert(sizeof(RowTile<__nv_bfloat16>) <= sizeof(float) * kChunk * kLdF, "dVn's lo half fits in dpm[0]");
 template <typename T>
-CUTLASS_DEVICE T* dvn_lo(GradStorage<T>& sm) {
-  return reinterpret_cast<T*>(sm.dpm[0]);
+CUTLASS_DEVICE RowTile<T>& dvn_lo(GradStorage<T>& sm) {
+  return *reinterpret_cast<RowTile<T>*>(sm.dpm[0]);
 }
 
 // Calls f(row, col, e_pair, v0, v1) for each pair of adjacent accumulator elements (row, col), (row, col + 1)
@@ -175,63 +194,114 @@ CUTLASS_DEVICE void for_frag_pairs(int m0, int n0, int lane, F&& f) {
     for (int hh = 0; hh < 2; ++hh) f(nt, hh, m0 + (lane >> 2) + 8 * hh, n0 + 8 * nt + 2 * (lane & 3));
 }
 
-// The state tiles S0 and dS' (T, K x V = 128 x 128) are stored as two 64-column blocks, 128-byte swizzled
-// (gmma::sw128_off; tile16 addresses them), so that wgmma reads them as B straight from shared memory in both
-// orientations: the state products below are one warpgroup-wide m64n64 wgmma chain per column half (warps 0-3,
-// 4-7), where mma.sync had every warp load all of B for its own 16 rows (four times the shared-memory traffic).
+// The state tiles S0 and dS' (T, K x V = 128 x 128) are stored as two 64-column blocks, 128-byte swizzled like
+// the RowTiles.
 template <typename T>
 using StateTile = T[2][kDimK * 64];
 
-// acc = A B, this warpgroup's 64 x 64 tile (warp w: rows m0 = 16 (w % 4); the state's columns / rows
-// n0..n0 + 63): A a C x 128 padded tile, each warp's mma.sync A fragments (ldmatrix) as wgmma's register
-// operand; B from a state tile S: kMn 1: B = S[:, n0 + n] (K S0, K dS'), kMn 0: B = S[n0 + n, :]^T (X S0^T,
-// X dS'^T). The tile's stores were made visible to the async proxy (fence_async_smem) before a barrier ahead of
-// this.
-template <int kMn, typename T>
-CUTLASS_DEVICE void state_product(float (&acc)[kNT][4], const T* A, int m0, const StateTile<T>& S, int n0,
-                                  const warp::LdsmOffsets& ld) {
-  using namespace gmma;
-  constexpr int kSteps = kDimK / 16, kN = 8 * kNT;
-  static_assert(kDimK == kDimV, "square states: both orientations have 128-long k");
-  static_assert(kN == 64, "a warpgroup's columns: one 64-column block");
-  uint32_t a[kSteps][4];  // all eight k16 steps' A fragments in flight at once
+// Every bf16 / fp16 product of the kernel is a warpgroup-wide wgmma chain: warpgroup ch (warps 4 ch..4 ch + 3)
+// computes the 64 rows of its column group (64 columns of a C x 128 product, 32 of a C x C one), warp w's 16 rows
+// m0 = 16 (w % 4) in the mma.sync C layout its epilogues use. Operands come from the swizzled tiles by descriptor
+// (mma.sync had every warp load all of B for its own 16 rows: four times the shared-memory traffic, and eight
+// mma instructions per warp for each wgmma); only the C x C tiles written by the epilogues (M, P, dQK, dKK^T) and
+// dR stay padded, and are A through each warp's ldmatrix fragments (RS).
+// Descriptors of the 128-byte swizzled tiles as the storage's shared address (>> 4) plus constants: a tile's byte
+// offset in the storage (offsetof: known to the compiler), the k16 step's, the column group's (through three
+// bases, one per stride of the column group: 256, 512, 1024 x 16 bytes). Each product's descriptor is then an add.
+// (gmma::make_desc_sw128 from each tile's generic pointer cost ~12 instructions per wgmma, vector and uniform: more
+// than the mma.sync code the products replaced had saved.) Shared addresses are below 2^18 bytes, so the 14-bit
+// start field (bytes >> 4) never carries into LBO's field above it.
+struct SwDesc {
+  uint32_t base;   // the storage's start field
+  uint32_t lo[3];  // + the column group's offset of 256 << i (in 16-byte units)
+  CUTLASS_DEVICE SwDesc(uint32_t addr4, int wg) : base(addr4) {
 #pragma unroll
-  for (int ks = 0; ks < kSteps; ++ks) warp::ldsm_x4(a[ks], A + (m0 + ld.a_row) * kLdK + 16 * ks + ld.a_col);
-  warp::zero_acc(acc);
-  auto& d = reinterpret_cast<float(&)[4 * kNT]>(acc);
-  fence();
-  pin(d);
+    for (int i = 0; i < 3; ++i) lo[i] = addr4 + static_cast<uint32_t>(wg) * (256u << i);
+  }
+  // byte offset off in the storage (a multiple of 16), the column group's offset 256 << kW units (none for kW < 0),
+  // the given LBO; SBO 1024 (8-row groups), layout type 1 (128-byte swizzle)
+  template <int kW>
+  CUTLASS_DEVICE uint64_t at(uint32_t off, int lbo) const {
+    const uint32_t b = kW < 0 ? base : lo[kW < 0 ? 0 : kW];
+    return (uint64_t(0x40000000u | (1024 >> 4)) << 32) | (b + (off >> 4) + (uint32_t(lbo >> 4) << 16));
+  }
+};
+// Storage offsets of the tiles the products read by descriptor
+template <typename T>
+struct GradOff {
+  using S = GradStorage<T>;
+  static constexpr uint32_t k = offsetof(S, in) + offsetof(GradStage<T>, k);
+  static constexpr uint32_t q = offsetof(S, in) + offsetof(GradStage<T>, q);
+  static constexpr uint32_t dout = offsetof(S, dout), s0 = offsetof(S, s0), ds = offsetof(S, ds);
+  static constexpr uint32_t y = offsetof(S, y), vn = offsetof(S, vn), dvn = offsetof(S, dvn);
+  static constexpr uint32_t dvn_lo = offsetof(S, dpm);
+};
+// The operand of k16 step ks (< 8) of a two-block swizzled tile at byte offset X read K-major: the 8-row groups
+// from row 0 (A's 64 rows, kW -1) or from the column group's rows (B^T's: 32 (kW 0) or 64 (kW 1) rows of 128 bytes
+// per group), 1024 bytes apart, the step's 32 bytes within its block (blocks kBlock apart).
+template <int kW, uint32_t kBlock>
+CUTLASS_DEVICE uint64_t desc_kmajor(const SwDesc& sd, uint32_t X, int ks) {
+  return sd.at<kW>(X + kBlock * (ks >> 2) + 32 * (ks & 3), 16);
+}
+// X read MN-major as B: k = X's rows 16 ks.., n = the 64 columns of the column group's block (kBlock bytes apart:
+// 8192 for a RowTile, kW 1; 16384 for a state tile, kW 2; one block: LBO unused)
+template <int kW, uint32_t kBlock>
+CUTLASS_DEVICE uint64_t desc_mnmajor(const SwDesc& sd, uint32_t X, int ks) {
+  return sd.at<kW>(X + 2048 * ks, kBlock);
+}
+constexpr uint32_t kRowBlock = kChunk * 64 * 2, kStateBlock = kDimK * 64 * 2;  // 16-bit T
+template <int NT>
+CUTLASS_DEVICE float (&flat(float (&acc)[NT][4]))[4 * NT] {
+  return reinterpret_cast<float(&)[4 * NT]>(acc);
+}
+// Runs issue() (wgmma_ss / wgmma_rs calls) as one committed group and waits for it; the accumulators are pinned
+// around it so that the compiler moves none of their reads or writes across. RS A fragments are loaded before
+// the call: wgmma.fence orders register writes before the products that read them.
+template <typename F, int... NTs>
+CUTLASS_DEVICE void wg_chain(F&& issue, float (&... acc)[NTs][4]) {
+  gmma::fence();
+  (gmma::pin(flat(acc)), ...);
+  issue();
+  gmma::commit();
+  gmma::wait_all();
+  (gmma::pin(flat(acc)), ...);
+}
+// acc += X S (kMn 1: S's columns 64 nb..) or X S^T (kMn 0: S's rows 64 nb..), X a RowTile as A (SS)
+template <int kMn, typename T>
+CUTLASS_DEVICE void issue_row_state(const SwDesc& sd, float (&acc)[kNT][4], uint32_t X, uint32_t S) {
+  static_assert(kDimK == kDimV && 8 * kNT == 64, "square states; a warpgroup's 64 columns");
+#pragma unroll
+  for (int ks = 0; ks < kDimK / 16; ++ks)
+    gmma::wgmma_ss<64, T, 0, kMn>(flat(acc), desc_kmajor<-1, kRowBlock>(sd, X, ks),
+                                  kMn ? desc_mnmajor<2, kStateBlock>(sd, S, ks) : desc_kmajor<1, kStateBlock>(sd, S, ks));
+}
+// The A fragments of this warp's 16 rows from m0 of a padded tile (leading dimension ld), kSteps k16 steps:
+// A[m][k] = P[m][k] (kTrans false) or P[k][m] (kTrans true)
+template <int kSteps, bool kTrans, typename T>
+CUTLASS_DEVICE void a_frags(uint32_t (&f)[kSteps][4], const T* P, int ld, int m0, const warp::LdsmOffsets& o) {
 #pragma unroll
   for (int ks = 0; ks < kSteps; ++ks) {
-    // kMn: rows 16 ks.. of block n0 / 64 (two 8-row atoms, SBO apart; N = 64: one block, LBO unused). Else: rows
-    // n0.. (8-row atoms SBO apart), the k16 step's 32 bytes within its 64-column block
-    if constexpr (kMn)
-      wgmma_rs<kN, T, 1>(d, a[ks], make_desc_sw128(reinterpret_cast<const char*>(S[n0 >> 6]) + 2048 * ks,
-                                                   kDimK * 64 * sizeof(T), 1024));
+    if constexpr (kTrans)
+      warp::ldsm_x4_trans(f[ks], P + (16 * ks + o.at_row) * ld + m0 + o.at_col);
     else
-      wgmma_rs<kN, T, 0>(d, a[ks], make_desc_sw128(reinterpret_cast<const char*>(S[ks >> 2]) + 128 * n0 +
-                                                       32 * (ks & 3), 16, 1024));
+      warp::ldsm_x4(f[ks], P + (m0 + o.a_row) * ld + 16 * ks + o.a_col);
   }
-  commit();
-  wait_all();
-  pin(d);
 }
-
-// acc = diag(s) (A B^T) (kAssign) or acc -= diag(s) (A B^T): this warp's 16 x 8 kNT tile (rows from m0, the
-// state's rows from n0), A a C x 128 tile in shared memory, B a state tile (B^T = S[n0 + n, :]^T), s one factor
-// per row
-template <bool kAssign, typename T>
-CUTLASS_DEVICE void row_scaled_abt(float (&acc)[kNT][4], const T* A, const StateTile<T>& B, const float* s, int m0,
-                                   int n0, int lane, const warp::LdsmOffsets& ld) {
-  float t[kNT][4];
-  state_product<0>(t, A, m0, B, n0, ld);
+// acc += A X, A's fragments f (a C x C tile: 4 k16 steps), X a RowTile read MN-major (block nb) (RS)
+template <typename T>
+CUTLASS_DEVICE void issue_cc_rows(const SwDesc& sd, float (&acc)[kNT][4], const uint32_t (&f)[kChunk / 16][4],
+                                  uint32_t X) {
 #pragma unroll
-  for (int nt = 0; nt < kNT; ++nt)
+  for (int ks = 0; ks < kChunk / 16; ++ks)
+    gmma::wgmma_rs<8 * kNT, T, 1>(flat(acc), f[ks], desc_mnmajor<1, kRowBlock>(sd, X, ks));
+}
+// acc += X Z^T (C x C: this warpgroup's 32 columns, Z's rows n0c..), X and Z RowTiles (SS)
+template <typename T>
+CUTLASS_DEVICE void issue_rows_rows_t(const SwDesc& sd, float (&acc)[kNTc][4], uint32_t X, uint32_t Z) {
 #pragma unroll
-    for (int e = 0; e < 4; ++e) {
-      const float x = s[m0 + (lane >> 2) + 8 * (e >> 1)] * t[nt][e];
-      acc[nt][e] = kAssign ? x : acc[nt][e] - x;
-    }
+  for (int ks = 0; ks < kDimK / 16; ++ks)
+    gmma::wgmma_ss<8 * kNTc, T, 0, 0>(flat(acc), desc_kmajor<-1, kRowBlock>(sd, X, ks),
+                                      desc_kmajor<0, kRowBlock>(sd, Z, ks));
 }
 
 // The four lanes of a quad hold one row's columns: their sum, to the quad's first lane, into
@@ -263,6 +333,11 @@ __global__ void __launch_bounds__(kGradThreads, 1) gdn_bwd_grad_kernel(const __g
   const int rb = w & 3, ch = w >> 2;  // warpgroup ch: the column group
   const int m0 = 16 * rb, n0 = 8 * kNT * ch, n0c = 8 * kNTc * ch;  // C x 128 and C x C warp tiles
   const LdsmOffsets ld(lane);
+  // the products' descriptors: the storage's shared address as align_smem_1024 computes it (from smem_raw, the same on
+  // every thread), the column group as a value ptxas can prove warp-uniform
+  const uint32_t s_raw = smem_addr(smem_raw);
+  const SwDesc sd((s_raw + ((1024u - (s_raw & 1023u)) & 1023u)) >> 4, __shfl_sync(0xffffffffu, ch, 0));
+  using Off = GradOff<T>;
   CtaTile ct;
   int64_t c;
   const int group = static_cast<int>(p.heads_v / p.heads_qk);
@@ -304,7 +379,7 @@ __global__ void __launch_bounds__(kGradThreads, 1) gdn_bwd_grad_kernel(const __g
       if (vh == 0) {
         aux_chunk<T, AuxMode::kInputsOnly>(p, sm.in, sm.ax, wk, c, tid, kBarAux, no_pb, t_mark, issued);
       } else {
-        // this thread's copies of the previous head read dq_st/dk_st (over s0, ds) and y: done before the
+        // this thread's copies of the previous head read dq_st/dk_st (over s0, ds) and dr: done before the
         // loaders (after the barrier) and phase 3 write them
         bulk_wait_read();
         issued();
@@ -336,9 +411,9 @@ __global__ void __launch_bounds__(kGradThreads, 1) gdn_bwd_grad_kernel(const __g
       for (int i = u; i < kChunk * kDimV / 8; i += kLoaderThreads) {
         const int r = i >> 4, c8 = (i & 15) * 8;
         const bool ok = r < rows;
-        cp_async_16(&sm.dout[r * kLdK + c8], ok ? dop + (c * kChunk + r) * gp.dout_stride_time + c8 : dop, ok);
+        cp_async_16(tile16(sm.dout, r, c8), ok ? dop + (c * kChunk + r) * gp.dout_stride_time + c8 : dop, ok);
       }
-      // this thread's copies of the previous head read dq_st/dk_st (over s0, ds) and y: done before s0, ds are
+      // this thread's copies of the previous head read dq_st/dk_st (over s0, ds) and dr: done before s0, ds are
       // written (the aux threads' waited before the barrier above)
       bulk_wait_read();
       // S0 arrives in T (the states chain rounds it once on the way out), dS' in fp32: <S0, dS'> (dG_C's term)
@@ -375,9 +450,9 @@ __global__ void __launch_bounds__(kGradThreads, 1) gdn_bwd_grad_kernel(const __g
 #pragma unroll
       for (int off = 16; off > 0; off >>= 1) dot += __shfl_xor_sync(0xffffffffu, dot, off);
       if (lane == 0) sm.red[w] = dot;
-      fence_async_smem();   // S0 and dS' -> wgmma (after the barrier)
       cp_async_wait_all();  // dO
     }
+    fence_async_smem();  // K, Q (copies, l2norm), dO, S0 and dS' -> wgmma (after the barrier)
     FLASHQLA_GRAD_SYNC(0);
 
     // This thread's V pairs (rows m0 + lane / 4 + 8 hh, columns n0 + 8 nt + 2 (lane % 4)), read from global
@@ -400,12 +475,14 @@ __global__ void __launch_bounds__(kGradThreads, 1) gdn_bwd_grad_kernel(const __g
         *reinterpret_cast<uint4*>(&sm.ax.m[i * kLdC + j0]) = lower_piece8<T, true, false>(sm.ax, i, j0);
       }
       float ks[kNT][4];
-      state_product<1>(ks, sm.in.k, m0, sm.s0, n0, ld);
+      zero_acc(ks);
+      wg_chain([&] { issue_row_state<1, T>(sd, ks, Off::k, Off::s0); }, ks);
       for_frag_pairs<kNT>(m0, n0, lane, [&](int nt, int hh, int r, int col) {
         const float2 v = unpack2<T>(vraw[nt][hh]);
         const float gm = sm.in.gamma[r], bt = sm.ax.beta[r];
-        store_pair<T>(&sm.y[r * kLdK + col], bt * (v.x - gm * ks[nt][2 * hh]), bt * (v.y - gm * ks[nt][2 * hh + 1]));
+        store_pair<T>(tile16(sm.y, r, col), bt * (v.x - gm * ks[nt][2 * hh]), bt * (v.y - gm * ks[nt][2 * hh + 1]));
       });
+      fence_async_smem();  // Y -> wgmma
     }
     FLASHQLA_GRAD_SYNC(2);
 
@@ -415,10 +492,18 @@ __global__ void __launch_bounds__(kGradThreads, 1) gdn_bwd_grad_kernel(const __g
     {
       float vn[kNT][4], dw[kNT][4];
       zero_acc(vn);
+      zero_acc(dw);
       zero_acc(u1);
-      gemm_rows16<T, kNT, false, true>(vn, sm.ax.m, kLdC, m0, sm.y, kLdK, n0, 0, kChunk / 16, ld);
-      state_product<1>(dw, sm.in.k, m0, sm.ds, n0, ld);
-      gemm_rows16<T, kNT, true, true>(u1, sm.pq, kLdC, m0, sm.dout, kLdK, n0, 0, kChunk / 16, ld);
+      uint32_t fm[kChunk / 16][4], fp[kChunk / 16][4];
+      a_frags<kChunk / 16, false>(fm, sm.ax.m, kLdC, m0, ld);
+      a_frags<kChunk / 16, true>(fp, sm.pq, kLdC, m0, ld);
+      wg_chain(
+          [&] {
+            issue_cc_rows<T>(sd, vn, fm, Off::y);
+            issue_row_state<1, T>(sd, dw, Off::k, Off::ds);
+            issue_cc_rows<T>(sd, u1, fp, Off::dout);
+          },
+          vn, dw, u1);
       float s[2] = {0.f, 0.f};
 #pragma unroll
       for (int nt = 0; nt < kNT; ++nt)
@@ -430,15 +515,21 @@ __global__ void __launch_bounds__(kGradThreads, 1) gdn_bwd_grad_kernel(const __g
         }
       quad_row_sum(sm.rows[kSumDte], ch, m0 + (lane >> 2), s[0], lane, false);
       quad_row_sum(sm.rows[kSumDte], ch, m0 + (lane >> 2) + 8, s[1], lane, false);
-      for_pairs(vn, m0, n0, lane, [&](int r, int col, int, float a, float b) { store_pair<T>(&sm.vn[r * kLdK + col], a, b); });
-      for_pairs(u1, m0, n0, lane, [&](int r, int col, int, float a, float b) { store_pair<T>(&sm.dvn[r * kLdK + col], a, b); });
+      for_pairs(vn, m0, n0, lane, [&](int r, int col, int, float a, float b) { store_pair<T>(tile16(sm.vn, r, col), a, b); });
+      for_pairs(u1, m0, n0, lane, [&](int r, int col, int, float a, float b) { store_pair<T>(tile16(sm.dvn, r, col), a, b); });
+      fence_async_smem();  // Vn, dVn -> wgmma
     }
     FLASHQLA_GRAD_SYNC(4);
 
     // ---- phase 5: dK = dte (Vn dS'^T)  (dK and dQ accumulate in registers from here on)
     float dk[kNT][4], dq[kNT][4];
     zero_acc(dq);
-    row_scaled_abt<true>(dk, sm.vn, sm.ds, sm.in.decay, m0, n0, lane, ld);
+    zero_acc(dk);
+    wg_chain([&] { issue_row_state<0, T>(sd, dk, Off::vn, Off::ds); }, dk);
+    for_frag_pairs<kNT>(m0, n0, lane, [&](int nt, int hh, int r, int) {
+      dk[nt][2 * hh] *= sm.in.decay[r];
+      dk[nt][2 * hh + 1] *= sm.in.decay[r];
+    });
     FLASHQLA_GRAD_SYNC(6);  // dS' is dead: dpm takes its place
 
     // ---- phase 6: dP = scale dO Vn^T, dM = dVn Y^T and Q K^T (C x C, this warp's tile, in registers), and with
@@ -450,9 +541,13 @@ __global__ void __launch_bounds__(kGradThreads, 1) gdn_bwd_grad_kernel(const __g
       zero_acc(a);
       zero_acc(b);
       zero_acc(qk);
-      gemm_rows16<T, kNTc, false, false>(a, sm.dout, kLdK, m0, sm.vn, kLdK, n0c, 0, kDimV / 16, ld);
-      gemm_rows16<T, kNTc, false, false>(b, sm.dvn, kLdK, m0, sm.y, kLdK, n0c, 0, kDimV / 16, ld);
-      gemm_rows16<T, kNTc, false, false>(qk, sm.in.q, kLdK, m0, sm.in.k, kLdK, n0c, 0, kDimK / 16, ld);
+      wg_chain(
+          [&] {
+            issue_rows_rows_t<T>(sd, a, Off::dout, Off::vn);
+            issue_rows_rows_t<T>(sd, b, Off::dvn, Off::y);
+            issue_rows_rows_t<T>(sd, qk, Off::q, Off::k);
+          },
+          a, b, qk);
       float hr[2] = {0.f, 0.f};
       float hc[kNTc][2] = {};
 #pragma unroll
@@ -493,9 +588,10 @@ __global__ void __launch_bounds__(kGradThreads, 1) gdn_bwd_grad_kernel(const __g
     // dVn's lo half (what its T copy lost; dY's second operand in phase 7) into dpm[0], free from here (dS' is dead,
     // dL comes in phase 11): here rather than in a phase of its own, which needed Vn dead and a barrier
     for_pairs(u1, m0, n0, lane, [&](int r, int col, int, float a, float b) {
-      const float2 hi = load_pair<T>(&sm.dvn[r * kLdK + col]);  // (this thread's own store of phase 4)
-      store_pair<T>(&dvn_lo(sm)[r * kLdK + col], a - hi.x, b - hi.y);
+      const float2 hi = load_pair<T>(tile16(sm.dvn, r, col));  // (this thread's own store of phase 4)
+      store_pair<T>(tile16(dvn_lo(sm), r, col), a - hi.x, b - hi.y);
     });
+    fence_async_smem();  // dVn's lo half -> wgmma
     FLASHQLA_GRAD_SYNC(8);
 
     // ---- phase 7: dY = M^T dVn with dVn as hi + lo (its bf16 rounding alone doubled dbeta's error in the
@@ -506,9 +602,16 @@ __global__ void __launch_bounds__(kGradThreads, 1) gdn_bwd_grad_kernel(const __g
       load_v();
       float dy[kNT][4], ks[kNT][4];
       zero_acc(dy);
-      gemm_rows16<T, kNT, true, true>(dy, sm.ax.m, kLdC, m0, sm.dvn, kLdK, n0, 0, kChunk / 16, ld);
-      gemm_rows16<T, kNT, true, true>(dy, sm.ax.m, kLdC, m0, dvn_lo(sm), kLdK, n0, 0, kChunk / 16, ld);
-      state_product<1>(ks, sm.in.k, m0, sm.s0, n0, ld);
+      zero_acc(ks);
+      uint32_t fmt[kChunk / 16][4];
+      a_frags<kChunk / 16, true>(fmt, sm.ax.m, kLdC, m0, ld);
+      wg_chain(
+          [&] {
+            issue_cc_rows<T>(sd, dy, fmt, Off::dvn);
+            issue_cc_rows<T>(sd, dy, fmt, Off::dvn_lo);
+            issue_row_state<1, T>(sd, ks, Off::k, Off::s0);
+          },
+          dy, ks);
       float sb[2] = {0.f, 0.f}, sg[2] = {0.f, 0.f};
       for_frag_pairs<kNT>(m0, n0, lane, [&](int nt, int hh, int r, int col) {
         const float2 v = unpack2<T>(vraw[nt][hh]);
@@ -519,14 +622,14 @@ __global__ void __launch_bounds__(kGradThreads, 1) gdn_bwd_grad_kernel(const __g
         const float dr0 = bt * y0, dr1 = bt * y1;
         sb[hh] += y0 * r0 + y1 * r1;
         sg[hh] -= dr0 * k0 + dr1 * k1;
-        store_pair<T>(&sm.y[r * kLdK + col], dr0, dr1);  // y is dead after phase 6
+        store_pair<T>(&sm.dr[r * kLdK + col], dr0, dr1);  // over Vn, dead after phase 6
       });
 #pragma unroll
       for (int hh = 0; hh < 2; ++hh) {
         quad_row_sum(sm.rows[kSumDbeta], ch, m0 + (lane >> 2) + 8 * hh, sb[hh], lane, false);
         quad_row_sum(sm.rows[kSumDgamma], ch, m0 + (lane >> 2) + 8 * hh, sg[hh], lane, false);
       }
-      fence_async_smem();  // dR in y, for phase 8's bulk store
+      fence_async_smem();  // dR, for phase 8's bulk store
     }
     FLASHQLA_GRAD_SYNC(12);
 
@@ -535,16 +638,28 @@ __global__ void __launch_bounds__(kGradThreads, 1) gdn_bwd_grad_kernel(const __g
     {
       const int r = copy_index(tid, kChunk);
       if (r >= 0 && r < rows) {
-        bulk_store(static_cast<T*>(gp.dv) + ((row0 + r) * p.heads_v + h) * int64_t(kDimV), &sm.y[r * kLdK],
+        bulk_store(static_cast<T*>(gp.dv) + ((row0 + r) * p.heads_v + h) * int64_t(kDimV), &sm.dr[r * kLdK],
                    kDimV * sizeof(T));
         bulk_commit();
       }
-      row_scaled_abt<false>(dk, sm.y, sm.s0, sm.in.gamma, m0, n0, lane, ld);
-      float t[kNT][4];
-      state_product<0>(t, sm.dout, m0, sm.s0, n0, ld);
+      float t[kNT][4], u[kNT][4];
+      zero_acc(t);
+      zero_acc(u);
+      uint32_t fr[kDimK / 16][4];
+      a_frags<kDimK / 16, false>(fr, sm.dr, kLdK, m0, ld);
+      wg_chain(
+          [&] {
+#pragma unroll
+            for (int ks = 0; ks < kDimK / 16; ++ks)
+              gmma::wgmma_rs<8 * kNT, T, 0>(flat(u), fr[ks], desc_kmajor<1, kStateBlock>(sd, Off::s0, ks));
+            issue_row_state<0, T>(sd, t, Off::dout, Off::s0);
+          },
+          u, t);
       float sg[2] = {0.f, 0.f};
       for_frag_pairs<kNT>(m0, n0, lane, [&](int nt, int hh, int r, int col) {
-        const float2 qv = load_pair<T>(&sm.in.q[r * kLdK + col]);
+        dk[nt][2 * hh] -= sm.in.gamma[r] * u[nt][2 * hh];
+        dk[nt][2 * hh + 1] -= sm.in.gamma[r] * u[nt][2 * hh + 1];
+        const float2 qv = load_pair<T>(tile16(sm.in.q, r, col));
         sg[hh] += qv.x * t[nt][2 * hh] + qv.y * t[nt][2 * hh + 1];
         const float s = p.scale * sm.in.gamma[r];
         dq[nt][2 * hh] = s * t[nt][2 * hh];
@@ -558,8 +673,17 @@ __global__ void __launch_bounds__(kGradThreads, 1) gdn_bwd_grad_kernel(const __g
     // (phase 9, A^T staged in fp32, is gone: phases 10 and 11 read A transposed from la; mark 16 stays unused)
 
     // ---- phase 10: dQ += dQK K, dK += dQK^T Q; tf32: X = dA A^T -> xt
-    gemm_rows16<T, kNT, false, true>(dq, sm.pq, kLdC, m0, sm.in.k, kLdK, n0, 0, kChunk / 16, ld);
-    gemm_rows16<T, kNT, true, true>(dk, sm.pq, kLdC, m0, sm.in.q, kLdK, n0, 0, kChunk / 16, ld);
+    {
+      uint32_t fq[kChunk / 16][4], fqt[kChunk / 16][4];
+      a_frags<kChunk / 16, false>(fq, sm.pq, kLdC, m0, ld);
+      a_frags<kChunk / 16, true>(fqt, sm.pq, kLdC, m0, ld);
+      wg_chain(
+          [&] {
+            issue_cc_rows<T>(sd, dq, fq, Off::k);
+            issue_cc_rows<T>(sd, dk, fqt, Off::q);
+          },
+          dq, dk);
+    }
 #pragma unroll
     for (int b = 0; b < kTf32Blocks; ++b) {  // 16 blocks of 16 x 16
       const int blk = kTf32Blocks * w + b, bi = blk >> 2, bj = blk & 3;
@@ -595,7 +719,7 @@ __global__ void __launch_bounds__(kGradThreads, 1) gdn_bwd_grad_kernel(const __g
     {
       float kk[kNTc][4];
       zero_acc(kk);
-      gemm_rows16<T, kNTc, false, false>(kk, sm.in.k, kLdK, m0, sm.in.k, kLdK, n0c, 0, kDimK / 16, ld);
+      wg_chain([&] { issue_rows_rows_t<T>(sd, kk, Off::k, Off::k); }, kk);
       float sb[2] = {0.f, 0.f};
       for_pairs(kk, m0, n0c, lane, [&](int r, int col, int hh, float a, float b) {
         float sym[2];
@@ -618,7 +742,11 @@ __global__ void __launch_bounds__(kGradThreads, 1) gdn_bwd_grad_kernel(const __g
     // ---- phase 13: dK += (dKK^T + dKK^T^T) K; dq, dk staged in fp32 (over the dead S0 and dS' tiles) and
     // sent by bulk copies, one row per thread (copy_index): stores for the group's first head, fp32
     // reduce-adds for the others (in head order: each thread's previous copies have completed first)
-    gemm_rows16<T, kNT, false, true>(dk, sm.pq, kLdC, m0, sm.in.k, kLdK, n0, 0, kChunk / 16, ld);
+    {
+      uint32_t fs[kChunk / 16][4];
+      a_frags<kChunk / 16, false>(fs, sm.pq, kLdC, m0, ld);
+      wg_chain([&] { issue_cc_rows<T>(sd, dk, fs, Off::k); }, dk);
+    }
 #pragma unroll
     for (int which = 0; which < 2; ++which)
       for_pairs(which == 0 ? dq : dk, m0, n0, lane, [&](int r, int col, int, float a, float b) {

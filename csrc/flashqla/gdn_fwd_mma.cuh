@@ -228,6 +228,10 @@ template <typename T, int N>
 CUTLASS_DEVICE T* tile16(T (&t)[2][N], int r, int c) {
   return reinterpret_cast<T*>(reinterpret_cast<char*>(t[c >> 6]) + gmma::sw128_off(r, c & 63));
 }
+template <typename T, int N>
+CUTLASS_DEVICE const T* tile16(const T (&t)[2][N], int r, int c) {
+  return reinterpret_cast<const T*>(reinterpret_cast<const char*>(t[c >> 6]) + gmma::sw128_off(r, c & 63));
+}
 template <typename T>
 CUTLASS_DEVICE T* tile16(T (&t)[kChunk * 64], int r, int c) {
   return reinterpret_cast<T*>(reinterpret_cast<char*>(t) + gmma::sw128_off(r, c));
@@ -401,16 +405,23 @@ CUTLASS_DEVICE void aux_gram_raw(const StageT& S, int tid, float (&kk)[8][4], fl
   const int wq = kQK ? w : -1;
   if constexpr (kKK) zero_acc(kk);
   if constexpr (kQK) zero_acc(qk);
+  // (swizzled stages through tile16; the padded ones' addressing kept as first written, which their SASS rests on)
+  constexpr bool kSw = kSwizzledStage<StageT>;
 #pragma unroll
   for (int ks = 0; ks < kDimK / 16; ++ks) {
     uint32_t ak[4], aq[4];
-    if constexpr (kKK) ldsm_x4(ak, &S.k[(16 * r + ld.a_row) * kLdK + 16 * ks + ld.a_col]);
-    if constexpr (kQK) ldsm_x4(aq, &S.q[(16 * w + ld.a_row) * kLdK + 16 * ks + ld.a_col]);
+    if constexpr (kKK && kSw) ldsm_x4(ak, tile16(S.k, 16 * r + ld.a_row, 16 * ks + ld.a_col));
+    if constexpr (kQK && kSw) ldsm_x4(aq, tile16(S.q, 16 * w + ld.a_row, 16 * ks + ld.a_col));
+    if constexpr (kKK && !kSw) ldsm_x4(ak, &S.k[(16 * r + ld.a_row) * kLdK + 16 * ks + ld.a_col]);
+    if constexpr (kQK && !kSw) ldsm_x4(aq, &S.q[(16 * w + ld.a_row) * kLdK + 16 * ks + ld.a_col]);
 #pragma unroll
     for (int np = 0; np < 4; ++np) {
       if (np > r && np > wq) continue;
       uint32_t b[4];
-      ldsm_x4(b, &S.k[(16 * np + ld.b_row) * kLdK + 16 * ks + ld.b_col]);
+      if constexpr (kSw)
+        ldsm_x4(b, tile16(S.k, 16 * np + ld.b_row, 16 * ks + ld.b_col));
+      else
+        ldsm_x4(b, &S.k[(16 * np + ld.b_row) * kLdK + 16 * ks + ld.b_col]);
       if (kKK && np <= r) mma_pair<T>(kk, np, ak, b);
       if constexpr (kQK)
         if (np <= w) mma_pair<T>(qk, np, aq, b);

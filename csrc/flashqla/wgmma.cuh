@@ -1,8 +1,7 @@
 // Hopper wgmma helpers (sm_90a): shared-memory matrix descriptors for the
-// no-swizzle K-major core-matrix layout and the 128-byte swizzled layout, the two
-// register-A (RS) shapes the forward's state chain uses (B K-major or MN-major), the
-// shared-A (SS) shape of the prep's Gram products,
-// and the fence / commit / wait protocol.
+// no-swizzle K-major core-matrix layout and the 128-byte swizzled layout, the register-A (RS) and shared-A (SS)
+// shapes m64n32 / n64 (/ n128 RS) with either operand K-major or MN-major, and the fence / commit / wait
+// protocol.
 //
 // Layout: a K-major tile of n rows and `kt` columns of 16-bit elements is
 // stored as 8 x 8 core matrices of 128 contiguous bytes (8 rows of 16 bytes),
@@ -92,7 +91,9 @@ template <int N, typename T, int kTransB>
 struct RsOp;
 // The accumulator operands: 32 fp32 registers from d[o] (an m64n64 tile per warpgroup; m64n128 is two of them),
 // and the matching PTX register lists.
+#define FLASHQLA_GMMA_D16(d, o) "+f"(d[o + 0]), "+f"(d[o + 1]), "+f"(d[o + 2]), "+f"(d[o + 3]), "+f"(d[o + 4]), "+f"(d[o + 5]), "+f"(d[o + 6]), "+f"(d[o + 7]), "+f"(d[o + 8]), "+f"(d[o + 9]), "+f"(d[o + 10]), "+f"(d[o + 11]), "+f"(d[o + 12]), "+f"(d[o + 13]), "+f"(d[o + 14]), "+f"(d[o + 15])
 #define FLASHQLA_GMMA_D32(d, o) "+f"(d[o + 0]), "+f"(d[o + 1]), "+f"(d[o + 2]), "+f"(d[o + 3]), "+f"(d[o + 4]), "+f"(d[o + 5]), "+f"(d[o + 6]), "+f"(d[o + 7]), "+f"(d[o + 8]), "+f"(d[o + 9]), "+f"(d[o + 10]), "+f"(d[o + 11]), "+f"(d[o + 12]), "+f"(d[o + 13]), "+f"(d[o + 14]), "+f"(d[o + 15]), "+f"(d[o + 16]), "+f"(d[o + 17]), "+f"(d[o + 18]), "+f"(d[o + 19]), "+f"(d[o + 20]), "+f"(d[o + 21]), "+f"(d[o + 22]), "+f"(d[o + 23]), "+f"(d[o + 24]), "+f"(d[o + 25]), "+f"(d[o + 26]), "+f"(d[o + 27]), "+f"(d[o + 28]), "+f"(d[o + 29]), "+f"(d[o + 30]), "+f"(d[o + 31])
+#define FLASHQLA_GMMA_R16 "{%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15}"
 #define FLASHQLA_GMMA_R32 "{%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,%16,%17,%18,%19,%20,%21,%22,%23,%24,%25,%26,%27,%28,%29,%30,%31}"
 #define FLASHQLA_GMMA_R64 "{%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,%16,%17,%18,%19,%20,%21,%22,%23,%24,%25,%26,%27,%28,%29,%30,%31,%32,%33,%34,%35,%36,%37,%38,%39,%40,%41,%42,%43,%44,%45,%46,%47,%48,%49,%50,%51,%52,%53,%54,%55,%56,%57,%58,%59,%60,%61,%62,%63}"
 // One specialisation per shape N and 16-bit type: the type's PTX name spliced into the instruction string, the
@@ -107,6 +108,7 @@ struct RsOp<N, T, kTransB> { \
   } \
 };
 #define FLASHQLA_GMMA_RS_TYPES(T, PTX) \
+FLASHQLA_GMMA_RS(32, T, PTX, FLASHQLA_GMMA_R16, ", {%16,%17,%18,%19}, %20, 1, 1, 1, %21;\n", FLASHQLA_GMMA_D16(d, 0)) \
 FLASHQLA_GMMA_RS(64, T, PTX, FLASHQLA_GMMA_R32, ", {%32,%33,%34,%35}, %36, 1, 1, 1, %37;\n", FLASHQLA_GMMA_D32(d, 0)) \
 FLASHQLA_GMMA_RS(128, T, PTX, FLASHQLA_GMMA_R64, ", {%64,%65,%66,%67}, %68, 1, 1, 1, %69;\n", \
                  FLASHQLA_GMMA_D32(d, 0), FLASHQLA_GMMA_D32(d, 32))
@@ -119,28 +121,34 @@ CUTLASS_DEVICE void wgmma_rs(float (&d)[N / 2], const uint32_t (&a)[4], uint64_t
   RsOp<N, T, kTransB>::run(d, a, desc_b);
 }
 
-// D (64 x N, fp32) += A (64 x 16) * B (16 x N), both K-major in shared memory (SS; the prep's Gram products).
-template <int N, typename T>
+// D (64 x N, fp32) += A (64 x 16) * B (16 x N), both from shared memory (SS: the prep's Gram products, the
+// gradient kernel's products whose A is a swizzled tile). imm-trans-a / -b: 0 K-major, 1 MN-major (16-bit types).
+template <int N, typename T, int kTransA = 0, int kTransB = 0>
 struct SsOp;
-#define FLASHQLA_GMMA_SS64(T, PTX) \
-template <> \
-struct SsOp<64, T> { \
-  static CUTLASS_DEVICE void run(float (&d)[32], uint64_t desc_a, uint64_t desc_b) { \
-    asm volatile("wgmma.mma_async.sync.aligned.m64n64k16.f32." PTX "." PTX " " FLASHQLA_GMMA_R32 \
-                 ", %32, %33, 1, 1, 1, 0, 0;\n" \
-                 : FLASHQLA_GMMA_D32(d, 0) \
-                 : "l"(desc_a), "l"(desc_b)); \
+#define FLASHQLA_GMMA_SS(N, T, PTX, REGS, TAIL, ...) \
+template <int kTransA, int kTransB> \
+struct SsOp<N, T, kTransA, kTransB> { \
+  static CUTLASS_DEVICE void run(float (&d)[N / 2], uint64_t desc_a, uint64_t desc_b) { \
+    asm volatile("wgmma.mma_async.sync.aligned.m64n" #N "k16.f32." PTX "." PTX " " REGS TAIL \
+                 : __VA_ARGS__ \
+                 : "l"(desc_a), "l"(desc_b), "n"(kTransA), "n"(kTransB)); \
   } \
 };
-FLASHQLA_GMMA_SS64(__nv_bfloat16, "bf16")
-FLASHQLA_GMMA_SS64(__half, "f16")
-#undef FLASHQLA_GMMA_SS64
+#define FLASHQLA_GMMA_SS_TYPES(T, PTX) \
+FLASHQLA_GMMA_SS(32, T, PTX, FLASHQLA_GMMA_R16, ", %16, %17, 1, 1, 1, %18, %19;\n", FLASHQLA_GMMA_D16(d, 0)) \
+FLASHQLA_GMMA_SS(64, T, PTX, FLASHQLA_GMMA_R32, ", %32, %33, 1, 1, 1, %34, %35;\n", FLASHQLA_GMMA_D32(d, 0))
+FLASHQLA_GMMA_SS_TYPES(__nv_bfloat16, "bf16")
+FLASHQLA_GMMA_SS_TYPES(__half, "f16")
+#undef FLASHQLA_GMMA_SS_TYPES
+#undef FLASHQLA_GMMA_SS
+#undef FLASHQLA_GMMA_D16
 #undef FLASHQLA_GMMA_D32
+#undef FLASHQLA_GMMA_R16
 #undef FLASHQLA_GMMA_R32
 #undef FLASHQLA_GMMA_R64
-template <int N, typename T>
+template <int N, typename T, int kTransA = 0, int kTransB = 0>
 CUTLASS_DEVICE void wgmma_ss(float (&d)[N / 2], uint64_t desc_a, uint64_t desc_b) {
-  SsOp<N, T>::run(d, desc_a, desc_b);
+  SsOp<N, T, kTransA, kTransB>::run(d, desc_a, desc_b);
 }
 
 }  // namespace gmma
