@@ -5,9 +5,10 @@
 // head) runs the step for each value head of the GVA group as a sequence of phases, each a set of tensor-core
 // products over shared memory with an epilogue, separated by __syncthreads (the first two overlap: the aux
 // warps' products while the others load S0 and dS'): every operand staged in shared memory, products
-// recomputed where that saves a buffer. Warp w owns rows [16 (w % 4), +16) and column half w / 4 of every
-// C x 128 (64 columns) and C x C (32 columns) product; its row-wise intermediates stay in
-// registers, what other warps read goes to shared memory as T. Row sums are reduced in a fixed order
+// recomputed where that saves a buffer. Each product is one wgmma chain per warpgroup: warpgroup w / 4 computes
+// column half w / 4 of every C x 128 (64 columns) and C x C (32 columns) product, warp w its rows
+// [16 (w % 4), +16); its row-wise intermediates stay in registers, what other warps read goes to shared memory
+// as T (128-byte swizzled where a product reads it by descriptor). Row sums are reduced in a fixed order
 // (deterministic). Products, C = 64:
 //   KS = K S0, R = V - gamma KS, Y = beta R, Vn = M Y (M = Gamma * A), dW = K dS', U1 = scale P^T dO
 //   (P = Q K^T * Gamma), dVn = U1 + dte dW, d_dte = rowsum(dW * Vn);
