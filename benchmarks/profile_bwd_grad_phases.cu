@@ -44,7 +44,7 @@ int main(int argc, char** argv) {
       "6 dP, dM, QK^T, dQK, dA, H, dVn lo", "7a (none: dVn lo in phase 6)", "7 dY, KS, dV", "8 dKS S0^T, dO S0^T",
       "9 (none: A^T read in place)",
       "10 dQK K, dQK^T Q, dA A^T", "11 dL", "12 KK^T, dbeta, dKK^T", "13 dK += .. K, dq/dk staged",
-      "13b dq/dk bulk copies (t0); gates (t128)"};
+      "13b dq/dk bulk copies (t0); gates (t128)"};  // (phases 1-2 inside: g_grad_at, below)
   const double heads = double(chunks) * hv;  // CTA-heads
   int clk_khz = 0;
   CUDA_OK(cudaDeviceGetAttribute(&clk_khz, cudaDevAttrClockRate, 0));
@@ -60,5 +60,16 @@ int main(int argc, char** argv) {
   }
   std::printf("%-52s %21.0f %21.0f  (%.2f us at %d MHz)\n", "total", tot[0], tot[1], tot[0] / (clk_khz / 1000.0),
               clk_khz / 1000);
+  // inside phases 1-2: cycles from the head's start to each point, the group's first heads apart from its others
+  unsigned long long at[2][2][fg::kGradPoints];
+  CUDA_OK(cudaMemcpyFromSymbol(at, fg::g_grad_at, sizeof(at)));
+  const char* pts[2][fg::kGradPoints] = {
+      {"aux: K, Q, gates (+ A issued)", "aux: A landed, group sync", "aux: Gram done", "aux: P stored"},
+      {"loaders: aux copies issued", "loaders: dO issued", "loaders: S0, dS' stored", "loaders: dO landed"}};
+  const double firsts = double(chunks) * hq, laters = double(chunks) * (hv - hq);
+  std::printf("%-52s %10s %10s\n", "inside phases 1-2 (cycles from the head's start)", "1st head", "later");
+  for (int t = 0; t < 2; ++t)
+    for (int i = 0; i < fg::kGradPoints; ++i)
+      std::printf("%-52s %10.0f %10.0f\n", pts[t][i], at[t][0][i] / firsts, laters > 0 ? at[t][1][i] / laters : 0.0);
   return 0;
 }

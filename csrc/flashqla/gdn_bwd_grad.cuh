@@ -110,7 +110,18 @@ __device__ unsigned long long g_grad_cycles[2][kGradMarks];
       t_grad = now_;                                                                             \
     }                                                                                            \
   } while (0)
-#define FLASHQLA_GRAD_TIMER_START long long t_grad = clock64()
+#define FLASHQLA_GRAD_TIMER_START \
+  long long t_grad = clock64();   \
+  const long long t_head = t_grad
+// Points inside phases 1-2 (cycles since the head's start, not part of the phase totals), apart for the group's
+// first head (K, Q loaded and normalised) and its later ones: g_grad_at[thread / 128][later head][point]
+constexpr int kGradPoints = 4;
+__device__ unsigned long long g_grad_at[2][2][kGradPoints];
+#define FLASHQLA_GRAD_AT(i)                                                                                  \
+  do {                                                                                                       \
+    if (threadIdx.x == 0 || threadIdx.x == 128)                                                              \
+      atomicAdd(&g_grad_at[threadIdx.x >> 7][vh > 0][i], (unsigned long long)(clock64() - t_head));         \
+  } while (0)
 #define FLASHQLA_GRAD_SYNC(i) \
   do {                        \
     FLASHQLA_GRAD_MARK(i);    \
@@ -120,6 +131,7 @@ __device__ unsigned long long g_grad_cycles[2][kGradMarks];
 #else
 #define FLASHQLA_GRAD_TIMER_START do { } while (0)
 #define FLASHQLA_GRAD_MARK(i) do { } while (0)
+#define FLASHQLA_GRAD_AT(i) do { } while (0)
 #define FLASHQLA_GRAD_SYNC(i) __syncthreads()
 #endif
 
@@ -386,8 +398,10 @@ __global__ void __launch_bounds__(kGradThreads, 1) gdn_bwd_grad_kernel(const __g
         issued();
         if (w == 0) load_gates<T>(p, sm.in, sm.ax, wk, c, lane);
       }
+      FLASHQLA_GRAD_AT(0);             // K, Q (first head: landed, normalised), the gates; A's rows issued
       cp_async_wait_all();             // A's rows (aux_chunk waited for its own loads)
       bar_sync(kBarAux, kAuxThreads);  // the aux group's closing sync: K, Q, the gates (and A) in shared memory
+      FLASHQLA_GRAD_AT(1);
       float kk[8][4], qk[8][4];
       if constexpr (kLoadA) {
         aux_gram_raw<T, false>(sm.in, tid, kk, qk);
@@ -395,6 +409,7 @@ __global__ void __launch_bounds__(kGradThreads, 1) gdn_bwd_grad_kernel(const __g
         aux_gram_raw<T>(sm.in, tid, kk, qk);
         aux_gates_inverse<T>(sm.ax, tid, kBarAux, t_mark, kk);
       }
+      FLASHQLA_GRAD_AT(2);
       const AuxLane al(tid);
 #pragma unroll
       for (int nt = 0; nt < 8; ++nt) {
@@ -404,8 +419,10 @@ __global__ void __launch_bounds__(kGradThreads, 1) gdn_bwd_grad_kernel(const __g
         store_pair<T>(&sm.pq[al.i0 * kLdC + j], pv[0], pv[1]);
         store_pair<T>(&sm.pq[al.i1 * kLdC + j], pv[2], pv[3]);
       }
+      FLASHQLA_GRAD_AT(3);
     } else {
       bar_sync(kBarAuxIssued, kGradThreads);  // the aux warps' copies go first
+      FLASHQLA_GRAD_AT(0);
       const int u = tid - kAuxThreads;
       const T* dop = static_cast<const T*>(gp.dout) + wk.b * gp.dout_stride_batch + wk.t0 * gp.dout_stride_time +
                      h * gp.dout_stride_head;
@@ -417,6 +434,7 @@ __global__ void __launch_bounds__(kGradThreads, 1) gdn_bwd_grad_kernel(const __g
       // this thread's copies of the previous head read dq_st/dk_st (over s0, ds) and dr: done before s0, ds are
       // written (the aux threads' waited before the barrier above)
       bulk_wait_read();
+      FLASHQLA_GRAD_AT(1);
       // S0 arrives in T (the states chain rounds it once on the way out), dS' in fp32: <S0, dS'> (dG_C's term)
       // sums dS' unrounded (both rounded raised dg's error 2.1e-3 -> 3.3e-3 on the harness case), and the
       // products read both in T. 8 bytes of S0 and 16 of dS' per item, kBatch items in flight per thread
@@ -451,7 +469,9 @@ __global__ void __launch_bounds__(kGradThreads, 1) gdn_bwd_grad_kernel(const __g
 #pragma unroll
       for (int off = 16; off > 0; off >>= 1) dot += __shfl_xor_sync(0xffffffffu, dot, off);
       if (lane == 0) sm.red[w] = dot;
+      FLASHQLA_GRAD_AT(2);
       cp_async_wait_all();  // dO
+      FLASHQLA_GRAD_AT(3);
     }
     fence_async_smem();  // K, Q (copies, l2norm), dO, S0 and dS' -> wgmma (after the barrier)
     FLASHQLA_GRAD_SYNC(0);
