@@ -35,7 +35,10 @@ int main(int argc, char** argv) {
   if (with_a) gp.a = device_random<float>(T * hv * 64, -0.1f, 0.1f, 9);
 
   const float ms = warm_then_time([&] { return fg::launch<__nv_bfloat16>(gp, nullptr); },
-                                  [] { zero_symbol(fg::g_grad_cycles); });
+                                  [] {
+                                    zero_symbol(fg::g_grad_cycles);
+                                    zero_symbol(fg::g_grad_at);
+                                  });
   unsigned long long cyc[2][fg::kGradMarks];
   CUDA_OK(cudaMemcpyFromSymbol(cyc, fg::g_grad_cycles, sizeof(cyc)));
 
