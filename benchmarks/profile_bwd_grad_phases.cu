@@ -67,12 +67,14 @@ int main(int argc, char** argv) {
   unsigned long long at[2][2][fg::kGradPoints];
   CUDA_OK(cudaMemcpyFromSymbol(at, fg::g_grad_at, sizeof(at)));
   const char* pts[2][fg::kGradPoints] = {
-      {"aux: K, Q, gates (+ A issued)", "aux: A landed, group sync", "aux: Gram done", "aux: P stored"},
-      {"loaders: aux copies issued", "loaders: dO issued", "loaders: S0, dS' stored", "loaders: dO landed"}};
+      {"aux: K, Q, gates (+ A issued)", "aux: A landed, group sync", "aux: Gram done", "aux: P stored",
+       "aux: copies issued / earlier copies read"},
+      {"loaders: aux copies issued", "loaders: dO issued", "loaders: S0, dS' stored", "loaders: dO landed", ""}};
   const double firsts = double(chunks) * hq, laters = double(chunks) * (hv - hq);
   std::printf("%-52s %10s %10s\n", "inside phases 1-2 (cycles from the head's start)", "1st head", "later");
   for (int t = 0; t < 2; ++t)
     for (int i = 0; i < fg::kGradPoints; ++i)
-      std::printf("%-52s %10.0f %10.0f\n", pts[t][i], at[t][0][i] / firsts, laters > 0 ? at[t][1][i] / laters : 0.0);
+      if (pts[t][i][0] != '\0')
+        std::printf("%-52s %10.0f %10.0f\n", pts[t][i], at[t][0][i] / firsts, laters > 0 ? at[t][1][i] / laters : 0.0);
   return 0;
 }

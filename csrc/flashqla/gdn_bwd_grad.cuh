@@ -115,7 +115,7 @@ __device__ unsigned long long g_grad_cycles[2][kGradMarks];
   const long long t_head = t_grad
 // Points inside phases 1-2 (cycles since the head's start, not part of the phase totals), apart for the group's
 // first head (K, Q loaded and normalised) and its later ones: g_grad_at[thread / 128][later head][point]
-constexpr int kGradPoints = 4;
+constexpr int kGradPoints = 5;
 __device__ unsigned long long g_grad_at[2][2][kGradPoints];
 #define FLASHQLA_GRAD_AT(i)                                                                                  \
   do {                                                                                                       \
@@ -388,7 +388,10 @@ __global__ void __launch_bounds__(kGradThreads, 1) gdn_bwd_grad_kernel(const __g
                 make_float4(j == i ? 1.f : 0.f, j + 1 == i ? 1.f : 0.f, j + 2 == i ? 1.f : 0.f, j + 3 == i ? 1.f : 0.f);
         }
       }
-      const auto issued = [] { bar_arrive(kBarAuxIssued, kGradThreads); };
+      const auto issued = [&] {
+        FLASHQLA_GRAD_AT(4);  // (first head: K, Q and A's rows issued; later: the previous head's copies read)
+        bar_arrive(kBarAuxIssued, kGradThreads);
+      };
       if (vh == 0) {
         aux_chunk<T, AuxMode::kInputsOnly>(p, sm.in, sm.ax, wk, c, tid, kBarAux, no_pb, t_mark, issued);
       } else {
