@@ -349,7 +349,7 @@ __global__ void __launch_bounds__(kGradThreads, 1) gdn_bwd_grad_kernel(const __g
   // the products' descriptors: the storage's shared address as align_smem_1024 computes it (from smem_raw, the same on
   // every thread), the column group as a value ptxas can prove warp-uniform
   const uint32_t s_raw = smem_addr(smem_raw);
-  const SwDesc sd((s_raw + ((1024u - (s_raw & 1023u)) & 1023u)) >> 4, __shfl_sync(0xffffffffu, ch, 0));
+  const SwDesc sd((s_raw + gmma::pad_to_1024(s_raw)) >> 4, __shfl_sync(0xffffffffu, ch, 0));
   using Off = GradOff<T>;
   CtaTile ct;
   int64_t c;

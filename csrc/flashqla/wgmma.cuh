@@ -35,9 +35,10 @@ CUTLASS_DEVICE const T* kmaj(const T* base, int n, int k) {
 // launches add 1024 bytes of slack). An offset on the array's own pointer, so the compiler still knows the
 // storage is shared memory: aligned through uintptr_t it did not, and every access became a generic LD / ST
 // (342 in the wgmma prep, 37 in the O-beside chain).
+// The bytes from shared address s to the next 1024-byte boundary.
+CUTLASS_DEVICE uint32_t pad_to_1024(uint32_t s) { return (1024u - (s & 1023u)) & 1023u; }
 CUTLASS_DEVICE unsigned char* align_smem_1024(unsigned char* smem) {
-  const uint32_t s = warp::smem_addr(smem);
-  return smem + ((1024u - (s & 1023u)) & 1023u);
+  return smem + pad_to_1024(warp::smem_addr(smem));
 }
 
 // Descriptor of a no-swizzle tile: start address, leading byte offset (LBO) and stride byte offset (SBO),
