@@ -153,14 +153,14 @@ template <typename T>
 struct GradStorage {
   GradStage<T> in;
   alignas(1024) RowTile<T> dout;
-  union alignas(1024) {  // S0 as T [K][V] (StateTile); once its products are done, two fp32 64 x 64 tiles (A^T,
-                         // then A^T dA's partner), at the end dq's staging tile (fp32 C x 128)
+  union alignas(1024) {  // S0 as T [K][V] (StateTile); once its products are done, X = dA A^T (fp32, phases 10-11),
+                         // at the end dq's staging tile (fp32 C x 128)
     T s0[2][kDimK * 64];
     float xt[kChunk * kLdF];  // X = dA A^T (phases 10-11)
     float dq_st[kChunk * kLdO];
   };
-  union alignas(1024) {  // dS' as T [K][V] (StateTile); once its products are done, dA (dpm[1], fp32) and later
-                         // dL (dpm[0]); at the end dk's staging tile
+  union alignas(1024) {  // dS' as T [K][V] (StateTile); once its products are done, dVn's lo half (dpm[0], phases
+                         // 6-7), dA (dpm[1], fp32) and later dL (dpm[0]); at the end dk's staging tile
     T ds[2][kDimK * 64];
     float dpm[2][kChunk * kLdF];
     float dk_st[kChunk * kLdO];
@@ -232,11 +232,13 @@ struct SwDesc {
     for (int i = 0; i < 3; ++i) lo[i] = addr4 + static_cast<uint32_t>(wg) * (256u << i);
   }
   // byte offset off in the storage (a multiple of 16), the column group's offset 256 << kW units (none for kW < 0),
-  // the given LBO; SBO 1024 (8-row groups), layout type 1 (128-byte swizzle)
+  // the given LBO; SBO 1024 (8-row groups), 128-byte swizzle. (The LBO field added to the start field in 32 bits,
+  // which cannot carry: the add folds it into the offset's constant; a 64-bit form grew the SASS by ~1k lines.)
   template <int kW>
   CUTLASS_DEVICE uint64_t at(uint32_t off, int lbo) const {
     const uint32_t b = kW < 0 ? base : lo[kW < 0 ? 0 : kW];
-    return (uint64_t(0x40000000u | (1024 >> 4)) << 32) | (b + (off >> 4) + (uint32_t(lbo >> 4) << 16));
+    return (gmma::desc_fields(0, 1024) | gmma::kDescSw128) |
+           (b + (off >> 4) + static_cast<uint32_t>(gmma::desc_fields(lbo, 0)));
   }
 };
 // Storage offsets of the tiles the products read by descriptor

@@ -31,21 +31,27 @@ CUTLASS_DEVICE const T* kmaj(const T* base, int n, int k) {
   return reinterpret_cast<const T*>(reinterpret_cast<const char*>(base) + kmaj_off(n, k, KT));
 }
 
+// The bytes from shared address s to the next 1024-byte boundary.
+CUTLASS_DEVICE uint32_t pad_to_1024(uint32_t s) { return (1024u - (s & 1023u)) & 1023u; }
 // The first 1024-byte aligned byte of dynamic shared memory (swizzled wgmma tiles need 1024-byte atoms; the
 // launches add 1024 bytes of slack). An offset on the array's own pointer, so the compiler still knows the
 // storage is shared memory: aligned through uintptr_t it did not, and every access became a generic LD / ST
 // (342 in the wgmma prep, 37 in the O-beside chain).
-// The bytes from shared address s to the next 1024-byte boundary.
-CUTLASS_DEVICE uint32_t pad_to_1024(uint32_t s) { return (1024u - (s & 1023u)) & 1023u; }
 CUTLASS_DEVICE unsigned char* align_smem_1024(unsigned char* smem) {
   return smem + pad_to_1024(warp::smem_addr(smem));
 }
 
-// Descriptor of a no-swizzle tile: start address, leading byte offset (LBO) and stride byte offset (SBO),
-// each >> 4; layout type 0 (no swizzle) and base offset 0.
+// A descriptor's fields but the start address (bits 0-13, the shared address >> 4): leading byte offset (LBO,
+// bits 16-29) and stride byte offset (SBO, bits 32-45), each >> 4; base offset 0; layout type (bits 62-63) 0,
+// no swizzle, or kDescSw128.
+CUTLASS_HOST_DEVICE constexpr uint64_t desc_fields(int lbo, int sbo) {
+  return (uint64_t(lbo >> 4) << 16) | (uint64_t(sbo >> 4) << 32);
+}
+constexpr uint64_t kDescSw128 = uint64_t(1) << 62;  // layout type 1: 128-byte swizzle
+// Descriptor of a no-swizzle tile at smem.
 CUTLASS_DEVICE uint64_t make_desc(const void* smem, int lbo, int sbo) {
   const uint32_t a = warp::smem_addr(smem);
-  return uint64_t((a & 0x3FFFF) >> 4) | (uint64_t(lbo >> 4) << 16) | (uint64_t(sbo >> 4) << 32);
+  return uint64_t((a & 0x3FFFF) >> 4) | desc_fields(lbo, sbo);
 }
 // The K-major operand of one k16 step at column k0 of a tile with `KT` columns. kLboAlongK: the
 // leading byte offset is the k-direction core-matrix stride (128 B), the stride byte offset the n-direction
@@ -70,7 +76,7 @@ CUTLASS_HOST_DEVICE constexpr int sw128_off(int r, int c) {  // byte offset of e
   return r * 128 + (((c >> 3) ^ (r & 7)) << 4) + (c & 7) * 2;
 }
 CUTLASS_DEVICE uint64_t make_desc_sw128(const void* smem, int lbo, int sbo) {
-  return make_desc(smem, lbo, sbo) | (uint64_t(1) << 62);  // layout type 1: 128-byte swizzle
+  return make_desc(smem, lbo, sbo) | kDescSw128;
 }
 
 CUTLASS_DEVICE void fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
@@ -90,8 +96,8 @@ CUTLASS_DEVICE void pin(float (&d)[N]) {
 // imm-trans-b: 0 for a K-major B, 1 for an MN-major one (16-bit types only).
 template <int N, typename T, int kTransB>
 struct RsOp;
-// The accumulator operands: 32 fp32 registers from d[o] (an m64n64 tile per warpgroup; m64n128 is two of them),
-// and the matching PTX register lists.
+// The accumulator operands: 16 or 32 fp32 registers from d[o] (an m64n32 or m64n64 tile per warpgroup; m64n128 is
+// two of the 32), and the matching PTX register lists.
 #define FLASHQLA_GMMA_D16(d, o) "+f"(d[o + 0]), "+f"(d[o + 1]), "+f"(d[o + 2]), "+f"(d[o + 3]), "+f"(d[o + 4]), "+f"(d[o + 5]), "+f"(d[o + 6]), "+f"(d[o + 7]), "+f"(d[o + 8]), "+f"(d[o + 9]), "+f"(d[o + 10]), "+f"(d[o + 11]), "+f"(d[o + 12]), "+f"(d[o + 13]), "+f"(d[o + 14]), "+f"(d[o + 15])
 #define FLASHQLA_GMMA_D32(d, o) "+f"(d[o + 0]), "+f"(d[o + 1]), "+f"(d[o + 2]), "+f"(d[o + 3]), "+f"(d[o + 4]), "+f"(d[o + 5]), "+f"(d[o + 6]), "+f"(d[o + 7]), "+f"(d[o + 8]), "+f"(d[o + 9]), "+f"(d[o + 10]), "+f"(d[o + 11]), "+f"(d[o + 12]), "+f"(d[o + 13]), "+f"(d[o + 14]), "+f"(d[o + 15]), "+f"(d[o + 16]), "+f"(d[o + 17]), "+f"(d[o + 18]), "+f"(d[o + 19]), "+f"(d[o + 20]), "+f"(d[o + 21]), "+f"(d[o + 22]), "+f"(d[o + 23]), "+f"(d[o + 24]), "+f"(d[o + 25]), "+f"(d[o + 26]), "+f"(d[o + 27]), "+f"(d[o + 28]), "+f"(d[o + 29]), "+f"(d[o + 30]), "+f"(d[o + 31])
 #define FLASHQLA_GMMA_R16 "{%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15}"
