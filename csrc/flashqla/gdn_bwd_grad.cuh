@@ -48,7 +48,8 @@ using namespace gdn_fwd_mma;
 // warps 0-3 -> 4-7 in phases 1-2: the aux warps' copies (K, Q, A) are issued; the loaders' (dO, S0, dS': 112 KB)
 // start after them, so that the aux chain's inputs are not queued behind the loaders'
 constexpr uint32_t kBarAuxIssued = kBarState + 1;
-static_assert(kBarAuxIssued < 16, "named barrier ids");
+constexpr uint32_t kBarLoaders = kBarAuxIssued + 1;  // among the loader warps: a staging slot converted
+static_assert(kBarLoaders < 16, "named barrier ids");
 // Warp w owns rows [16 (w % 4), +16) and column group w / 4 of every C x 128 and C x C product; warps 0-3 are
 // also the aux warps of phases 1-2, the others load S0 and dS' there. (16 warps, each with half the tiles under a
 // 128-register cap, measured 19% slower in session 14: spills, and A loaded by twice the warps.)
@@ -70,11 +71,12 @@ static_assert(kDimK == kDimV && kNTc % 2 == 0 && kTf32Blocks * kGradWarps == 16,
 #define FLASHQLA_GRAD_COPY_WARPS 4
 #endif
 constexpr int kCopyWarps = FLASHQLA_GRAD_COPY_WARPS;
-// items (8 bytes of S0 and 16 of dS') each loader thread has in flight in phases 1-2 (see there)
-#ifndef FLASHQLA_GRAD_LOAD_BATCH
-#define FLASHQLA_GRAD_LOAD_BATCH 16
-#endif
-static_assert(kCopyWarps >= 1 && kCopyWarps <= kGradWarps && 2 * kChunk / kCopyWarps <= 32, "copies per lane");
+// S0 (T) and dS' (fp32) arrive by 1-D bulk copies in pieces of kPieceRows state rows, two pieces in flight in
+// two staging slots (over Y, Vn / dR and dVn, free in phases 1-2), each converted by the loader warps as it lands
+constexpr int kPieces = 4, kPieceRows = kDimK / kPieces;
+// (only the aux warps copy out: their wait for the copies' reads, before the loaders may write the staging slots
+// over dR and the tiles over dq_st / dk_st, covers every copy)
+static_assert(kCopyWarps >= 1 && kCopyWarps <= kAuxThreads / 32 && 2 * kChunk / kCopyWarps <= 32, "copies per lane");
 // The warp that computes the gates (dg, dbeta) in phase 13b: one that issues no bulk copies there, so the two
 // overlap (warp 0 did both: the copies' issue, ~3k cycles, then the gates, while warps 4-7 waited).
 // FLASHQLA_GRAD_GATE_WARP: a compile-time switch for the phase profiler's A/B.
@@ -176,6 +178,7 @@ struct GradStorage {
   float rows[kRowSums][kColGroups][kChunk];  // row sums per column group (each row's from the warp of its rows)
   float cols[4][kChunk];                     // per-row-block column sums of H
   float red[kGradWarps];                     // <S0, dS'>
+  uint64_t piece_bar[kPieces];               // a staging slot's piece landed (one phase a head)
   int64_t seq, chunk;
 };
 // dVn's lo half (a swizzled RowTile) over dpm[0] (fp32, C x 64 with kLdF rows; 1024-aligned in its union)
@@ -183,6 +186,18 @@ static_assert(sizeof(RowTile<__nv_bfloat16>) <= sizeof(float) * kChunk * kLdF, "
 template <typename T>
 CUTLASS_DEVICE RowTile<T>& dvn_lo(GradStorage<T>& sm) {
   return *reinterpret_cast<RowTile<T>*>(sm.dpm[0]);
+}
+// A staging slot: a piece of S0 (T) then the same rows of dS' (fp32), both as stored ([K][V] rows)
+template <typename T>
+constexpr uint32_t kS0Piece = kPieceRows * kDimV * sizeof(T);
+constexpr uint32_t kDsPiece = kPieceRows * kDimV * sizeof(float);
+template <typename T>
+constexpr uint32_t kSlotBytes = kS0Piece<T> + kDsPiece;
+template <typename T>
+CUTLASS_DEVICE unsigned char* staging_slot(GradStorage<T>& sm, int slot) {
+  static_assert(offsetof(GradStorage<T>, dvn) + sizeof(RowTile<T>) - offsetof(GradStorage<T>, y) >= 2 * kSlotBytes<T>,
+                "two staging slots fit over Y, Vn / dR and dVn");
+  return reinterpret_cast<unsigned char*>(&sm.y) + slot * kSlotBytes<T>;
 }
 
 // Calls f(row, col, e_pair, v0, v1) for each pair of adjacent accumulator elements (row, col), (row, col + 1)
@@ -356,6 +371,7 @@ __global__ void __launch_bounds__(kGradThreads, 1) gdn_bwd_grad_kernel(const __g
   CtaTile ct;
   int64_t c;
   const int group = static_cast<int>(p.heads_v / p.heads_qk);
+  if (tid < kPieces) tma::mbar_init(&sm.piece_bar[tid]);  // (before prep_tile's __syncthreads)
   if (!prep_tile<IndexT>(p, sm.seq, sm.chunk, ct, c, group)) return;
   const int64_t hq = ct.hq;
   long long t_mark = 0;
@@ -436,39 +452,51 @@ __global__ void __launch_bounds__(kGradThreads, 1) gdn_bwd_grad_kernel(const __g
         const bool ok = r < rows;
         cp_async_16(tile16(sm.dout, r, c8), ok ? dop + (c * kChunk + r) * gp.dout_stride_time + c8 : dop, ok);
       }
-      // this thread's copies of the previous head read dq_st/dk_st (over s0, ds) and dr: done before s0, ds are
-      // written (the aux threads' waited before the barrier above)
-      bulk_wait_read();
+      // (the aux warps' copies of the previous head, the only ones, have read dq_st / dk_st over s0, ds and dR
+      // under the staging slots: they waited before the barrier above)
       FLASHQLA_GRAD_AT(1);
       // S0 arrives in T (the states chain rounds it once on the way out), dS' in fp32: <S0, dS'> (dG_C's term)
       // sums dS' unrounded (both rounded raised dg's error 2.1e-3 -> 3.3e-3 on the harness case), and the
-      // products read both in T. 8 bytes of S0 and 16 of dS' per item, kBatch items in flight per thread
-      // before any is used (read-only loads). With dS' in fp32 the loaders' phases 1-2 grew to 12.7k cycles
-      // (7a41b4f), the aux warps waiting ~4k for them. 16 items per round trip instead of 8 measured the same
-      // (50.6k cycles per head either way, 37230a5): these loads are throughput-bound, not latency-bound.
-      // FLASHQLA_GRAD_LOAD_BATCH stays a compile-time switch for the phase profiler's A/B
+      // products read both in T. Both by bulk copies (one thread issues them, the copy engine moves them): the
+      // loaders' register loads of these 96 KB ran at ~8.5 bytes a cycle per SM (session 15's points), 12-16k
+      // cycles of phases 1-2. Each piece is converted as it lands, the items in the register loads' order (item
+      // k of thread u: state row 4 k + u / 32, columns 4 (u % 32)..), so the tiles and <S0, dS'> are bitwise
+      // theirs; the slot is refilled with piece p + 2 once every loader has read piece p.
       const T* s0g = static_cast<const T*>(gp.states) + slot;
       const float* dsg = gp.dh + slot;
-      constexpr int kPer = kDimK * kDimV / 4 / kLoaderThreads, kBatch = FLASHQLA_GRAD_LOAD_BATCH;
-      static_assert(kPer % kBatch == 0, "whole batches");
+      const auto issue_piece = [&](int pc) {
+        unsigned char* st = staging_slot(sm, pc & 1);
+        tma::mbar_expect_tx(&sm.piece_bar[pc], kSlotBytes<T>);
+        tma::load_bulk(st, s0g + pc * kPieceRows * kDimV, kS0Piece<T>, &sm.piece_bar[pc]);
+        tma::load_bulk(st + kS0Piece<T>, dsg + pc * kPieceRows * kDimV, kDsPiece, &sm.piece_bar[pc]);
+      };
+      if (u == 0) {
+        issue_piece(0);
+        issue_piece(1);
+      }
+      constexpr int kPer = kDimK * kDimV / 4 / kLoaderThreads / kPieces;  // items per thread and piece
+      static_assert(kLoaderThreads % 32 == 0 && kPieceRows % (kLoaderThreads / 32) == 0, "whole rows per piece");
       float dot = 0.f;
-      for (int i0 = 0; i0 < kPer; i0 += kBatch) {
-        uint2 a[kBatch];
-        float4 b[kBatch];
+#pragma unroll 1
+      for (int pc = 0; pc < kPieces; ++pc) {
+        tma::mbar_wait(&sm.piece_bar[pc], static_cast<uint32_t>(vh & 1));
+        const unsigned char* st = staging_slot(sm, pc & 1);
+        const T* s0s = reinterpret_cast<const T*>(st);
+        const float* dss = reinterpret_cast<const float*>(st + kS0Piece<T>);
 #pragma unroll
-        for (int e = 0; e < kBatch; ++e) {
-          const int i = u + (i0 + e) * kLoaderThreads, r = i >> 5, c4 = (i & 31) * 4;
-          a[e] = __ldg(reinterpret_cast<const uint2*>(s0g + r * kDimV + c4));
-          b[e] = __ldg(reinterpret_cast<const float4*>(dsg + r * kDimV + c4));
+        for (int e = 0; e < kPer; ++e) {
+          const int i = u + (kPer * pc + e) * kLoaderThreads, r = i >> 5, c4 = (i & 31) * 4;
+          const int rl = r - kPieceRows * pc;
+          const uint2 a = *reinterpret_cast<const uint2*>(s0s + rl * kDimV + c4);
+          const float4 b = *reinterpret_cast<const float4*>(dss + rl * kDimV + c4);
+          const float2 s01 = unpack2<T>(a.x), s23 = unpack2<T>(a.y);
+          dot += s01.x * b.x + s01.y * b.y + s23.x * b.z + s23.y * b.w;
+          *reinterpret_cast<uint2*>(tile16(sm.s0, r, c4)) = a;
+          *reinterpret_cast<uint2*>(tile16(sm.ds, r, c4)) = make_uint2(pack2<T>(b.x, b.y), pack2<T>(b.z, b.w));
         }
-#pragma unroll
-        for (int e = 0; e < kBatch; ++e) {
-          const int i = u + (i0 + e) * kLoaderThreads, r = i >> 5, c4 = (i & 31) * 4;
-          const float2 s01 = unpack2<T>(a[e].x), s23 = unpack2<T>(a[e].y);
-          dot += s01.x * b[e].x + s01.y * b[e].y + s23.x * b[e].z + s23.y * b[e].w;
-          *reinterpret_cast<uint2*>(tile16(sm.s0, r, c4)) = a[e];
-          *reinterpret_cast<uint2*>(tile16(sm.ds, r, c4)) =
-              make_uint2(pack2<T>(b[e].x, b[e].y), pack2<T>(b[e].z, b[e].w));
+        if (pc + 2 < kPieces) {
+          bar_sync(kBarLoaders, kLoaderThreads);  // every loader has read slot pc & 1
+          if (u == 0) issue_piece(pc + 2);
         }
       }
 #pragma unroll
@@ -873,6 +901,9 @@ cudaError_t launch(const flashqla_gdn_bwd_grad_params_t& gp, cudaStream_t stream
     if (err != cudaSuccess) return err;
   }
   if (chunks == 0 || p.num_seqs == 0) return cudaSuccess;
+  // S0 and dS' arrive by bulk copies, whose sources must be 16-byte aligned (the library's own buffers are)
+  if (reinterpret_cast<uintptr_t>(gp.states) % 16 != 0 || reinterpret_cast<uintptr_t>(gp.dh) % 16 != 0)
+    return cudaErrorMisalignedAddress;
   auto kernel = gp.a != nullptr ? (ix64 ? gdn_bwd_grad_kernel<T, int64_t, true> : gdn_bwd_grad_kernel<T, int32_t, true>)
                                 : (ix64 ? gdn_bwd_grad_kernel<T, int64_t, false> : gdn_bwd_grad_kernel<T, int32_t, false>);
   const size_t smem = sizeof(GradStorage<T>) + 1024;  // + the slack align_smem_1024 takes

@@ -48,6 +48,15 @@ CUTLASS_DEVICE void load_box(void* dst, const CUtensorMap* map, uint64_t* bar, i
       : "memory");
 }
 
+// A contiguous run of bytes (a multiple of 16, both addresses 16-byte aligned) from global into shared memory,
+// completing on bar (no tensor map: for tiles stored contiguously, the gradient kernel's state slots)
+CUTLASS_DEVICE void load_bulk(void* dst, const void* src, uint32_t bytes, uint64_t* bar) {
+  asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];\n" ::"r"(
+                   warp::smem_addr(dst)),
+               "l"(src), "r"(bytes), "r"(warp::smem_addr(bar))
+               : "memory");
+}
+
 // cuTensorMapEncodeTiled through the runtime's driver entry point (no link to libcuda); nullptr if unavailable.
 inline PFN_cuTensorMapEncodeTiled_v12000 encode_fn() {
   static PFN_cuTensorMapEncodeTiled_v12000 fn = [] {
