@@ -59,8 +59,7 @@ constexpr int kColGroups = kGradWarps / 4;
 constexpr int kNT = kDimV / 8 / kColGroups;     // 8-column tiles of a warp's C x 128 tile
 constexpr int kNTc = kChunk / 8 / kColGroups;   // of its C x C tile
 constexpr int kLoaderThreads = kGradThreads - kAuxThreads;
-constexpr int kTf32Blocks = 16 / kGradWarps;  // the 16 x 16 blocks of the 64 x 64 tf32 products per warp
-static_assert(kDimK == kDimV && kNTc % 2 == 0 && kTf32Blocks * kGradWarps == 16, "square states; n-tile pairs");
+static_assert(kDimK == kDimV && kNTc % 2 == 0 && 8 * kNTc == 32, "square states; n-tile pairs; tf32 m64n32");
 // The bulk copies out (dv's 64 rows in phase 8, dq's and dk's 128 in phase 13b) come from warps
 // 0..kCopyWarps-1, copy i from lane i / kCopyWarps of warp i % kCopyWarps. Their cost is the copy engine's
 // (~20-27 cycles per row copy, however many warps issue them: phase timers with 4 and 8 warps), and the
@@ -155,14 +154,15 @@ template <typename T>
 struct GradStorage {
   GradStage<T> in;
   alignas(1024) RowTile<T> dout;
-  union alignas(1024) {  // S0 as T [K][V] (StateTile); once its products are done, X = dA A^T (fp32, phases 10-11),
-                         // at the end dq's staging tile (fp32 C x 128)
+  union alignas(1024) {  // S0 as T [K][V] (StateTile); once its products are done, A^T and X^T = A dA^T (F32Tiles,
+                         // phases 10-11), at the end dq's staging tile (fp32 C x 128)
     T s0[2][kDimK * 64];
-    float xt[kChunk * kLdF];  // X = dA A^T (phases 10-11)
+    float atx[2][kChunk * kChunk];  // A^T, X^T (tf32 operands)
     float dq_st[kChunk * kLdO];
   };
   union alignas(1024) {  // dS' as T [K][V] (StateTile); once its products are done, dVn's lo half (dpm[0], phases
-                         // 6-7), dA (dpm[1], fp32) and later dL (dpm[0]); at the end dk's staging tile
+                         // 6-7), dA (dpm[1], an F32Tile), A's lower triangle (dpm[0], an F32Tile, phases 8-10) and
+                         // dL (dpm[0], padded rows); at the end dk's staging tile
     T ds[2][kDimK * 64];
     float dpm[2][kChunk * kLdF];
     float dk_st[kChunk * kLdO];
@@ -187,6 +187,17 @@ template <typename T>
 CUTLASS_DEVICE RowTile<T>& dvn_lo(GradStorage<T>& sm) {
   return *reinterpret_cast<RowTile<T>*>(sm.dpm[0]);
 }
+// The tf32 products' operands (X^T = A dA^T, dL = -A^T X: wgmma reads tf32 K-major only) are F32Tiles: C x C fp32
+// as two 32-column blocks of 128-byte rows, 128-byte swizzled (16-byte chunk j of row r at j ^ (r % 8)), 1024-byte
+// aligned; a k8 step is 32 bytes of a block, so desc_kmajor addresses them as it does the 16-bit RowTiles.
+constexpr uint32_t kF32Block = kChunk * 128;
+static_assert(kF32Block == kChunk * 64 * 2 && sizeof(float) * kChunk * kLdF % 1024 == 0, "F32Tile blocks; dpm[1] aligned");
+CUTLASS_DEVICE float* f32_sw(float* tile, int r, int c) {  // element (r, c); c % 4 == 0 starts a 16-byte chunk
+  return reinterpret_cast<float*>(reinterpret_cast<unsigned char*>(tile) + (c >> 5) * kF32Block + r * 128 +
+                                  ((((c & 31) >> 2) ^ (r & 7)) << 4) + (c & 3) * 4);
+}
+CUTLASS_DEVICE float tf32_round(float x) { return __uint_as_float(warp::to_tf32(x)); }
+
 // A staging slot: a piece of S0 (T) then the same rows of dS' (fp32), both as stored ([K][V] rows)
 template <typename T>
 constexpr uint32_t kS0Piece = kPieceRows * kDimV * sizeof(T);
@@ -265,6 +276,9 @@ struct GradOff {
   static constexpr uint32_t dout = offsetof(S, dout), s0 = offsetof(S, s0), ds = offsetof(S, ds);
   static constexpr uint32_t y = offsetof(S, y), vn = offsetof(S, vn), dvn = offsetof(S, dvn);
   static constexpr uint32_t dvn_lo = offsetof(S, dpm);
+  // the tf32 operands: A's lower triangle (dpm[0]), dA (dpm[1]), A^T and X^T (over S0)
+  static constexpr uint32_t am = offsetof(S, dpm), da = offsetof(S, dpm) + sizeof(float) * kChunk * kLdF;
+  static constexpr uint32_t at = offsetof(S, atx), xt = offsetof(S, atx) + sizeof(float) * kChunk * kChunk;
 };
 // The operand of k16 step ks (< 8) of a two-block swizzled tile at byte offset X read K-major: the 8-row groups
 // from row 0 (A's 64 rows, kW -1) or from the column group's rows (B^T's: 32 (kW 0) or 64 (kW 1) rows of 128 bytes
@@ -623,7 +637,7 @@ __global__ void __launch_bounds__(kGradThreads, 1) gdn_bwd_grad_kernel(const __g
             da[e] = dm * gam;
           }
           store_pair<T>(&sm.pq[r * kLdC + col], dqk[0], dqk[1]);
-          *reinterpret_cast<float2*>(&sm.dpm[1][r * kLdF + col]) = make_float2(da[0], da[1]);
+          *reinterpret_cast<float2*>(f32_sw(sm.dpm[1], r, col)) = make_float2(tf32_round(da[0]), tf32_round(da[1]));
         }
 #pragma unroll
       for (int hh = 0; hh < 2; ++hh) quad_row_sum(sm.rows[kSumH], ch, m0 + (lane >> 2) + 8 * hh, hr[hh], lane, false);
@@ -709,6 +723,15 @@ __global__ void __launch_bounds__(kGradThreads, 1) gdn_bwd_grad_kernel(const __g
             issue_row_state<0, T>(sd, t, Off::dout, Off::s0);
           },
           u, t);
+      // A's lower triangle (la above it is stale) as phase 10's tf32 operand, into dpm[0] (dVn's lo half is dead)
+      for (int item = tid; item < kChunk * kChunk / 4; item += kGradThreads) {
+        const int i = item >> 4, j0 = (item & 15) * 4;
+        const float4 a = *reinterpret_cast<const float4*>(&sm.ax.la[i * kLdF + j0]);
+        *reinterpret_cast<float4*>(f32_sw(sm.dpm[0], i, j0)) =
+            make_float4(j0 <= i ? tf32_round(a.x) : 0.f, j0 + 1 <= i ? tf32_round(a.y) : 0.f,
+                        j0 + 2 <= i ? tf32_round(a.z) : 0.f, j0 + 3 <= i ? tf32_round(a.w) : 0.f);
+      }
+      fence_async_smem();  // A's lower triangle -> phase 10's wgmma
       float sg[2] = {0.f, 0.f};
       for_frag_pairs<kNT>(m0, n0, lane, [&](int nt, int hh, int r, int col) {
         dk[nt][2 * hh] -= sm.in.gamma[r] * u[nt][2 * hh];
@@ -723,49 +746,64 @@ __global__ void __launch_bounds__(kGradThreads, 1) gdn_bwd_grad_kernel(const __g
       for (int hh = 0; hh < 2; ++hh)
         quad_row_sum(sm.rows[kSumDgamma], ch, m0 + (lane >> 2) + 8 * hh, p.scale * sg[hh], lane, true);
     }
-    FLASHQLA_GRAD_SYNC(14);  // S0 is dead: xt takes its place
-    // (phase 9, A^T staged in fp32, is gone: phases 10 and 11 read A transposed from la; mark 16 stays unused)
+    FLASHQLA_GRAD_SYNC(14);  // S0 is dead: A^T and X^T take its place
+    // (phase 9 is gone; mark 16 stays unused)
 
-    // ---- phase 10: dQ += dQK K, dK += dQK^T Q; tf32: X = dA A^T -> xt
+    // ---- phase 10: dQ += dQK K, dK += dQK^T Q; tf32: X^T = A dA^T -> atx[1]; A^T -> atx[0] while they run.
+    // (The tf32 pair X = dA A^T, dL = -A^T X ran on mma.sync with operands read element by element, A^T by
+    // transposed reads: 6.3k cycles of phases 10-11 a head for 1 MFLOP. wgmma reads tf32 K-major only: X^T = A dA^T
+    // reads A and dA as stored, dL = -A^T X reads A^T and X^T.)
     {
       uint32_t fq[kChunk / 16][4], fqt[kChunk / 16][4];
       a_frags<kChunk / 16, false>(fq, sm.pq, kLdC, m0, ld);
       a_frags<kChunk / 16, true>(fqt, sm.pq, kLdC, m0, ld);
-      wg_chain(
-          [&] {
-            issue_cc_rows<T>(sd, dq, fq, Off::k);
-            issue_cc_rows<T>(sd, dk, fqt, Off::q);
-          },
-          dq, dk);
-    }
+      float xa[kNTc][4];
+      zero_acc(xa);
+      gmma::fence();
+      gmma::pin(flat(dq));
+      gmma::pin(flat(dk));
+      gmma::pin(flat(xa));
+      issue_cc_rows<T>(sd, dq, fq, Off::k);
+      issue_cc_rows<T>(sd, dk, fqt, Off::q);
 #pragma unroll
-    for (int b = 0; b < kTf32Blocks; ++b) {  // 16 blocks of 16 x 16
-      const int blk = kTf32Blocks * w + b, bi = blk >> 2, bj = blk & 3;
-      float x[2][4] = {};
-      mma16x16_tf32_by(
-          x, [&](int r, int k) { return sm.dpm[1][(16 * bi + r) * kLdF + k]; },
-          [&](int k, int n) {  // A^T: A[j][k], lower triangular (la above A's lower blocks is stale)
-            const int j = 16 * bj + n;
-            return k <= j ? sm.ax.la[j * kLdF + k] : 0.f;
-          },
-          kChunk / 8, lane);
-      store16x16(&sm.xt[16 * bi * kLdF + 16 * bj], kLdF, x, 1.f, lane);
+      for (int ks = 0; ks < kChunk / 8; ++ks)
+        gmma::wgmma_ss_tf32_n32(flat(xa), desc_kmajor<-1, kF32Block>(sd, Off::am, ks),
+                                desc_kmajor<0, kF32Block>(sd, Off::da, ks));
+      gmma::commit();
+      // A^T (zero below its diagonal) for phase 11, over S0 (dead since phase 8), while the products run
+      for (int item = tid; item < kChunk * kChunk / 4; item += kGradThreads) {
+        const int i = item >> 4, k0 = (item & 15) * 4;
+        float a[4];
+#pragma unroll
+        for (int e = 0; e < 4; ++e) a[e] = k0 + e >= i ? tf32_round(sm.ax.la[(k0 + e) * kLdF + i]) : 0.f;
+        *reinterpret_cast<float4*>(f32_sw(sm.atx[0], i, k0)) = make_float4(a[0], a[1], a[2], a[3]);
+      }
+      gmma::wait_all();
+      gmma::pin(flat(dq));
+      gmma::pin(flat(dk));
+      gmma::pin(flat(xa));
+      for_pairs(xa, m0, n0c, lane, [&](int r, int col, int, float a, float b) {
+        *reinterpret_cast<float2*>(f32_sw(sm.atx[1], r, col)) = make_float2(tf32_round(a), tf32_round(b));
+      });
+      fence_async_smem();  // A^T, X^T -> phase 11's wgmma
     }
     FLASHQLA_GRAD_SYNC(18);
 
-    // ---- phase 11 (tf32): dL = -A^T X -> dpm[0]
+    // ---- phase 11 (tf32): dL = -A^T X -> dpm[0] (padded rows: phase 12 reads it element by element)
+    {
+      float dl[kNTc][4];
+      zero_acc(dl);
+      wg_chain(
+          [&] {
 #pragma unroll
-    for (int b = 0; b < kTf32Blocks; ++b) {
-      const int blk = kTf32Blocks * w + b, bi = blk >> 2, bj = blk & 3;
-      float x[2][4] = {};
-      mma16x16_tf32_by(
-          x,
-          [&](int r, int k) {  // A^T: A[k][i], zero above A's diagonal
-            const int i = 16 * bi + r;
-            return k >= i ? sm.ax.la[k * kLdF + i] : 0.f;
+            for (int ks = 0; ks < kChunk / 8; ++ks)
+              gmma::wgmma_ss_tf32_n32(flat(dl), desc_kmajor<-1, kF32Block>(sd, Off::at, ks),
+                                      desc_kmajor<0, kF32Block>(sd, Off::xt, ks));
           },
-          [&](int k, int n) { return sm.xt[k * kLdF + 16 * bj + n]; }, kChunk / 8, lane);
-      store16x16(&sm.dpm[0][16 * bi * kLdF + 16 * bj], kLdF, x, -1.f, lane);
+          dl);
+      for_pairs(dl, m0, n0c, lane, [&](int r, int col, int, float a, float b) {
+        *reinterpret_cast<float2*>(&sm.dpm[0][r * kLdF + col]) = make_float2(-a, -b);
+      });
     }
     FLASHQLA_GRAD_SYNC(20);
 

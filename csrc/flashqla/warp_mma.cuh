@@ -185,26 +185,6 @@ CUTLASS_DEVICE void mma16x16_tf32(float (&c)[2][4], const float* A, int lda, con
   }
 }
 
-// The same with the operands read element by element through a(row, k) and b(k, col) (the block's own indices),
-// so that a caller can read one transposed or masked without staging it (the gradient kernel's A^T). Kept apart
-// from mma16x16_tf32, whose callers' SASS it would change.
-template <typename FA, typename FB>
-CUTLASS_DEVICE void mma16x16_tf32_by(float (&c)[2][4], FA&& a, FB&& b, int ks, int lane) {
-  const int g = lane >> 2, t = lane & 3;
-  for (int k = 0; k < ks; ++k) {
-    const int k0 = 8 * k;
-    const uint32_t af[4] = {to_tf32(a(g, k0 + t)), to_tf32(a(g + 8, k0 + t)), to_tf32(a(g, k0 + t + 4)),
-                            to_tf32(a(g + 8, k0 + t + 4))};
-#pragma unroll
-    for (int nt = 0; nt < 2; ++nt) {
-      const uint32_t b0 = to_tf32(b(k0 + t, 8 * nt + g)), b1 = to_tf32(b(k0 + t + 4, 8 * nt + g));
-      asm volatile("mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
-                   : "+f"(c[nt][0]), "+f"(c[nt][1]), "+f"(c[nt][2]), "+f"(c[nt][3])
-                   : "r"(af[0]), "r"(af[1]), "r"(af[2]), "r"(af[3]), "r"(b0), "r"(b1));
-    }
-  }
-}
-
 // Stores a 16 x 16 fp32 C fragment pair times `mul` to row-major shared memory.
 CUTLASS_DEVICE void store16x16(float* C, int ldc, const float (&c)[2][4], float mul, int lane) {
   const int g = lane >> 2, t = lane & 3;

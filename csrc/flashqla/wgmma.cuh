@@ -1,7 +1,7 @@
 // Hopper wgmma helpers (sm_90a): shared-memory matrix descriptors for the
 // no-swizzle K-major core-matrix layout and the 128-byte swizzled layout, the register-A (RS) and shared-A (SS)
-// shapes m64n32 / n64 (/ n128 RS) with either operand K-major or MN-major, and the fence / commit / wait
-// protocol.
+// shapes m64n32 / n64 (/ n128 RS) with either operand K-major or MN-major, tf32 m64n32 (SS, K-major), and the
+// fence / commit / wait protocol.
 //
 // Layout: a K-major tile of n rows and `kt` columns of 16-bit elements is
 // stored as 8 x 8 core matrices of 128 contiguous bytes (8 rows of 16 bytes),
@@ -148,6 +148,14 @@ FLASHQLA_GMMA_SS_TYPES(__nv_bfloat16, "bf16")
 FLASHQLA_GMMA_SS_TYPES(__half, "f16")
 #undef FLASHQLA_GMMA_SS_TYPES
 #undef FLASHQLA_GMMA_SS
+// D (64 x 32, fp32) += A (64 x 8) * B (8 x 32) in tf32, both K-major in shared memory (tf32 has no MN-major
+// operands: a transposed product needs its operand stored transposed). The tensor core reads an operand's top 19
+// bits; callers store them rounded (cvt.rna), as mma.sync's tf32 path rounds its registers.
+CUTLASS_DEVICE void wgmma_ss_tf32_n32(float (&d)[16], uint64_t desc_a, uint64_t desc_b) {
+  asm volatile("wgmma.mma_async.sync.aligned.m64n32k8.f32.tf32.tf32 " FLASHQLA_GMMA_R16 ", %16, %17, 1, 1, 1;\n"
+               : FLASHQLA_GMMA_D16(d, 0)
+               : "l"(desc_a), "l"(desc_b));
+}
 #undef FLASHQLA_GMMA_D16
 #undef FLASHQLA_GMMA_D32
 #undef FLASHQLA_GMMA_R16
