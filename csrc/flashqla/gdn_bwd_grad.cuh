@@ -116,7 +116,7 @@ __device__ unsigned long long g_grad_cycles[2][kGradMarks];
   const long long t_head = t_grad
 // Points inside phases 1-2 (cycles since the head's start, not part of the phase totals), apart for the group's
 // first head (K, Q loaded and normalised) and its later ones: g_grad_at[thread / 128][later head][point]
-constexpr int kGradPoints = 5;
+constexpr int kGradPoints = 8;
 __device__ unsigned long long g_grad_at[2][2][kGradPoints];
 #define FLASHQLA_GRAD_AT(i)                                                                                  \
   do {                                                                                                       \
@@ -494,6 +494,7 @@ __global__ void __launch_bounds__(kGradThreads, 1) gdn_bwd_grad_kernel(const __g
 #pragma unroll 1
       for (int pc = 0; pc < kPieces; ++pc) {
         tma::mbar_wait(&sm.piece_bar[pc], static_cast<uint32_t>(vh & 1));
+        FLASHQLA_GRAD_AT(4 + pc);  // (thread 128: piece pc landed)
         const unsigned char* st = staging_slot(sm, pc & 1);
         const T* s0s = reinterpret_cast<const T*>(st);
         const float* dss = reinterpret_cast<const float*>(st + kS0Piece<T>);
