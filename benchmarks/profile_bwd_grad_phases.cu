@@ -68,12 +68,13 @@ int main(int argc, char** argv) {
   CUDA_OK(cudaMemcpyFromSymbol(at, fg::g_grad_at, sizeof(at)));
   const char* pts[2][fg::kGradPoints] = {
       {"aux: K, Q, gates (+ A issued)", "aux: A landed, group sync", "aux: Gram done", "aux: P stored",
-       "aux: copies issued / earlier copies read", "", "", ""},
+       "aux: copies issued / earlier copies read", "13b reached (thread 0)", "13b: its earlier copies complete",
+       "13b: its warp's copies issued"},
       {"loaders: aux copies issued", "loaders: dO issued", "loaders: S0, dS' stored", "loaders: dO landed",
        "loaders: S0 / dS' piece 0 landed", "loaders: piece 1 landed", "loaders: piece 2 landed",
        "loaders: piece 3 landed"}};
   const double firsts = double(chunks) * hq, laters = double(chunks) * (hv - hq);
-  std::printf("%-52s %10s %10s\n", "inside phases 1-2 (cycles from the head's start)", "1st head", "later");
+  std::printf("%-52s %10s %10s\n", "points (cycles from the head's start)", "1st head", "later");
   for (int t = 0; t < 2; ++t)
     for (int i = 0; i < fg::kGradPoints; ++i)
       if (pts[t][i][0] != '\0')

@@ -852,12 +852,15 @@ __global__ void __launch_bounds__(kGradThreads, 1) gdn_bwd_grad_kernel(const __g
       if (r < rows) {
         float* dst = (which == 0 ? gp.dq : gp.dk) + ((row0 + r) * p.heads_qk + hq) * int64_t(kDimK);
         const float* src = &(which == 0 ? sm.dq_st : sm.dk_st)[r * kLdO];
+        FLASHQLA_GRAD_AT(5);  // (thread 0: 13b reached)
         bulk_wait();  // the earlier heads' copies of this row have landed
+        FLASHQLA_GRAD_AT(6);  // (thread 0: its earlier copies complete)
         if (vh == 0)
           bulk_store(dst, src, kDimK * sizeof(float));
         else
           bulk_reduce_add(dst, src, kDimK * sizeof(float));
         bulk_commit();
+        FLASHQLA_GRAD_AT(7);  // (thread 0: its warp's copies issued)
       }
     }
 
