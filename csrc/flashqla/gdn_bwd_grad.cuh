@@ -393,6 +393,10 @@ __global__ void __launch_bounds__(kGradThreads, 1) gdn_bwd_grad_kernel(const __g
 
   // The value heads of the GVA group one after another; dq and dk are summed over them in head order in
   // fp32 at L2 (phase 13's bulk reduce-adds)
+  // dQ and dK of the q/k head, summed over the group's value heads in registers (fp32, head order), sent once
+  float dk[kNT][4], dq[kNT][4];
+  zero_acc(dq);
+  zero_acc(dk);
   for (int vh = 0; vh < group; ++vh) {
     FLASHQLA_GRAD_TIMER_START;
     ct.h = hq * group + vh;
@@ -591,14 +595,15 @@ __global__ void __launch_bounds__(kGradThreads, 1) gdn_bwd_grad_kernel(const __g
     FLASHQLA_GRAD_SYNC(4);
 
     // ---- phase 5: dK = dte (Vn dS'^T)  (dK and dQ accumulate in registers from here on)
-    float dk[kNT][4], dq[kNT][4];
-    zero_acc(dq);
-    zero_acc(dk);
-    wg_chain([&] { issue_row_state<0, T>(sd, dk, Off::vn, Off::ds); }, dk);
-    for_frag_pairs<kNT>(m0, n0, lane, [&](int nt, int hh, int r, int) {
-      dk[nt][2 * hh] *= sm.in.decay[r];
-      dk[nt][2 * hh + 1] *= sm.in.decay[r];
-    });
+    {
+      float t[kNT][4];
+      zero_acc(t);
+      wg_chain([&] { issue_row_state<0, T>(sd, t, Off::vn, Off::ds); }, t);
+      for_frag_pairs<kNT>(m0, n0, lane, [&](int nt, int hh, int r, int) {
+        dk[nt][2 * hh] += sm.in.decay[r] * t[nt][2 * hh];
+        dk[nt][2 * hh + 1] += sm.in.decay[r] * t[nt][2 * hh + 1];
+      });
+    }
     FLASHQLA_GRAD_SYNC(6);  // dS' is dead: dpm takes its place
 
     // ---- phase 6: dP = scale dO Vn^T, dM = dVn Y^T and Q K^T (C x C, this warp's tile, in registers), and with
@@ -740,8 +745,8 @@ __global__ void __launch_bounds__(kGradThreads, 1) gdn_bwd_grad_kernel(const __g
         const float2 qv = load_pair<T>(tile16(sm.in.q, r, col));
         sg[hh] += qv.x * t[nt][2 * hh] + qv.y * t[nt][2 * hh + 1];
         const float s = p.scale * sm.in.gamma[r];
-        dq[nt][2 * hh] = s * t[nt][2 * hh];
-        dq[nt][2 * hh + 1] = s * t[nt][2 * hh + 1];
+        dq[nt][2 * hh] += s * t[nt][2 * hh];
+        dq[nt][2 * hh + 1] += s * t[nt][2 * hh + 1];
       });
 #pragma unroll
       for (int hh = 0; hh < 2; ++hh)
@@ -832,35 +837,32 @@ __global__ void __launch_bounds__(kGradThreads, 1) gdn_bwd_grad_kernel(const __g
     }
     FLASHQLA_GRAD_SYNC(22);
 
-    // ---- phase 13: dK += (dKK^T + dKK^T^T) K; dq, dk staged in fp32 (over the dead S0 and dS' tiles) and
-    // sent by bulk copies, one row per thread (copy_index): stores for the group's first head, fp32
-    // reduce-adds for the others (in head order: each thread's previous copies have completed first)
+    // ---- phase 13: dK += (dKK^T + dKK^T^T) K; after the group's last head, dq and dk (the group's sums) staged in
+    // fp32 (over the dead S0 and dS' tiles) and sent by bulk copies, one row per thread (copy_index). (Each head's
+    // went out as row copies, fp32 reduce-adds at L2 after the first, each waiting for the row's previous one:
+    // thread 0 spent ~3.1k cycles a head in 13b while the others waited at the barrier.)
     {
       uint32_t fs[kChunk / 16][4];
       a_frags<kChunk / 16, false>(fs, sm.pq, kLdC, m0, ld);
       wg_chain([&] { issue_cc_rows<T>(sd, dk, fs, Off::k); }, dk);
     }
+    if (vh + 1 == group) {
 #pragma unroll
-    for (int which = 0; which < 2; ++which)
-      for_pairs(which == 0 ? dq : dk, m0, n0, lane, [&](int r, int col, int, float a, float b) {
-        *reinterpret_cast<float2*>(&(which == 0 ? sm.dq_st : sm.dk_st)[r * kLdO + col]) = make_float2(a, b);
-      });
-    fence_async_smem();
-    FLASHQLA_GRAD_SYNC(24);
-    if (const int i = copy_index(tid, 2 * kChunk); i >= 0) {
-      const int which = i / kChunk, r = i % kChunk;
-      if (r < rows) {
-        float* dst = (which == 0 ? gp.dq : gp.dk) + ((row0 + r) * p.heads_qk + hq) * int64_t(kDimK);
-        const float* src = &(which == 0 ? sm.dq_st : sm.dk_st)[r * kLdO];
-        FLASHQLA_GRAD_AT(5);  // (thread 0: 13b reached)
-        bulk_wait();  // the earlier heads' copies of this row have landed
-        FLASHQLA_GRAD_AT(6);  // (thread 0: its earlier copies complete)
-        if (vh == 0)
-          bulk_store(dst, src, kDimK * sizeof(float));
-        else
-          bulk_reduce_add(dst, src, kDimK * sizeof(float));
-        bulk_commit();
-        FLASHQLA_GRAD_AT(7);  // (thread 0: its warp's copies issued)
+      for (int which = 0; which < 2; ++which)
+        for_pairs(which == 0 ? dq : dk, m0, n0, lane, [&](int r, int col, int, float a, float b) {
+          *reinterpret_cast<float2*>(&(which == 0 ? sm.dq_st : sm.dk_st)[r * kLdO + col]) = make_float2(a, b);
+        });
+      fence_async_smem();
+      FLASHQLA_GRAD_SYNC(24);
+      if (const int i = copy_index(tid, 2 * kChunk); i >= 0) {
+        const int which = i / kChunk, r = i % kChunk;
+        if (r < rows) {
+          FLASHQLA_GRAD_AT(5);  // (thread 0: 13b reached)
+          bulk_store((which == 0 ? gp.dq : gp.dk) + ((row0 + r) * p.heads_qk + hq) * int64_t(kDimK),
+                     &(which == 0 ? sm.dq_st : sm.dk_st)[r * kLdO], kDimK * sizeof(float));
+          bulk_commit();
+          FLASHQLA_GRAD_AT(7);  // (thread 0: its warp's copies issued)
+        }
       }
     }
 
