@@ -68,7 +68,7 @@ int main(int argc, char** argv) {
   CUDA_OK(cudaMemcpyFromSymbol(at, fg::g_grad_at, sizeof(at)));
   const char* pts[2][fg::kGradPoints] = {
       {"aux: K, Q, gates (+ A issued)", "aux: A landed, group sync", "aux: Gram done", "aux: P stored",
-       "aux: copies issued / earlier copies read", "13b reached (thread 0)", "13b: its earlier copies complete",
+       "aux: copies issued / earlier copies read", "13b reached (thread 0; the group's last head)", "",
        "13b: its warp's copies issued"},
       {"loaders: aux copies issued", "loaders: dO issued", "loaders: S0, dS' stored", "loaders: dO landed",
        "loaders: S0 / dS' piece 0 landed", "loaders: piece 1 landed", "loaders: piece 2 landed",
