@@ -469,14 +469,15 @@ __global__ void __launch_bounds__(kGradThreads, 1) gdn_bwd_grad_kernel(const __g
         const bool ok = r < rows;
         cp_async_16(tile16(sm.dout, r, c8), ok ? dop + (c * kChunk + r) * gp.dout_stride_time + c8 : dop, ok);
       }
-      // (the aux warps' copies of the previous head, the only ones, have read dq_st / dk_st over s0, ds and dR
-      // under the staging slots: they waited before the barrier above)
+      // (the aux warps' dV copies of the previous head, the only copies before the group's last head's dq / dk,
+      // have read dR under the staging slots: they waited before the barrier above)
       FLASHQLA_GRAD_AT(1);
       // S0 arrives in T (the states chain rounds it once on the way out), dS' in fp32: <S0, dS'> (dG_C's term)
       // sums dS' unrounded (both rounded raised dg's error 2.1e-3 -> 3.3e-3 on the harness case), and the
       // products read both in T. Both by bulk copies (one thread issues them, the copy engine moves them): the
       // loaders' register loads of these 96 KB ran at ~8.5 bytes a cycle per SM (session 15's points), 12-16k
-      // cycles of phases 1-2. Each piece is converted as it lands, the items in the register loads' order (item
+      // cycles of phases 1-2; the copies reach ~13, which with every CTA fetching in step is about the H200's
+      // HBM rate (more bytes in flight, S0 by TMA, the next head's pieces early: all measured null). Each piece is converted as it lands, the items in the register loads' order (item
       // k of thread u: state row 4 k + u / 32, columns 4 (u % 32)..), so the tiles and <S0, dS'> are bitwise
       // theirs; the slot is refilled with piece p + 2 once every loader has read piece p.
       const T* s0g = static_cast<const T*>(gp.states) + slot;
