@@ -397,32 +397,47 @@ def chunk_inverse_rows(q, k, g, beta, cu_seqlens=None, use_qk_l2norm_in_kernel=F
     return _to_tokens(P, P.A)
 
 
-def _chunk_local_token_grads(P, S0, dSp, dOc, QKt, U1):
-    """The backward's chunk-parallel step on the token rows, in the computation dtype, from the chunk-start
-    states S0 and the chunk-end state gradients dSp ([slots, H_v, K, V]): (dq, dk) with respect to the
-    (normalised) q and k rows, summed over each GVA group's value heads, then dv, dg, dbeta."""
-    dt = P.dt
-    # chunk-local gradients (independent per chunk)
+def _v_block_partials(P, Vc, S0, dSp, dOc, U1):
+    """The chunk-local step's V-dependent part for one block of V columns (S0, dSp [.., K, Vb], Vc, dOc, U1 [.., C, Vb]):
+    dV of those columns, and the block's shares of everything else, each a sum over V columns, so that the shares of
+    disjoint blocks add up to the whole (a V-split kernel sums them across its CTAs; the rest is V-independent)."""
     KS = P.Kc @ S0
-    R = P.Vc - P.gamma[..., None] * KS
+    R = Vc - P.gamma[..., None] * KS
     Y = P.bc[..., None] * R
     Vn = P.M @ Y
     dW = P.Kc @ dSp                                                  # from S' = ... + K^T diag(dte) V_new
     dVn = U1 + P.dte[..., None] * dW
-    d_dte = (dW * Vn).sum(-1)
-    dK = (P.dte[..., None] * Vn) @ dSp.transpose(-1, -2)
-    d_gammaC = (S0 * dSp).sum((-1, -2))                              # [NC, H]
-    dQ = P.scale * P.gamma[..., None] * (dOc @ S0.transpose(-1, -2))
-    d_gamma = P.scale * (dOc * (P.Qc @ S0)).sum(-1)
-    dP = P.scale * dOc @ Vn.transpose(-1, -2)
-    dM = dVn @ Y.transpose(-1, -2)
     dY = P.M.transpose(-1, -2) @ dVn
-    dbeta = (dY * R).sum(-1)
     dR = P.bc[..., None] * dY
-    dV = dR
-    dKS = -P.gamma[..., None] * dR
-    dK = dK + dKS @ S0.transpose(-1, -2)
-    d_gamma = d_gamma - (dR * KS).sum(-1)
+    return SimpleNamespace(
+        dV=dR,
+        d_dte=(dW * Vn).sum(-1),
+        d_gammaC=(S0 * dSp).sum((-1, -2)),                           # [NC, H]
+        d_gamma=P.scale * (dOc * (P.Qc @ S0)).sum(-1) - (dR * KS).sum(-1),
+        dbeta=(dY * R).sum(-1),
+        dP=P.scale * dOc @ Vn.transpose(-1, -2),
+        dM=dVn @ Y.transpose(-1, -2),
+        # dK's and dQ's products with the states: dte Vn dS'^T + dKS S0^T (dKS = -gamma dR), scale gamma dO S0^T
+        dK=(P.dte[..., None] * Vn) @ dSp.transpose(-1, -2) - (P.gamma[..., None] * dR) @ S0.transpose(-1, -2),
+        dQ=P.scale * P.gamma[..., None] * (dOc @ S0.transpose(-1, -2)))
+
+
+def _chunk_local_token_grads(P, S0, dSp, dOc, QKt, U1, v_blocks=1):
+    """The backward's chunk-parallel step on the token rows, in the computation dtype, from the chunk-start
+    states S0 and the chunk-end state gradients dSp ([slots, H_v, K, V]): (dq, dk) with respect to the
+    (normalised) q and k rows, summed over each GVA group's value heads, then dv, dg, dbeta. v_blocks > 1 runs the
+    V-dependent part per block of V columns and adds the blocks' shares (the fused reverse kernel's V split:
+    exact, every share is linear in its columns)."""
+    dt = P.dt
+    vb = P.V // v_blocks
+    assert vb * v_blocks == P.V, "V blocks of equal width"
+    blocks = [slice(b * vb, (b + 1) * vb) for b in range(v_blocks)]
+    parts = [_v_block_partials(P, P.Vc[..., c], S0[..., c], dSp[..., c], dOc[..., c], U1[..., c]) for c in blocks]
+    total = lambda name: sum(getattr(x, name) for x in parts)
+    dV = torch.cat([x.dV for x in parts], -1)
+    d_dte, d_gammaC, d_gamma, dbeta = total("d_dte"), total("d_gammaC"), total("d_gamma"), total("dbeta")
+    dP, dM, dK, dQ = total("dP"), total("dM"), total("dK"), total("dQ")
+    # the V-independent rest, from the summed shares
     dQK = dP * P.Gamma
     dQ = dQ + dQK @ P.Kc
     dK = dK + dQK.transpose(-1, -2) @ P.Qc
@@ -466,13 +481,14 @@ def _kernel_slots(P, x):
 
 
 def chunk_gdn_bwd_step(q, k, v, g, beta, do, states, dh, scale=None, cu_seqlens=None, use_qk_l2norm_in_kernel=False,
-                       chunk_size=CHUNK):
+                       chunk_size=CHUNK, v_blocks=1):
     """flashqla.chunk_gdn_bwd_grad's contract in PyTorch (its CPU implementation): from the chunk-start states
     and the chunk-end state gradients, (dq, dk, dv, dg, dbeta) in the computation dtype, dq and dk with respect
-    to the normalised q and k rows (no l2norm backward) and summed over each GVA group."""
+    to the normalised q and k rows (no l2norm backward) and summed over each GVA group. v_blocks: the V-dependent
+    part per block of V columns, the blocks' shares added (see _chunk_local_token_grads)."""
     P = _prepare(q, k, v, g, beta, scale, None, cu_seqlens, use_qk_l2norm_in_kernel, chunk_size)
     dOc, _, QKt, U1 = _bwd_setup(P, do, None)
-    return _chunk_local_token_grads(P, _kernel_slots(P, states), _kernel_slots(P, dh), dOc, QKt, U1)
+    return _chunk_local_token_grads(P, _kernel_slots(P, states), _kernel_slots(P, dh), dOc, QKt, U1, v_blocks)
 
 
 def chunk_gdn_bwd_from_states(q, k, v, g, beta, do, states, dh, dh0=None, dht=None, scale=None, initial_state=None,

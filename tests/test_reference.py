@@ -215,6 +215,28 @@ def test_backward_from_given_states_equals_the_explicit_backward():
         assert (a - b).abs().max() < 1e-10
 
 
+@pytest.mark.parametrize("v_blocks", [2, 4, 8])
+def test_gradient_step_v_split_is_exact(v_blocks):
+    # the fused reverse kernel's premise (NOTES, end of session 16): every V-dependent term of the chunk-local
+    # step is a sum over V columns, so V blocks computed apart (their dV, and shares of dq, dk, dg, dbeta and the
+    # C x C tiles dP, dM) and added give the unsplit step to float64 rounding. Packed sequences, GVA 2,
+    # strong decay with a g = 0 head, states and state gradients from the reference chains
+    from flashqla.reference import chunk_gdn_bwd_step, chunk_state_grads_torch, chunk_states_torch
+    lens = [130, 0, 64, 200]
+    d = make_inputs(1, sum(lens), 2, 4, 16, 32, n_seqs=len(lens), strong_decay=True, seed=7)
+    cu = torch.tensor([0] + torch.tensor(lens).cumsum(0).tolist())
+    do = torch.randn(d["v"].shape, generator=torch.Generator().manual_seed(8), dtype=torch.float64)
+    args = (d["q"], d["k"], d["v"], d["g"], d["beta"], do)
+    states = chunk_states_torch(d["q"], d["k"], d["v"], d["g"], d["beta"], initial_state=d["initial_state"],
+                                cu_seqlens=cu)
+    dh, _ = chunk_state_grads_torch(d["q"], d["k"], d["g"], d["beta"], do, None, cu_seqlens=cu)
+    whole = chunk_gdn_bwd_step(*args, states, dh, cu_seqlens=cu)
+    split = chunk_gdn_bwd_step(*args, states, dh, cu_seqlens=cu, v_blocks=v_blocks)
+    for name, a, b in zip(("dq", "dk", "dv", "dg", "dbeta"), split, whole):
+        assert a.shape == b.shape
+        assert rel_l2(a, b) < 1e-12, name
+
+
 def _grad_kernel_phases(Q, K, V, dO, g, beta, S0, dS, scale):
     """csrc/flashqla/gdn_bwd_grad.cuh's phases for one 64-row chunk of one value head (zero-padded rows,
     g = beta = 0 there), in the kernel's order and forms, without rounding: (dq, dk, dv, dg, dbeta)."""
