@@ -187,7 +187,8 @@ CUTLASS_DEVICE RowTile<T>& dvn_lo(GradStorage<T>& sm) {
 }
 // The tf32 products' operands (X^T = A dA^T, dL = -A^T X: wgmma reads tf32 K-major only) are F32Tiles: C x C fp32
 // as two 32-column blocks of 128-byte rows, 128-byte swizzled (16-byte chunk j of row r at j ^ (r % 8)), 1024-byte
-// aligned; a k8 step is 32 bytes of a block, so desc_kmajor addresses them as it does the 16-bit RowTiles.
+// aligned; a k8 step is 32 bytes of a block, so desc_kmajor addresses them as it does the 16-bit RowTiles. (The
+// offset is gmma::sw128_off(r, 2 (c % 32)) written for fp32; through sw128_off, ptxas spilled 24 more bytes.)
 constexpr uint32_t kF32Block = kChunk * 128;
 static_assert(kF32Block == kChunk * 64 * 2 && sizeof(float) * kChunk * kLdF % 1024 == 0, "F32Tile blocks; dpm[1] aligned");
 CUTLASS_DEVICE float* f32_sw(float* tile, int r, int c) {  // element (r, c); c % 4 == 0 starts a 16-byte chunk
@@ -477,9 +478,10 @@ __global__ void __launch_bounds__(kGradThreads, 1) gdn_bwd_grad_kernel(const __g
       // products read both in T. Both by bulk copies (one thread issues them, the copy engine moves them): the
       // loaders' register loads of these 96 KB ran at ~8.5 bytes a cycle per SM (session 15's points), 12-16k
       // cycles of phases 1-2; the copies reach ~13, which with every CTA fetching in step is about the H200's
-      // HBM rate (more bytes in flight, S0 by TMA, the next head's pieces early: all measured null). Each piece is converted as it lands, the items in the register loads' order (item
-      // k of thread u: state row 4 k + u / 32, columns 4 (u % 32)..), so the tiles and <S0, dS'> are bitwise
-      // theirs; the slot is refilled with piece p + 2 once every loader has read piece p.
+      // HBM rate (more bytes in flight, S0 by TMA, the next head's pieces early: all measured null). Each piece
+      // is converted as it lands, the items in the register loads' order (item k of thread u: state row
+      // 4 k + u / 32, columns 4 (u % 32)..), so the tiles and <S0, dS'> are bitwise theirs; the slot is refilled
+      // with piece p + 2 once every loader has read piece p.
       const T* s0g = static_cast<const T*>(gp.states) + slot;
       const float* dsg = gp.dh + slot;
       const auto issue_piece = [&](int pc) {
