@@ -48,9 +48,9 @@ _lib.define("chunk_gdn_bwd_chains(Tensor q, Tensor k, Tensor v, Tensor g, Tensor
             "bool output_a=False) -> (Tensor, Tensor, Tensor, Tensor)")
 
 # The backward's chunk-parallel gradient step (the default; FLASHQLA_BWD_GRAD=0 runs it in PyTorch): from the
-# chunk-start states and the chunk-end state gradients, (dq, dk fp32 [B, T, H_qk, K] summed over each GVA
-# group, dv like v, dg, dbeta fp32 [B, T, H_v]); see the C API's flashqla_gdn_bwd_grad. The caller applies the
-# l2norm backward. a: chunk_gdn_bwd_dh's inverse rows for the same inputs (or None); the results do not depend on it.
+# chunk-start states and the chunk-end state gradients, (dq, dk [B, T, H_qk, K] summed over each GVA group in
+# fp32, then in q's dtype, or in fp32 with use_qk_l2norm, whose backward the caller applies; dv like v, dg, dbeta
+# fp32 [B, T, H_v]); see the C API's flashqla_gdn_bwd_grad. a: chunk_gdn_bwd_dh's inverse rows for the same inputs (or None); the results do not depend on it.
 _lib.define("chunk_gdn_bwd_grad(Tensor q, Tensor k, Tensor v, Tensor g, Tensor beta, Tensor dout, Tensor states, "
             "Tensor dh, float scale, Tensor? cu_seqlens, bool use_qk_l2norm, Tensor? a=None) "
             "-> (Tensor, Tensor, Tensor, Tensor, Tensor)")
@@ -119,7 +119,7 @@ def _chunk_gdn_fwd_states_fake(q, k, v, g, beta, scale, initial_state, cu_seqlen
 def _chunk_gdn_bwd_grad_fake(q, k, v, g, beta, dout, states, dh, scale, cu_seqlens, use_qk_l2norm, a=None):
     B, T, H, V = v.shape
     sd = _state_dtype(q)   # fp32 on the GPU
-    dqk = q.new_empty(q.shape, dtype=sd)
+    dqk = q.new_empty(q.shape, dtype=sd if use_qk_l2norm else q.dtype)
     return dqk, torch.empty_like(dqk), v.new_empty(v.shape), v.new_empty((B, T, H), dtype=sd), \
         v.new_empty((B, T, H), dtype=sd)
 
@@ -214,7 +214,8 @@ def _chunk_gdn_bwd_grad_cpu(q, k, v, g, beta, dout, states, dh, scale, cu_seqlen
     dq, dk, dv, dg, dbeta = reference.chunk_gdn_bwd_step(q, k, v, g, beta, dout, states, dh, scale=scale,
                                                           cu_seqlens=cu_seqlens, use_qk_l2norm_in_kernel=use_qk_l2norm)
     sd = _state_dtype(q)
-    return dq.to(sd), dk.to(sd), dv.to(v.dtype), dg.to(sd), dbeta.to(sd)
+    dqk = sd if use_qk_l2norm else q.dtype
+    return dq.to(dqk), dk.to(dqk), dv.to(v.dtype), dg.to(sd), dbeta.to(sd)
 
 
 @torch.library.impl("flashqla::chunk_local_cumsum", "cpu")

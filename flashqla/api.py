@@ -225,7 +225,8 @@ def _kernel_backward(shape, q, k, v, g, beta, do, dht, scale, initial_state, l2n
     if grad_kernel:
         dq, dk, dv, dg, dbeta = torch.ops.flashqla.chunk_gdn_bwd_grad(qv, kv, vv, g, beta, dov, states, dh, sc, cu,
                                                                        l2norm, a if pass_a else None)
-        # dq, dk come per q/k head (the kernel sums each GVA group's value heads in fp32, in head order)
+        # dq, dk come per q/k head (the kernel sums each GVA group's value heads in fp32, in head order), in q's
+        # dtype, or in fp32 for the l2norm backward
         if l2norm:
             dq, dk = reference._l2norm_bwd(q.float(), dq), reference._l2norm_bwd(k.float(), dk)
         return (dq.to(q.dtype), dk.to(k.dtype), dv.to(v.dtype), dg.to(g.dtype), dbeta.to(beta.dtype),

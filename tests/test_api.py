@@ -253,11 +253,18 @@ def test_bwd_grad_op_cpu_and_fake_shapes():
                                             use_qk_l2norm_in_kernel=l2)
         for a, b in zip((dq, dk) + tuple(out[2:]), ref[:5]):
             assert (a - b).abs().max() < 1e-10
+    half = [d[n].bfloat16() for n in ("q", "k", "v")] + [d["g"].float(), d["beta"].float(), do.bfloat16(),
+                                                         states.bfloat16(), dh.float()]
     with FakeTensorMode() as mode:
         f = mode.from_tensor
         fo = torch.ops.flashqla.chunk_gdn_bwd_grad(*(f(d[n]) for n in ("q", "k", "v", "g", "beta")), f(do), f(states),
                                                    f(dh), 0.25, f(cu), True)
         assert [(t.shape, t.dtype) for t in fo] == [(t.shape, t.dtype) for t in out]
+        # 16-bit inputs: dq, dk come in q's dtype, or in fp32 for the caller's l2norm backward
+        h = [f(x) for x in half]
+        for l2, want in ((False, torch.bfloat16), (True, torch.float32)):
+            fo = torch.ops.flashqla.chunk_gdn_bwd_grad(*h, 0.25, f(cu), l2)
+            assert [t.dtype for t in fo] == [want, want, torch.bfloat16, torch.float32, torch.float32]
 
 
 def test_ops_pass_opcheck():

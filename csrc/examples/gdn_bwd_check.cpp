@@ -188,6 +188,28 @@ int main() {
   std::printf("with flashqla_gdn_bwd_dh's inverse rows: %s\n", same ? "bitwise the same (PASS)" : "DIFFERENT (FAIL)");
   ok = ok && same;
 
+  // dq, dk in bf16 (dqk_dtype): each the fp32 output rounded to nearest, bit for bit; the rows past them untouched
+  std::vector<uint16_t> poison(2 * rowsK, 0xffffu);
+  for (void* x : {static_cast<void*>(d_dq), static_cast<void*>(d_dk)})
+    CUDA_OK(cudaMemcpy(x, poison.data(), 2 * rowsK * 2, cudaMemcpyHostToDevice));
+  pg.dqk_dtype = FLASHQLA_BFLOAT16;
+  st = flashqla_gdn_bwd_grad(&pg, nullptr);
+  if (st != FLASHQLA_SUCCESS) {
+    std::fprintf(stderr, "gradient step with bf16 dq, dk: %s: %s\n", flashqla_status_string(st), flashqla_last_error());
+    return 1;
+  }
+  CUDA_OK(cudaDeviceSynchronize());
+  std::vector<uint16_t> dqb(2 * rowsK), dkb(2 * rowsK);
+  CUDA_OK(cudaMemcpy(dqb.data(), d_dq, 2 * rowsK * 2, cudaMemcpyDeviceToHost));
+  CUDA_OK(cudaMemcpy(dkb.data(), d_dk, 2 * rowsK * 2, cudaMemcpyDeviceToHost));
+  bool rounded = true;
+  for (size_t i = 0; i < rowsK; ++i)
+    rounded = rounded && dqb[i] == to_bf16(dq2[i]) && dkb[i] == to_bf16(dk2[i]) && dqb[rowsK + i] == 0xffffu &&
+              dkb[rowsK + i] == 0xffffu;
+  std::printf("dq, dk in bf16: %s\n", rounded ? "the fp32 outputs rounded, bit for bit (PASS)" : "DIFFERENT (FAIL)");
+  ok = ok && rounded;
+  pg.dqk_dtype = FLASHQLA_FLOAT32;
+
   // both chains from one prep (flashqla_gdn_bwd_prep, then the state recompute and the dS chain with prep_ready),
   // against each chain with its own prep: bitwise the same chunk states and dh
   int64_t chunks = 0;

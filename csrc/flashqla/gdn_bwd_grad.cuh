@@ -94,6 +94,8 @@ enum RowSum { kSumDte, kSumDbeta, kSumDgamma, kSumH, kRowSums };
 constexpr int kLdO = kDimK + 8;
 static_assert(sizeof(float) * kChunk * kLdO <= 2 * kDimK * kLdK, "the staging tiles fit in S0's and dS' 16-bit tiles");
 static_assert(kLdO * sizeof(float) % 16 == 0 && kLdK * 2 % 16 == 0, "16-byte aligned rows for the bulk copies");
+constexpr int kLdO16 = kDimK + 8;  // the same tiles' rows when dq, dk leave in T (gp.dqk_dtype)
+static_assert(kLdO16 * 2 % 16 == 0 && kLdO16 * 2 <= kLdO * 4, "16-bit staging rows: aligned, inside the fp32 tile");
 
 // Diagnostics only (benchmarks/profile_bwd_grad_phases.cu): with FLASHQLA_GRAD_TIMERS, thread 0 (an aux warp)
 // and thread 128 (a loader warp in phases 1-2) of every CTA add the cycles since their previous mark to
@@ -851,19 +853,33 @@ __global__ void __launch_bounds__(kGradThreads, 1) gdn_bwd_grad_kernel(const __g
       wg_chain([&] { issue_cc_rows<T>(sd, dk, fs, Off::k); }, dk);
     }
     if (vh + 1 == group) {
+      // in T (gp.dqk_dtype): rounded once from the fp32 sums, as a cast of the fp32 rows would (no cast pass, half
+      // the bytes); in fp32 for the caller's l2norm backward
+      const bool narrow = gp.dqk_dtype != FLASHQLA_FLOAT32;
+      if (narrow) {
 #pragma unroll
-      for (int which = 0; which < 2; ++which)
-        for_pairs(which == 0 ? dq : dk, m0, n0, lane, [&](int r, int col, int, float a, float b) {
-          *reinterpret_cast<float2*>(&(which == 0 ? sm.dq_st : sm.dk_st)[r * kLdO + col]) = make_float2(a, b);
-        });
+        for (int which = 0; which < 2; ++which)
+          for_pairs(which == 0 ? dq : dk, m0, n0, lane, [&](int r, int col, int, float a, float b) {
+            store_pair<T>(&reinterpret_cast<T*>(which == 0 ? sm.dq_st : sm.dk_st)[r * kLdO16 + col], a, b);
+          });
+      } else {
+#pragma unroll
+        for (int which = 0; which < 2; ++which)
+          for_pairs(which == 0 ? dq : dk, m0, n0, lane, [&](int r, int col, int, float a, float b) {
+            *reinterpret_cast<float2*>(&(which == 0 ? sm.dq_st : sm.dk_st)[r * kLdO + col]) = make_float2(a, b);
+          });
+      }
       fence_async_smem();
       FLASHQLA_GRAD_SYNC(24);
       if (const int i = copy_index(tid, 2 * kChunk); i >= 0) {
         const int which = i / kChunk, r = i % kChunk;
         if (r < rows) {
           FLASHQLA_GRAD_AT(5);  // (thread 0: 13b reached)
-          bulk_store((which == 0 ? gp.dq : gp.dk) + ((row0 + r) * p.heads_qk + hq) * int64_t(kDimK),
-                     &(which == 0 ? sm.dq_st : sm.dk_st)[r * kLdO], kDimK * sizeof(float));
+          const uint32_t bytes = narrow ? kDimK * sizeof(T) : kDimK * sizeof(float);
+          const float* st = which == 0 ? sm.dq_st : sm.dk_st;
+          bulk_store(static_cast<char*>(which == 0 ? gp.dq : gp.dk) + ((row0 + r) * p.heads_qk + hq) * int64_t(bytes),
+                     narrow ? static_cast<const void*>(reinterpret_cast<const T*>(st) + r * kLdO16)
+                            : static_cast<const void*>(st + r * kLdO), bytes);
           bulk_commit();
           FLASHQLA_GRAD_AT(7);  // (thread 0: its warp's copies issued)
         }
@@ -929,7 +945,9 @@ __global__ void zero_tail_rows_kernel(const __grid_constant__ flashqla_gdn_bwd_g
   if (tail <= 0) return;
   const int64_t first = int64_t(blockIdx.x) * blockDim.x + threadIdx.x, stride = int64_t(gridDim.x) * blockDim.x;
   void* const base[5] = {gp.dq, gp.dk, gp.dv, gp.dg, gp.dbeta};
-  const int64_t row_words[5] = {p.heads_qk * p.head_dim_k, p.heads_qk * p.head_dim_k,
+  const int64_t dqk_words = gp.dqk_dtype == FLASHQLA_FLOAT32 ? p.heads_qk * p.head_dim_k
+                                                             : p.heads_qk * p.head_dim_k * int64_t(sizeof(T)) / 4;
+  const int64_t row_words[5] = {dqk_words, dqk_words,
                                 p.heads_v * p.head_dim_v * int64_t(sizeof(T)) / 4, p.heads_v, p.heads_v};
 #pragma unroll
   for (int o = 0; o < 5; ++o) {

@@ -293,7 +293,8 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> chunk_gdn_bwd_chains_
   return {states, r.dh, r.dh0, r.a};
 }
 
-// The chunk-parallel gradient step: (dq, dk fp32 [B, T, H_qk, K] summed over each GVA group, dv like v, dg,
+// The chunk-parallel gradient step: (dq, dk [B, T, H_qk, K] summed over each GVA group, in q's dtype, or fp32
+// with use_qk_l2norm (the caller's l2norm backward takes them), dv like v, dg,
 // dbeta fp32 [B, T, H_v]); rows past cu_seqlens[-1] are zeros. See flashqla_gdn_bwd_grad.
 std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> chunk_gdn_bwd_grad_cuda(
     const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& g, const at::Tensor& beta,
@@ -329,11 +330,14 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> chunk_gdn
   auto out = [&](at::IntArrayRef sizes, const at::TensorOptions& o) {
     return p.fwd.num_seqs == 0 ? at::zeros(sizes, o) : at::empty(sizes, o);
   };
-  at::Tensor dq = out({B, T, Hq, K}, f32), dk = out({B, T, Hq, K}, f32);
+  // dq, dk in q's dtype straight from the kernel (no cast pass), or fp32 for the caller's l2norm backward
+  const auto dqk_opts = use_qk_l2norm ? f32 : q.options();
+  at::Tensor dq = out({B, T, Hq, K}, dqk_opts), dk = out({B, T, Hq, K}, dqk_opts);
   at::Tensor dv = out({B, T, H, V}, v.options());
   at::Tensor dg = out({B, T, H}, f32), dbeta = out({B, T, H}, f32);
-  p.dq = dq.data_ptr<float>();
-  p.dk = dk.data_ptr<float>();
+  p.dq = dq.data_ptr();
+  p.dk = dk.data_ptr();
+  p.dqk_dtype = use_qk_l2norm ? FLASHQLA_FLOAT32 : p.fwd.qkv_dtype;
   p.dv = dv.data_ptr();
   p.dg = dg.data_ptr<float>();
   p.dbeta = dbeta.data_ptr<float>();

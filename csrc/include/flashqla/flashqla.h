@@ -200,9 +200,10 @@ FLASHQLA_API flashqla_status_t flashqla_gdn_bwd_prep(const flashqla_gdn_bwd_dh_p
  * q's dtype and dh in fp32. Writes, for
  * every token row r < batch * seqlen (zeros in the rows past the last sequence; nothing at all when
  * num_seqs is 0), contiguous:
- * dq, dk fp32 [rows, heads_qk, K], the gradients with respect to the (normalised) q and k rows, summed
- * over each GVA group's value heads in head order (pass them through the l2norm backward when
- * use_qk_l2norm);
+ * dq, dk [rows, heads_qk, K] in dqk_dtype, the gradients with respect to the (normalised) q and k rows,
+ * summed over each GVA group's value heads in head order in fp32 (pass them through the l2norm backward when
+ * use_qk_l2norm); dqk_dtype FLOAT32 (0, what a zeroed struct holds) or qkv_dtype (the fp32 sums rounded
+ * once to nearest: bitwise a cast of the FLOAT32 output);
  * dv [rows, heads_v, V] in v's dtype; dg (of the raw per-token g) and dbeta, fp32 [rows, heads_v].
  * a (NULL: the kernel computes the inverse itself; else 16-byte aligned): flashqla_gdn_bwd_dh's `a` for the
  * same inputs. The gradients are bitwise the same either way (the same code computes A in both places).
@@ -213,12 +214,13 @@ typedef struct flashqla_gdn_bwd_grad_params {
   int64_t dout_stride_batch, dout_stride_time, dout_stride_head;
   const void* states;
   const float* dh;
-  float* dq;
-  float* dk;
+  void* dq;
+  void* dk;
   void* dv;
   float* dg;
   float* dbeta;
   const float* a;
+  flashqla_dtype_t dqk_dtype; /* FLOAT32 or qkv_dtype: dq's and dk's */
 } flashqla_gdn_bwd_grad_params_t;
 
 FLASHQLA_API flashqla_status_t flashqla_gdn_bwd_grad(const flashqla_gdn_bwd_grad_params_t* params, cudaStream_t stream);
