@@ -54,8 +54,7 @@ constexpr int kBwdPrepCtasPerSm = 3;
 // (flashqla_gdn_bwd_prep); bitwise the X of the forward's states prep (same operands, same x_half).
 template <typename T, typename IndexT, bool kStatesX = false>
 __global__ void __launch_bounds__(kAuxThreads, kBwdPrepCtasPerSm)
-    gdn_bwd_prep_kernel(const __grid_constant__ flashqla_gdn_fwd_params_t p, const PrepBuffers<T> pb, T* states_x,
-                        const Stagger stagger) {
+    gdn_bwd_prep_kernel(const __grid_constant__ flashqla_gdn_fwd_params_t p, const PrepBuffers<T> pb, T* states_x) {
   using namespace warp;
   extern __shared__ __align__(128) unsigned char smem_raw[];
   auto& sm = *reinterpret_cast<BwdPrepStorage<T>*>(smem_raw);
@@ -63,7 +62,6 @@ __global__ void __launch_bounds__(kAuxThreads, kBwdPrepCtasPerSm)
   const int tid = threadIdx.x, w = tid >> 5, lane = tid & 31;
   CtaTile ct;
   int64_t c;
-  stagger.wait();
   if (!prep_tile<IndexT>(p, sm.seq, sm.chunk, ct, c)) return;
   const int64_t h = ct.h;
   Work<T> wk = make_work<T>(p, ct);
@@ -320,8 +318,7 @@ cudaError_t launch_prep(const flashqla_gdn_fwd_params_t& p, void* workspace, flo
   const cudaError_t err = cudaFuncSetAttribute(prep, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem));
   if (err != cudaSuccess) return err;
   prep<<<dim3(static_cast<unsigned>(chunks), static_cast<unsigned>(p.heads_v)), kAuxThreads, smem, stream>>>(
-      p, bwd_prep_buffers<T>(p, workspace, a), static_cast<T*>(states_x),
-      Stagger::from_env("FLASHQLA_BWD_PREP_STAGGER", kBwdPrepCtasPerSm));
+      p, bwd_prep_buffers<T>(p, workspace, a), static_cast<T*>(states_x));
   return cudaGetLastError();
 }
 

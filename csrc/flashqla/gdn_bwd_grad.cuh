@@ -369,8 +369,7 @@ CUTLASS_DEVICE void store_pair(T* p, float a, float b) {
 // Outputs per flashqla_gdn_bwd_grad (flashqla.h); gp.fwd describes the inputs.
 // kLoadA: gp.a is given (its own instantiation: a runtime branch cost the other path ~8% in registers)
 template <typename T, typename IndexT, bool kLoadA>
-__global__ void __launch_bounds__(kGradThreads, 1) gdn_bwd_grad_kernel(const __grid_constant__ flashqla_gdn_bwd_grad_params_t gp,
-                                                                      const Stagger stagger) {
+__global__ void __launch_bounds__(kGradThreads, 1) gdn_bwd_grad_kernel(const __grid_constant__ flashqla_gdn_bwd_grad_params_t gp) {
   using namespace warp;
   const flashqla_gdn_fwd_params_t& p = gp.fwd;
   extern __shared__ __align__(128) unsigned char smem_raw[];
@@ -388,7 +387,6 @@ __global__ void __launch_bounds__(kGradThreads, 1) gdn_bwd_grad_kernel(const __g
   int64_t c;
   const int group = static_cast<int>(p.heads_v / p.heads_qk);
   if (tid < kPieces) tma::mbar_init(&sm.piece_bar[tid]);  // (before prep_tile's __syncthreads)
-  stagger.wait();
   if (!prep_tile<IndexT>(p, sm.seq, sm.chunk, ct, c, group)) return;
   const int64_t hq = ct.hq;
   long long t_mark = 0;
@@ -976,8 +974,7 @@ cudaError_t launch(const flashqla_gdn_bwd_grad_params_t& gp, cudaStream_t stream
   static_assert(sizeof(GradStorage<T>) + 1024 <= 227 * 1024, "one gradient CTA per SM");
   cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem));
   if (err != cudaSuccess) return err;
-  kernel<<<dim3(static_cast<unsigned>(chunks), static_cast<unsigned>(p.heads_qk)), kGradThreads, smem, stream>>>(
-      gp, Stagger::from_env("FLASHQLA_GRAD_STAGGER", 1));
+  kernel<<<dim3(static_cast<unsigned>(chunks), static_cast<unsigned>(p.heads_qk)), kGradThreads, smem, stream>>>(gp);
   return cudaGetLastError();
 }
 

@@ -3,9 +3,6 @@
 // output rows past the last sequence.
 #pragma once
 
-#include <cstdio>   // sscanf
-#include <cstdlib>  // getenv
-
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
@@ -15,35 +12,6 @@
 namespace flashqla {
 
 constexpr int kTailBlocks = 32;  // extra CTAs that zero o past cu_seqlens[-1]
-
-// A chunk-parallel kernel's first wave of CTAs started in `groups` cohorts `cycles` apart, so that their load
-// phases (HBM-bound bursts when every SM issues them at once) do not all fall together; later waves inherit the
-// offsets, since a CTA starts where one retires. Set by an environment variable "cycles[,groups]" (groups
-// defaults to 3); off (zero cycles) by default. An experiment (NOTES "Session 17").
-struct Stagger {
-  int cycles = 0, groups = 1, wave = 0;  // wave: CTAs in the first wave (SMs x CTAs per SM)
-  CUTLASS_DEVICE void wait() const {
-    if (cycles <= 0) return;
-    const unsigned lin = blockIdx.x + blockIdx.y * gridDim.x;
-    if (lin >= static_cast<unsigned>(wave)) return;
-    const long long until = clock64() + static_cast<long long>(lin % groups) * cycles;
-    while (clock64() < until) {
-    }
-  }
-  // wave_ctas: CTAs per SM; the SM count is the current device's
-  static Stagger from_env(const char* name, int ctas_per_sm) {
-    Stagger s;
-    const char* e = std::getenv(name);
-    int dev = 0, sms = 0;
-    if (e == nullptr || cudaGetDevice(&dev) != cudaSuccess ||
-        cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev) != cudaSuccess)
-      return s;
-    if (std::sscanf(e, "%d,%d", &s.cycles, &s.groups) < 2) s.groups = 3;
-    if (s.groups < 1) s.groups = 1;
-    s.wave = sms * ctas_per_sm;
-    return s;
-  }
-};
 
 template <typename T> CUTLASS_DEVICE float to_f(T x);
 template <> CUTLASS_DEVICE float to_f<float>(float x) { return x; }

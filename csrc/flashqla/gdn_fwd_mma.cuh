@@ -1705,7 +1705,7 @@ CUTLASS_DEVICE void prep_head_wg(const flashqla_gdn_fwd_params_t& p, const PrepB
 template <typename T, typename IndexT, bool kGroup, bool kStatesOnly = false, bool kWg = false>
 __global__ void __launch_bounds__(kPrepThreads, kGroup ? kPrepGroupCtasPerSm : kPrepCtasPerSm)
     gdn_prep_kernel(const __grid_constant__ flashqla_gdn_fwd_params_t p, const PrepBuffers<T> pb, int hpc,
-                    const __grid_constant__ tma::QkMaps maps, const Stagger stagger) {
+                    const __grid_constant__ tma::QkMaps maps) {
   static_assert(!(kGroup && kStatesOnly), "the group form computes W");
   static_assert(!kWg || (!kGroup && !kStatesOnly), "the wgmma form: per head, with W");
   using Storage = std::conditional_t<kWg, PrepStorageWg<T>, PrepStorage<T>>;
@@ -1720,7 +1720,6 @@ __global__ void __launch_bounds__(kPrepThreads, kGroup ? kPrepGroupCtasPerSm : k
   }
   CtaTile ct;
   int64_t c;
-  stagger.wait();
   if (!prep_tile<IndexT>(p, sm.seq, sm.chunk, ct, c, kGroup ? hpc : 1)) return;
   Work<T> wk = make_work<T>(p, ct);
   long long t_mark = 0;
@@ -2006,7 +2005,7 @@ cudaError_t launch(const flashqla_gdn_fwd_params_t& p, cudaStream_t stream) {
   err = cudaFuncSetAttribute(prep, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem));
   if (err == cudaSuccess) {
     prep<<<dim3(static_cast<unsigned>(chunks), static_cast<unsigned>(p.heads_v / hpc)), kPrepThreads, smem, stream>>>(
-        p, pb, hpc, maps, Stagger::from_env("FLASHQLA_PREP_STAGGER", hpc > 1 ? kPrepGroupCtasPerSm : kPrepCtasPerSm));
+        p, pb, hpc, maps);
     err = cudaGetLastError();
   }
   if (err == cudaSuccess) err = launch_prepared<T>(p, pb, stream);
