@@ -28,6 +28,8 @@
 #             GRAD_PHASE_DEFS="-DX=1;-DX=0" builds and runs it once per flag set)
 #   probe     the state chain with wgmma vs mma.sync (benchmarks/wgmma_chain_probe.cu), and a chunk's loads by cp.async
 #             vs TMA with the swizzles compared (benchmarks/tma_load_probe.cu)
+#   rate      wgmma m64n32 / m64n64 (bf16) and m64n32k8 (tf32) products of depth 128 on one SM: latency alone and the
+#             rate with several in flight (benchmarks/wgmma_rate_probe.cu; the fused reverse kernel's budget)
 #   cumsum    the cumsum kernel record (benchmarks/bench_cumsum.py)
 #   bench     python -m flashqla.bench run --cases $CASES --prewarm $PREWARM $BENCH_ARGS (default anchors; the
 #             competitors' kernels compile first in $PREWARM (16) parallel processes, not case by case)
@@ -191,6 +193,12 @@ if has probe; then
   say "TMA load probe (a chunk's 64 KB by cp.async or TMA; TMA's 128-byte swizzle against sw128_off)"
   cuda_tool benchmarks/tma_load_probe.cu /tmp/fq_tma_probe
   timeout 60 /tmp/fq_tma_probe 2>&1 | tee -a "$LOG"
+  [ "${PIPESTATUS[0]}" -eq 0 ] || status=1
+fi
+if has rate; then
+  say "wgmma rate probe (a 64 x N x 128 product: latency alone, rate with products and warpgroups in flight)"
+  cuda_tool benchmarks/wgmma_rate_probe.cu /tmp/fq_rate_probe
+  timeout 60 /tmp/fq_rate_probe 2>&1 | tee -a "$LOG"
   [ "${PIPESTATUS[0]}" -eq 0 ] || status=1
 fi
 
