@@ -1,7 +1,7 @@
 """Where flashqla's time goes: GPU time per kernel (torch.profiler) of one forward and one backward call on
 a few anchor cases, so a change can be aimed at the kernel that costs most.
 
-    python benchmarks/kernel_times.py [--match REGEX] [--reps N] [--launches] [--host]
+    python benchmarks/kernel_times.py [--match REGEX] [--reps N] [--launches] [--host] [--l2norm]
 
 Prints, per case, each kernel's summed GPU time per call (ms) and its share; the case's total is the sum of
 kernel times (launch gaps excluded). Needs an sm_90 GPU.
@@ -91,6 +91,9 @@ def main() -> int:
                     help="also list one call's kernels in start order: start and end (us) and stream")
     ap.add_argument("--host", action="store_true",
                     help="also the host time per eager call and its CPU ops by self time (is the call host-bound?)")
+    ap.add_argument("--l2norm", action="store_true",
+                    help="flashqla with use_qk_l2norm_in_kernel=True (the anchors' q, k come normalised: the same "
+                         "values, plus the l2norm's forward and backward)")
     args = ap.parse_args()
     if not (torch.cuda.is_available() and torch.cuda.get_device_capability() == (9, 0)):
         print("kernel_times: needs an sm_90 GPU")
@@ -102,7 +105,16 @@ def main() -> int:
         if not rx.search(label):
             continue
         d = bench.make_inputs(case, "cuda")
-        times = kernel_times(bench.build_fn("flashqla", libs["flashqla"], case, d), args.reps)
+        fn = bench.build_fn("flashqla", libs["flashqla"], case, d)
+        if args.l2norm and case.direction in ("fwd", "bwd"):
+            impl = libs["flashqla"]
+            kw = dict(scale=d["scale"], initial_state=d["h0"], cu_seqlens=d["cu"], cu_seqlens_cpu=d["cu_cpu"],
+                      use_qk_l2norm_in_kernel=True)
+            args5 = tuple(d[n] for n in ("q", "k", "v", "g", "beta"))
+            fn = ((lambda: impl["api"](*args5, output_final_state=True, **kw)) if case.direction == "fwd" else
+                  (lambda: impl["bwd"](*args5, d["do"], d["dht"], **kw)))
+            label += " (l2norm in kernel)"
+        times = kernel_times(fn, args.reps)
         merged = defaultdict(float)
         for k, t in times.items():
             merged[short(k)] += t
@@ -111,13 +123,13 @@ def main() -> int:
         for k, t in sorted(merged.items(), key=lambda kv: -kv[1])[:12]:
             print(f"  {t:8.3f} ms {100 * t / total:5.1f}%  {k}")
         if args.launches:  # one call's timeline: which kernels overlap (the backward's two chains run on two streams)
-            ls = launches(bench.build_fn("flashqla", libs["flashqla"], case, d))
+            ls = launches(fn)
             span = max((e for _, _, e, _ in ls), default=0)
             print(f"  one call: first start to last end {span:.0f} us")
             for k, a, b, st in ls:
                 print(f"    {a:9.1f} {b:9.1f} us  stream {st}  {k or '?'}")
         if args.host:
-            us, ops = host_cost(bench.build_fn("flashqla", libs["flashqla"], case, d))
+            us, ops = host_cost(fn)
             print(f"  host: {us:.1f} us per call (GPU kernel time {1e3 * total:.1f} us); CPU ops by self time per call "
                   f"(sum {sum(t for _, t, _ in ops):.1f} us, under the profiler; the rest of the host time is Python):")
             for name, t, n in ops[:14]:

@@ -55,6 +55,11 @@ _lib.define("chunk_gdn_bwd_grad(Tensor q, Tensor k, Tensor v, Tensor g, Tensor b
             "Tensor dh, float scale, Tensor? cu_seqlens, bool use_qk_l2norm, Tensor? a=None) "
             "-> (Tensor, Tensor, Tensor, Tensor, Tensor)")
 
+# The l2norm backward (use_qk_l2norm_in_kernel): x [B, T, H, 128], dy (fp32, x's shape: the gradient with respect
+# to the normalised rows) -> the gradient with respect to x in x's dtype; rows past cu_seqlens[-1] zeros. See the
+# C API's flashqla_l2norm_bwd.
+_lib.define("l2norm_bwd(Tensor x, Tensor dy, Tensor? cu_seqlens) -> Tensor")
+
 
 def chunk_bound(B: int, T: int, cu_seqlens, chunk: int = 64) -> int:
     """Chunks of all sequences, bounded from the shapes alone (as flashqla_gdn_chunk_bound)."""
@@ -122,6 +127,11 @@ def _chunk_gdn_bwd_grad_fake(q, k, v, g, beta, dout, states, dh, scale, cu_seqle
     dqk = q.new_empty(q.shape, dtype=sd if use_qk_l2norm else q.dtype)
     return dqk, torch.empty_like(dqk), v.new_empty(v.shape), v.new_empty((B, T, H), dtype=sd), \
         v.new_empty((B, T, H), dtype=sd)
+
+
+@torch.library.register_fake("flashqla::l2norm_bwd")
+def _l2norm_bwd_fake(x, dy, cu_seqlens):
+    return x.new_empty(x.shape)
 
 
 @torch.library.register_fake("flashqla::chunk_gdn_bwd_dh")
@@ -216,6 +226,14 @@ def _chunk_gdn_bwd_grad_cpu(q, k, v, g, beta, dout, states, dh, scale, cu_seqlen
     sd = _state_dtype(q)
     dqk = sd if use_qk_l2norm else q.dtype
     return dq.to(dqk), dk.to(dqk), dv.to(v.dtype), dg.to(sd), dbeta.to(sd)
+
+
+@torch.library.impl("flashqla::l2norm_bwd", "cpu")
+def _l2norm_bwd_cpu(x, dy, cu_seqlens):
+    out = reference._l2norm_bwd(x.to(dy.dtype), dy)
+    if cu_seqlens is not None:  # rows past the last sequence: zeros (whatever x holds there)
+        out[:, max(int(cu_seqlens[-1]), 0):] = 0
+    return out.to(x.dtype)
 
 
 @torch.library.impl("flashqla::chunk_local_cumsum", "cpu")

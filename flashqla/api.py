@@ -227,7 +227,11 @@ def _kernel_backward(shape, q, k, v, g, beta, do, dht, scale, initial_state, l2n
                                                                        l2norm, a if pass_a else None)
         # dq, dk come per q/k head (the kernel sums each GVA group's value heads in fp32, in head order), in q's
         # dtype, or in fp32 for the l2norm backward
-        if l2norm:
+        if l2norm and os.environ.get("FLASHQLA_L2NORM_BWD", "0").strip() == "1":
+            # the l2norm backward in one pass a tensor (flashqla_l2norm_bwd: fp32 in, q's dtype out), where the
+            # PyTorch form below makes ~11 passes over fp32 rows; opt-in until measured on the H200
+            dq, dk = torch.ops.flashqla.l2norm_bwd(qv, dq, cu), torch.ops.flashqla.l2norm_bwd(kv, dk, cu)
+        elif l2norm:
             dq, dk = reference._l2norm_bwd(q.float(), dq), reference._l2norm_bwd(k.float(), dk)
         return (dq.to(q.dtype), dk.to(k.dtype), dv.to(v.dtype), dg.to(g.dtype), dbeta.to(beta.dtype),
                 dh0.to(initial_state.dtype) if initial_state is not None else None)

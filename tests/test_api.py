@@ -288,7 +288,30 @@ def test_ops_pass_opcheck():
         (ops.chunk_gdn_bwd_dh, (d["q"], d["k"], d["g"], d["beta"], do, dht, 0.25, cu, True, True, True)),
         (ops.chunk_gdn_bwd_grad, (*base[:5], do, states, dh, 0.25, cu, True, a)),
         (ops.chunk_local_cumsum, (d["g"], 64, False, 1.0, cu)),
+        (ops.l2norm_bwd, (d["q"], torch.randn(d["q"].shape, dtype=torch.float64), cu)),
     ]
     for op, args in cases:
         res = torch.library.opcheck(op.default, args, test_utils=("test_schema", "test_faketensor"))
         assert all(v == "SUCCESS" for v in res.values()), (op, res)
+
+
+def test_l2norm_bwd_op_cpu():
+    # the l2norm backward's op (CPU: the reference's formula) against autograd through reference.l2norm in
+    # float64, rows past cu_seqlens[-1] zeros whatever x holds there, and the fake implementation's shape and dtype
+    from torch._subclasses.fake_tensor import FakeTensorMode
+    from flashqla import reference
+    gen = torch.Generator().manual_seed(5)
+    x = torch.randn(1, 40, 3, 128, generator=gen, dtype=torch.float64)
+    dy = torch.randn(1, 40, 3, 128, generator=gen, dtype=torch.float64)
+    xr = x.clone().requires_grad_(True)
+    (reference.l2norm(xr) * dy).sum().backward()
+    cu = torch.tensor([0, 17, 33])
+    x[:, 33:] = float("nan")
+    out = torch.ops.flashqla.l2norm_bwd(x, dy, cu)
+    assert out.dtype == x.dtype and out.shape == x.shape
+    assert torch.allclose(out[:, :33], xr.grad[:, :33], rtol=1e-10, atol=1e-12)
+    assert torch.equal(out[:, 33:], torch.zeros_like(out[:, 33:]))
+    xb, dyf = x.bfloat16(), dy.float()
+    with FakeTensorMode() as mode:
+        fo = torch.ops.flashqla.l2norm_bwd(mode.from_tensor(xb), mode.from_tensor(dyf), None)
+        assert fo.shape == x.shape and fo.dtype == torch.bfloat16

@@ -151,7 +151,7 @@ def test_forward_chunk_states_match_float64():
     assert e < 5e-3
 
 
-@pytest.mark.parametrize("case", ["varlen_gva_l2norm", "strong_decay_fp16"])
+@pytest.mark.parametrize("case", ["varlen_gva_l2norm", "varlen_gva_l2norm_kernel", "strong_decay_fp16"])
 def test_kernel_backward_matches_the_pytorch_backward(monkeypatch, case):
     # autograd's backward on the kernel path (FLASHQLA_BWD_KERNEL, default on) against the PyTorch chunked
     # backward on the same GPU inputs, both against float64 autograd: no worse than ~1.5x its error, or than
@@ -161,8 +161,10 @@ def test_kernel_backward_matches_the_pytorch_backward(monkeypatch, case):
     # 4.2e-3 against FLA's 5.6e-3 in the same run)
     import flashqla
     from flashqla.reference import recurrent_gdn
-    if case == "varlen_gva_l2norm":
+    if case.startswith("varlen_gva_l2norm"):
         d, l2, dtype = make([0, 200, 1, 900], 2, 4, l2=True, seed=10), True, torch.bfloat16
+        # _kernel: the l2norm backward by its one-pass kernel (flashqla_l2norm_bwd) instead of PyTorch
+        monkeypatch.setenv("FLASHQLA_L2NORM_BWD", "1" if case.endswith("_kernel") else "0")
     else:
         d, l2, dtype = make([700, 64], 2, 4, strong=True, dtype=torch.float16, seed=11), False, torch.float16
     gen = torch.Generator(device=DEV).manual_seed(12)
@@ -293,3 +295,33 @@ def test_gradient_step_names_the_tiles_it_needs():
     for bad_states, bad_dh in ((states.float(), dh), (states, dh[:1]), (states.transpose(2, 3), dh)):
         with pytest.raises(RuntimeError, match="states .* must be contiguous"):
             torch.ops.flashqla.chunk_gdn_bwd_grad(*base, bad_states, bad_dh, D ** -0.5, d["cu"], False)
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_l2norm_bwd_kernel_matches_float64(dtype):
+    # the l2norm backward's kernel (flashqla_l2norm_bwd) against autograd through reference.l2norm in float64, on a
+    # strided view of x (a fused projection's q), rows past cu_seqlens[-1] holding NaN (their gradient must be 0),
+    # and bitwise equal across runs
+    from flashqla import reference
+    gen = torch.Generator(device=DEV).manual_seed(21)
+    T, H = 333, 3
+    fused = torch.randn(1, T, 2 * H, D, device=DEV, generator=gen).to(dtype)
+    x = fused[:, :, :H]  # head stride 128, time stride 2 H 128
+    dy = torch.randn(1, T, H, D, device=DEV, generator=gen)
+    cu = torch.tensor([0, 100, 300], device=DEV, dtype=torch.int64)
+    x[:, 300:] = float("nan")
+    xr = x.double().clone().requires_grad_(True)
+    (reference.l2norm(xr) * dy.double()).sum().backward()
+    out = torch.ops.flashqla.l2norm_bwd(x, dy, cu)
+    assert out.dtype == dtype and out.shape == x.shape and out.is_contiguous()
+    assert torch.equal(out[:, 300:], torch.zeros_like(out[:, 300:]))
+    err = rel_l2(out[:, :300].double(), xr.grad[:, :300])
+    assert err < (4e-3 if dtype == torch.bfloat16 else 1e-3), err
+    assert torch.equal(out, torch.ops.flashqla.l2norm_bwd(x, dy, cu))
+    # dense rows (no cu_seqlens): every row computed
+    xd = torch.randn(2, 70, H, D, device=DEV, generator=gen).to(dtype)
+    dyd = torch.randn(2, 70, H, D, device=DEV, generator=gen)
+    xr = xd.double().clone().requires_grad_(True)
+    (reference.l2norm(xr) * dyd.double()).sum().backward()
+    err = rel_l2(torch.ops.flashqla.l2norm_bwd(xd, dyd, None).double(), xr.grad)
+    assert err < (4e-3 if dtype == torch.bfloat16 else 1e-3), err

@@ -247,6 +247,37 @@ flashqla_status_t flashqla_gdn_bwd_grad(const flashqla_gdn_bwd_grad_params_t* p,
   return from_cuda(err, "gdn_bwd_grad launch");
 }
 
+flashqla_status_t flashqla_l2norm_bwd(const flashqla_l2norm_bwd_params_t* p, cudaStream_t stream) {
+  if (p == nullptr) return fail(FLASHQLA_ERROR_INVALID_ARGUMENT, "params is NULL");
+  if (p->batch < 0 || p->seqlen < 0 || p->heads < 0)
+    return fail(FLASHQLA_ERROR_INVALID_ARGUMENT, "negative size: batch=%lld seqlen=%lld heads=%lld",
+                (long long)p->batch, (long long)p->seqlen, (long long)p->heads);
+  if (p->x_dtype != FLASHQLA_BFLOAT16 && p->x_dtype != FLASHQLA_FLOAT16)
+    return fail(FLASHQLA_ERROR_UNSUPPORTED, "x dtype must be bfloat16 or float16");
+  if (p->cu_seqlens != nullptr) {
+    if (p->batch != 1)
+      return fail(FLASHQLA_ERROR_INVALID_ARGUMENT, "cu_seqlens requires batch == 1 (got %lld)", (long long)p->batch);
+    if (p->num_seqs < 0)
+      return fail(FLASHQLA_ERROR_INVALID_ARGUMENT, "num_seqs must be >= 0 (got %lld)", (long long)p->num_seqs);
+    if (p->cu_seqlens_dtype != FLASHQLA_INT32 && p->cu_seqlens_dtype != FLASHQLA_INT64)
+      return fail(FLASHQLA_ERROR_UNSUPPORTED, "cu_seqlens dtype must be int32 or int64");
+  }
+  if (p->batch * p->seqlen * p->heads == 0) return ok();
+  if (p->x == nullptr || p->dy == nullptr || p->out == nullptr)
+    return fail(FLASHQLA_ERROR_INVALID_ARGUMENT, "x, dy and out must not be NULL");
+  if (reinterpret_cast<uintptr_t>(p->x) % 8 != 0 || reinterpret_cast<uintptr_t>(p->out) % 8 != 0 ||
+      reinterpret_cast<uintptr_t>(p->dy) % 16 != 0)
+    return fail(FLASHQLA_ERROR_INVALID_ARGUMENT, "x and out must be 8-byte aligned, dy 16-byte aligned");
+  const int64_t strides[] = {p->x_stride_batch, p->x_stride_time, p->x_stride_head};
+  for (int64_t st : strides)
+    if (st % 4 != 0) return fail(FLASHQLA_ERROR_INVALID_ARGUMENT, "x strides must be multiples of 4 elements");
+  if (p->batch * p->seqlen * p->heads > (int64_t(1) << 33))  // (8 rows a block, at most 2^31 - 1 blocks)
+    return fail(FLASHQLA_ERROR_UNSUPPORTED, "too many rows (%lld)", (long long)(p->batch * p->seqlen * p->heads));
+  flashqla_status_t st = check_current_device();
+  if (st != FLASHQLA_SUCCESS) return st;
+  return from_cuda(flashqla::launch_l2norm_bwd(*p, stream), "l2norm_bwd launch");
+}
+
 // The forward's struct the dS chain's kernels read (v = dO, initial_state = dht, final_state = dh0, o unused),
 // validated; *run false: nothing to do.
 static flashqla_status_t bwd_dh_view(const flashqla_gdn_bwd_dh_params_t* p, flashqla_gdn_fwd_params_t* f, bool* run) {

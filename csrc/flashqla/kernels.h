@@ -40,6 +40,8 @@ inline size_t prep_workspace_bytes(const flashqla_gdn_fwd_params_t& p, int cols)
 }
 
 cudaError_t launch_chunk_local_cumsum(const flashqla_chunk_cumsum_params_t& p, cudaStream_t stream);
+// the l2norm backward (l2norm_bwd.cu)
+cudaError_t launch_l2norm_bwd(const flashqla_l2norm_bwd_params_t& p, cudaStream_t stream);
 // v2, warp-specialised with the state chain in registers (gdn_fwd_mma.cuh): the default
 cudaError_t launch_gdn_fwd_mma_bf16(const flashqla_gdn_fwd_params_t& p, cudaStream_t stream);
 cudaError_t launch_gdn_fwd_mma_fp16(const flashqla_gdn_fwd_params_t& p, cudaStream_t stream);

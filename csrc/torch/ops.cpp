@@ -67,6 +67,42 @@ at::Tensor chunk_local_cumsum_cuda(const at::Tensor& g, int64_t chunk_size, bool
   return out;
 }
 
+// The l2norm backward (use_qk_l2norm_in_kernel): x [B, T, H, 128] 16-bit (last dimension contiguous), dy fp32
+// of x's shape (the gradient with respect to the normalised rows) -> the gradient with respect to x, in x's dtype;
+// rows past cu_seqlens[-1] zeros. See flashqla_l2norm_bwd.
+at::Tensor l2norm_bwd_cuda(const at::Tensor& x, const at::Tensor& dy, const std::optional<at::Tensor>& cu_seqlens) {
+  TORCH_CHECK(x.is_cuda() && x.dim() == 4 && x.size(3) == 128 && x.stride(3) == 1,
+              "flashqla.l2norm_bwd: x must be a CUDA tensor [B, T, H, 128] with a contiguous last dimension");
+  TORCH_CHECK(dy.device() == x.device() && dy.scalar_type() == at::kFloat && dy.sizes() == x.sizes(),
+              "flashqla.l2norm_bwd: dy must be a float32 tensor of x's shape on x's device");
+  c10::cuda::CUDAGuard guard(x.device());
+  const at::Tensor xv = x.storage_offset() % 4 == 0 && x.stride(0) % 4 == 0 && x.stride(1) % 4 == 0 &&
+                                x.stride(2) % 4 == 0 ? x : x.contiguous();
+  const at::Tensor dyc = dy.contiguous();
+  auto out = at::empty(x.sizes(), x.options());
+  flashqla_l2norm_bwd_params_t p{};
+  p.x = xv.data_ptr();
+  p.x_dtype = to_flashqla_dtype(x.scalar_type(), "x");
+  p.x_stride_batch = xv.stride(0);
+  p.x_stride_time = xv.stride(1);
+  p.x_stride_head = xv.stride(2);
+  p.dy = dyc.data_ptr<float>();
+  p.out = out.data_ptr();
+  p.batch = x.size(0);
+  p.seqlen = x.size(1);
+  p.heads = x.size(2);
+  if (cu_seqlens.has_value()) {
+    const auto& cu = *cu_seqlens;
+    TORCH_CHECK(cu.device() == x.device() && cu.dim() == 1 && cu.numel() >= 1 && cu.is_contiguous(),
+                "flashqla.l2norm_bwd: cu_seqlens must be a contiguous non-empty 1-D tensor on x's device");
+    p.cu_seqlens = cu.data_ptr();
+    p.cu_seqlens_dtype = to_flashqla_dtype(cu.scalar_type(), "cu_seqlens");
+    p.num_seqs = cu.numel() - 1;
+  }
+  check_status(flashqla_l2norm_bwd(&p, c10::cuda::getCurrentCUDAStream(x.device().index()).stream()), "l2norm_bwd");
+  return out;
+}
+
 // The inputs part of the parameter struct every GDN entry point starts from: q, k, the v-shaped tensor
 // (v, or dout for the state-gradient chain), g, beta, shapes, cu_seqlens, scale, use_qk_l2norm.
 flashqla_gdn_fwd_params_t input_params(const char* op, const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
@@ -390,6 +426,7 @@ TORCH_LIBRARY_IMPL(flashqla, CUDA, m) {
   m.impl("chunk_gdn_bwd_dh", &chunk_gdn_bwd_dh_cuda);
   m.impl("chunk_gdn_bwd_chains", &chunk_gdn_bwd_chains_cuda);
   m.impl("chunk_gdn_bwd_grad", &chunk_gdn_bwd_grad_cuda);
+  m.impl("l2norm_bwd", &l2norm_bwd_cuda);
   m.impl("chunk_gdn_cp_scan", &chunk_gdn_cp_scan_cuda);
 }
 

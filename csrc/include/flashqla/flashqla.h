@@ -226,6 +226,31 @@ typedef struct flashqla_gdn_bwd_grad_params {
 FLASHQLA_API flashqla_status_t flashqla_gdn_bwd_grad(const flashqla_gdn_bwd_grad_params_t* params, cudaStream_t stream);
 
 /*
+ * The backward of the in-kernel l2norm (use_qk_l2norm): from dy, the gradient with respect to the normalised rows
+ * y = x rstd, rstd = 1 / sqrt(sum x^2 + 1e-6) (the forward's l2norm), the gradient with respect to the raw rows
+ * x: out = rstd (dy - y <y, dy>), computed in fp32 and written in x's dtype. For flashqla_gdn_bwd_grad's fp32 dq
+ * with q (and dk with k). Rows of 128 values; rows past cu_seqlens[num_seqs] (packed sequences, batch 1) are
+ * written as zeros.
+ */
+typedef struct flashqla_l2norm_bwd_params {
+  const void* x;               /* [batch, seqlen, heads, 128], last dimension contiguous */
+  flashqla_dtype_t x_dtype;    /* BFLOAT16 or FLOAT16 */
+  int64_t x_stride_batch;      /* element strides, multiples of 4; x 8-byte aligned */
+  int64_t x_stride_time;
+  int64_t x_stride_head;
+  const float* dy;             /* [batch, seqlen, heads, 128], contiguous, 16-byte aligned */
+  void* out;                   /* [batch, seqlen, heads, 128] in x's dtype, contiguous, 8-byte aligned */
+  int64_t batch;
+  int64_t seqlen;
+  int64_t heads;
+  const void* cu_seqlens;      /* NULL for dense batches; else [num_seqs + 1], batch must be 1 */
+  flashqla_dtype_t cu_seqlens_dtype; /* INT32 or INT64 */
+  int64_t num_seqs;
+} flashqla_l2norm_bwd_params_t;
+
+FLASHQLA_API flashqla_status_t flashqla_l2norm_bwd(const flashqla_l2norm_bwd_params_t* params, cudaStream_t stream);
+
+/*
  * Exact context parallelism's scan over segment summaries (the PyTorch op chunk_gdn_cp_fwd's third step). A
  * sequence cut into segments first..last (consecutive, in order) has per segment the affine map
  * S_end = Phi S_start + B of its state chain (B: the segment's final state from zeros; Phi: from the identity
