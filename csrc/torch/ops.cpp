@@ -36,6 +36,20 @@ void cuda_check(cudaError_t err, const char* op) {
   TORCH_CHECK(err == cudaSuccess, "flashqla.", op, ": ", cudaGetErrorString(err));
 }
 
+// cu_seqlens (or none: dense batches) into a parameter struct's cu_seqlens, cu_seqlens_dtype and num_seqs, checked
+// against the inputs' device (the value checks are the C API's)
+template <typename P>
+void set_cu_seqlens(P& p, const std::optional<at::Tensor>& cu_seqlens, const at::Device& device, const char* op,
+                    const char* input) {
+  if (!cu_seqlens.has_value()) return;
+  const at::Tensor& cu = *cu_seqlens;
+  TORCH_CHECK(cu.device() == device && cu.dim() == 1 && cu.numel() >= 1 && cu.is_contiguous(), "flashqla.", op,
+              ": cu_seqlens must be a contiguous non-empty 1-D tensor on ", input, "'s device");
+  p.cu_seqlens = cu.data_ptr();
+  p.cu_seqlens_dtype = to_flashqla_dtype(cu.scalar_type(), "cu_seqlens");
+  p.num_seqs = cu.numel() - 1;
+}
+
 at::Tensor chunk_local_cumsum_cuda(const at::Tensor& g, int64_t chunk_size, bool reverse, double scale,
                                    const std::optional<at::Tensor>& cu_seqlens) {
   TORCH_CHECK(g.is_cuda() && g.dim() == 3, "flashqla.chunk_local_cumsum: g must be a CUDA tensor [B, T, H]");
@@ -51,14 +65,7 @@ at::Tensor chunk_local_cumsum_cuda(const at::Tensor& g, int64_t chunk_size, bool
   p.batch = g.size(0);
   p.seqlen = g.size(1);
   p.heads = g.size(2);
-  if (cu_seqlens.has_value()) {
-    const auto& cu = *cu_seqlens;
-    TORCH_CHECK(cu.device() == g.device() && cu.dim() == 1 && cu.is_contiguous(),
-                "flashqla.chunk_local_cumsum: cu_seqlens must be a contiguous 1-D tensor on g's device");
-    p.cu_seqlens = cu.data_ptr();
-    p.cu_seqlens_dtype = to_flashqla_dtype(cu.scalar_type(), "cu_seqlens");
-    p.num_seqs = cu.numel() - 1;
-  }
+  set_cu_seqlens(p, cu_seqlens, g.device(), "chunk_local_cumsum", "g");
   p.chunk_size = static_cast<int32_t>(chunk_size);
   p.reverse = reverse ? 1 : 0;
   p.scale = static_cast<float>(scale);
@@ -91,14 +98,7 @@ at::Tensor l2norm_bwd_cuda(const at::Tensor& x, const at::Tensor& dy, const std:
   p.batch = x.size(0);
   p.seqlen = x.size(1);
   p.heads = x.size(2);
-  if (cu_seqlens.has_value()) {
-    const auto& cu = *cu_seqlens;
-    TORCH_CHECK(cu.device() == x.device() && cu.dim() == 1 && cu.numel() >= 1 && cu.is_contiguous(),
-                "flashqla.l2norm_bwd: cu_seqlens must be a contiguous non-empty 1-D tensor on x's device");
-    p.cu_seqlens = cu.data_ptr();
-    p.cu_seqlens_dtype = to_flashqla_dtype(cu.scalar_type(), "cu_seqlens");
-    p.num_seqs = cu.numel() - 1;
-  }
+  set_cu_seqlens(p, cu_seqlens, x.device(), "l2norm_bwd", "x");
   check_status(flashqla_l2norm_bwd(&p, c10::cuda::getCurrentCUDAStream(x.device().index()).stream()), "l2norm_bwd");
   return out;
 }
@@ -130,13 +130,8 @@ flashqla_gdn_fwd_params_t input_params(const char* op, const at::Tensor& q, cons
   p.beta_stride_batch = beta.stride(0); p.beta_stride_time = beta.stride(1); p.beta_stride_head = beta.stride(2);
   p.batch = q.size(0); p.seqlen = q.size(1); p.heads_qk = q.size(2); p.heads_v = v.size(2);
   p.head_dim_k = q.size(3); p.head_dim_v = v.size(3);
-  if (cu_seqlens.has_value()) {
-    TORCH_CHECK(cu_seqlens->device() == q.device() && cu_seqlens->dim() == 1 && cu_seqlens->is_contiguous(),
-                "flashqla.", op, ": cu_seqlens must be a contiguous 1-D tensor on q's device");
-    p.cu_seqlens = cu_seqlens->data_ptr();
-    p.cu_seqlens_dtype = to_flashqla_dtype(cu_seqlens->scalar_type(), "cu_seqlens");
-  }
-  p.num_seqs = cu_seqlens.has_value() ? cu_seqlens->numel() - 1 : q.size(0);
+  p.num_seqs = q.size(0);
+  set_cu_seqlens(p, cu_seqlens, q.device(), op, "q");
   p.scale = static_cast<float>(scale);
   p.use_qk_l2norm = use_qk_l2norm ? 1 : 0;
   return p;
