@@ -50,7 +50,8 @@ _lib.define("chunk_gdn_bwd_chains(Tensor q, Tensor k, Tensor v, Tensor g, Tensor
 # The backward's chunk-parallel gradient step (the default; FLASHQLA_BWD_GRAD=0 runs it in PyTorch): from the
 # chunk-start states and the chunk-end state gradients, (dq, dk [B, T, H_qk, K] summed over each GVA group in
 # fp32, then in q's dtype, or in fp32 with use_qk_l2norm, whose backward the caller applies; dv like v, dg, dbeta
-# fp32 [B, T, H_v]); see the C API's flashqla_gdn_bwd_grad. a: chunk_gdn_bwd_dh's inverse rows for the same inputs (or None); the results do not depend on it.
+# fp32 [B, T, H_v]); see the C API's flashqla_gdn_bwd_grad. a: chunk_gdn_bwd_dh's inverse rows for the same
+# inputs (or None); the results do not depend on it.
 _lib.define("chunk_gdn_bwd_grad(Tensor q, Tensor k, Tensor v, Tensor g, Tensor beta, Tensor dout, Tensor states, "
             "Tensor dh, float scale, Tensor? cu_seqlens, bool use_qk_l2norm, Tensor? a=None) "
             "-> (Tensor, Tensor, Tensor, Tensor, Tensor)")
