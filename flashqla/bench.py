@@ -328,10 +328,17 @@ def load_libs(requested, device: str) -> dict:
     return out
 
 
-def _flashqla_call(api, d, q, k, v, g, beta, h0):
+def _e2e_l2norm() -> bool:
+    """FLASHQLA_BENCH_L2NORM=1: the e2e cases call every library's autograd API with use_qk_l2norm_in_kernel=True
+    (the l2norm's forward and backward inside each library, as Qwen3-Next calls the rule; q, k as drawn). Recorded
+    in the record's env like every FLASHQLA_ switch."""
+    return os.environ.get("FLASHQLA_BENCH_L2NORM", "0").strip() == "1"
+
+
+def _flashqla_call(api, d, q, k, v, g, beta, h0, l2norm=False):
     # cu_seqlens_cpu lets flashqla check cu_seqlens without a device sync
     return api(q, k, v, g, beta, scale=d["scale"], initial_state=h0, output_final_state=True, cu_seqlens=d["cu"],
-               cu_seqlens_cpu=d["cu_cpu"])
+               cu_seqlens_cpu=d["cu_cpu"], use_qk_l2norm_in_kernel=l2norm)
 
 
 _LEAVES = ("q", "k", "v", "g", "beta", "h0")
@@ -339,12 +346,14 @@ _LEAVES = ("q", "k", "v", "g", "beta", "h0")
 
 def _autograd_forward(lib: str, impl: dict, d: dict, leaves):
     """(o, final state) from `lib`'s autograd API on `leaves` (q, k, v, g, beta, h0) and the rest of `d`."""
+    l2norm = _e2e_l2norm()
     if lib == "flashqla":
-        return _flashqla_call(impl["api"], d, *leaves)
+        return _flashqla_call(impl["api"], d, *leaves, l2norm=l2norm)
     if impl.get("api") is None:
         raise RuntimeError(f"{lib} has no autograd API in this install")
+    kw = dict(use_qk_l2norm_in_kernel=True) if l2norm else {}  # (both competitors' APIs take it)
     return impl["api"](*leaves[:5], scale=d["scale"], initial_state=leaves[5], output_final_state=True,
-                       cu_seqlens=d["cu"])
+                       cu_seqlens=d["cu"], **kw)
 
 
 def build_fn(lib: str, impl: dict, case: Case, d: dict):

@@ -370,3 +370,19 @@ def test_prewarm_groups_cover_every_case_once_per_library():
     lib, cs, _ = jobs[0]
     c = cs[0]
     assert bench.Case(**{**c, "seqlens": tuple(c["seqlens"])}) in cases
+
+
+def test_e2e_l2norm_switch(monkeypatch):
+    # FLASHQLA_BENCH_L2NORM=1: the e2e cases call the autograd API with use_qk_l2norm_in_kernel=True (flashqla here,
+    # on the CPU fallback), and the record's env says so; unset, they do not
+    import torch
+    case = next(c for c in bench.cases_for("smoke") if c.direction == "e2e")
+    d = bench.make_inputs(case, "cpu")
+    impl = dict(bench.load_libs(["flashqla"], "cpu")["flashqla"])
+    seen, api = [], impl["api"]
+    impl["api"] = lambda *a, **kw: seen.append(kw.get("use_qk_l2norm_in_kernel")) or api(*a, **kw)
+    bench.build_fn("flashqla", impl, case, d)()
+    monkeypatch.setenv("FLASHQLA_BENCH_L2NORM", "1")
+    grads = bench.build_fn("flashqla", impl, case, d)()
+    assert seen == [False, True] and all(torch.isfinite(t).all() for t in grads)
+    assert bench.record_meta("cpu")["env"].get("FLASHQLA_BENCH_L2NORM") == "1"
