@@ -4,41 +4,15 @@
 // sums by a fixed butterfly: deterministic): it reads x (16-bit) and dy (fp32) once and writes the result once,
 // where the PyTorch form it replaces made eleven passes over fp32 tensors of the rows' size. Rows past the last
 // packed sequence (cu_seqlens) are written as zeros, whatever x holds there.
-#include <cuda_bf16.h>
-#include <cuda_fp16.h>
-
 #include "common.h"
 #include "kernels.h"
+#include "l2norm_bwd.cuh"
 
 namespace flashqla {
 namespace {
 
 constexpr int kDim = 128;           // values a row (four a lane)
 constexpr int kRowsPerBlock = 8;    // one warp a row
-constexpr float kL2Eps = 1e-6f;     // the forward's (gdn_fwd_mma.cuh's l2norm, reference.L2NORM_EPS)
-
-template <typename T> CUTLASS_DEVICE float2 to_float2(T lo, T hi);
-template <> CUTLASS_DEVICE float2 to_float2<__nv_bfloat16>(__nv_bfloat16 lo, __nv_bfloat16 hi) {
-  return make_float2(__bfloat162float(lo), __bfloat162float(hi));
-}
-template <> CUTLASS_DEVICE float2 to_float2<__half>(__half lo, __half hi) {
-  return make_float2(__half2float(lo), __half2float(hi));
-}
-template <typename T> CUTLASS_DEVICE uint32_t pack(float lo, float hi);
-template <> CUTLASS_DEVICE uint32_t pack<__nv_bfloat16>(float lo, float hi) {
-  const __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
-  return *reinterpret_cast<const uint32_t*>(&v);
-}
-template <> CUTLASS_DEVICE uint32_t pack<__half>(float lo, float hi) {
-  const __half2 v = __floats2half2_rn(lo, hi);
-  return *reinterpret_cast<const uint32_t*>(&v);
-}
-
-CUTLASS_DEVICE float warp_sum(float v) {
-#pragma unroll
-  for (int off = 16; off > 0; off >>= 1) v += __shfl_xor_sync(0xffffffffu, v, off);
-  return v;
-}
 
 template <typename T, typename IndexT>
 __global__ void __launch_bounds__(32 * kRowsPerBlock) l2norm_bwd_kernel(const flashqla_l2norm_bwd_params_t p) {
@@ -58,15 +32,8 @@ __global__ void __launch_bounds__(32 * kRowsPerBlock) l2norm_bwd_kernel(const fl
     }
   }
   const T* xr = static_cast<const T*>(p.x) + b * p.x_stride_batch + t * p.x_stride_time + h * p.x_stride_head;
-  const uint2 xv = *(reinterpret_cast<const uint2*>(xr) + lane);  // values 4 lane .. 4 lane + 3
   const float4 dy = *(reinterpret_cast<const float4*>(p.dy + row * kDim) + lane);
-  const T* xe = reinterpret_cast<const T*>(&xv);
-  const float2 x01 = to_float2<T>(xe[0], xe[1]), x23 = to_float2<T>(xe[2], xe[3]);
-  const float rstd = rsqrtf(warp_sum(x01.x * x01.x + x01.y * x01.y + x23.x * x23.x + x23.y * x23.y) + kL2Eps);
-  const float y0 = x01.x * rstd, y1 = x01.y * rstd, y2 = x23.x * rstd, y3 = x23.y * rstd;
-  const float dot = warp_sum(y0 * dy.x + y1 * dy.y + y2 * dy.z + y3 * dy.w);
-  *dst = make_uint2(pack<T>(rstd * (dy.x - y0 * dot), rstd * (dy.y - y1 * dot)),
-                    pack<T>(rstd * (dy.z - y2 * dot), rstd * (dy.w - y3 * dot)));
+  *dst = l2norm_bwd_row<T>(xr, dy, lane);
 }
 
 template <typename T>
