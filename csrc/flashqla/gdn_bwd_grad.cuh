@@ -871,7 +871,7 @@ __global__ void __launch_bounds__(kGradThreads, 1) gdn_bwd_grad_kernel(const __g
             *reinterpret_cast<float2*>(&(which == 0 ? sm.dq_st : sm.dk_st)[r * kLdO + col]) = make_float2(a, b);
           });
       }
-      fence_async_smem();
+      if constexpr (!kL2) fence_async_smem();  // (the bulk copies read the tiles; kL2's warps read them directly)
       FLASHQLA_GRAD_SYNC(24);
       if constexpr (kL2) {
         // the raw rows' batch row and token from the chunk's first flat row (recomputed here: kept live from
