@@ -107,12 +107,11 @@ def main() -> int:
         d = bench.make_inputs(case, "cuda")
         fn = bench.build_fn("flashqla", libs["flashqla"], case, d)
         if args.l2norm and case.direction in ("fwd", "bwd"):
-            impl = libs["flashqla"]
-            kw = dict(scale=d["scale"], initial_state=d["h0"], cu_seqlens=d["cu"], cu_seqlens_cpu=d["cu_cpu"],
-                      use_qk_l2norm_in_kernel=True)
-            args5 = tuple(d[n] for n in ("q", "k", "v", "g", "beta"))
-            fn = ((lambda: impl["api"](*args5, output_final_state=True, **kw)) if case.direction == "fwd" else
-                  (lambda: impl["bwd"](*args5, d["do"], d["dht"], **kw)))
+            impl, args5 = libs["flashqla"], tuple(d[n] for n in ("q", "k", "v", "g", "beta"))
+            fn = ((lambda: bench._flashqla_call(impl["api"], d, *args5, d["h0"], l2norm=True))
+                  if case.direction == "fwd" else
+                  (lambda: impl["bwd"](*args5, d["do"], d["dht"], scale=d["scale"], initial_state=d["h0"],
+                                       cu_seqlens=d["cu"], cu_seqlens_cpu=d["cu_cpu"], use_qk_l2norm_in_kernel=True)))
             label += " (l2norm in kernel)"
         times = kernel_times(fn, args.reps)
         merged = defaultdict(float)
