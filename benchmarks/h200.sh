@@ -76,6 +76,9 @@ tar_xz() {  # output.tar.xz, directory, name inside
 status=0
 # A standalone CUDA tool of benchmarks/ (torch-free, sm_90a): source, binary.
 cuda_tool() {  # source, binary, extra nvcc flags (e.g. -D switches)
+  # (a stage without `build` before it has no CUTLASS headers yet: take them from the carried wheel)
+  python3 third_party/cutlass.py > /dev/null 2>&1 || python3 -m pip install -q --no-index --no-deps --no-compile \
+    --target "$SITE" .whl/build/nvidia_cutlass-*.whl 2>&1 | grep -v "^WARNING: Target directory" | tail -2
   nvcc -O3 -lineinfo -std=c++17 -gencode=arch=compute_90a,code=sm_90a --expt-relaxed-constexpr -Icsrc/include -Icsrc \
        -I"$(python3 third_party/cutlass.py)" ${3:-} "$1" -o "$2" 2>&1 | grep -v "spill" | tail -5 | tee -a "$LOG"
 }
