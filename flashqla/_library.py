@@ -51,10 +51,9 @@ _lib.define("chunk_gdn_bwd_chains(Tensor q, Tensor k, Tensor v, Tensor g, Tensor
 # chunk-start states and the chunk-end state gradients, (dq, dk [B, T, H_qk, K] summed over each GVA group in
 # fp32, then in q's dtype, or in fp32 with use_qk_l2norm, whose backward the caller applies; dv like v, dg, dbeta
 # fp32 [B, T, H_v]); see the C API's flashqla_gdn_bwd_grad. a: chunk_gdn_bwd_dh's inverse rows for the same
-# inputs (or None); the results do not depend on it. raw_dqk (with use_qk_l2norm): dq, dk with respect to the raw
-# q, k rows, in q's dtype (the l2norm backward applied by the kernel, as l2norm_bwd would from the fp32 ones).
+# inputs (or None); the results do not depend on it.
 _lib.define("chunk_gdn_bwd_grad(Tensor q, Tensor k, Tensor v, Tensor g, Tensor beta, Tensor dout, Tensor states, "
-            "Tensor dh, float scale, Tensor? cu_seqlens, bool use_qk_l2norm, Tensor? a=None, bool raw_dqk=False) "
+            "Tensor dh, float scale, Tensor? cu_seqlens, bool use_qk_l2norm, Tensor? a=None) "
             "-> (Tensor, Tensor, Tensor, Tensor, Tensor)")
 
 # The l2norm backward (use_qk_l2norm_in_kernel): x [B, T, H, 128], dy (fp32, x's shape: the gradient with respect
@@ -123,11 +122,10 @@ def _chunk_gdn_fwd_states_fake(q, k, v, g, beta, scale, initial_state, cu_seqlen
 
 
 @torch.library.register_fake("flashqla::chunk_gdn_bwd_grad")
-def _chunk_gdn_bwd_grad_fake(q, k, v, g, beta, dout, states, dh, scale, cu_seqlens, use_qk_l2norm, a=None,
-                             raw_dqk=False):
+def _chunk_gdn_bwd_grad_fake(q, k, v, g, beta, dout, states, dh, scale, cu_seqlens, use_qk_l2norm, a=None):
     B, T, H, V = v.shape
     sd = _state_dtype(q)   # fp32 on the GPU
-    dqk = q.new_empty(q.shape, dtype=sd if use_qk_l2norm and not raw_dqk else q.dtype)
+    dqk = q.new_empty(q.shape, dtype=sd if use_qk_l2norm else q.dtype)
     return dqk, torch.empty_like(dqk), v.new_empty(v.shape), v.new_empty((B, T, H), dtype=sd), \
         v.new_empty((B, T, H), dtype=sd)
 
@@ -222,15 +220,12 @@ def _chunk_gdn_bwd_chains_cpu(q, k, v, g, beta, dout, dht, scale, initial_state,
 
 
 @torch.library.impl("flashqla::chunk_gdn_bwd_grad", "cpu")
-def _chunk_gdn_bwd_grad_cpu(q, k, v, g, beta, dout, states, dh, scale, cu_seqlens, use_qk_l2norm, a=None,
-                            raw_dqk=False):
+def _chunk_gdn_bwd_grad_cpu(q, k, v, g, beta, dout, states, dh, scale, cu_seqlens, use_qk_l2norm, a=None):
     # a only spares the kernel a recomputation: the reference computes the inverse itself
     dq, dk, dv, dg, dbeta = reference.chunk_gdn_bwd_step(q, k, v, g, beta, dout, states, dh, scale=scale,
                                                           cu_seqlens=cu_seqlens, use_qk_l2norm_in_kernel=use_qk_l2norm)
     sd = _state_dtype(q)
-    if use_qk_l2norm and raw_dqk:  # the l2norm backward here, as the kernel does
-        dq, dk = _l2norm_bwd_ref(q, dq.to(sd), cu_seqlens), _l2norm_bwd_ref(k, dk.to(sd), cu_seqlens)
-    dqk = sd if use_qk_l2norm and not raw_dqk else q.dtype
+    dqk = sd if use_qk_l2norm else q.dtype
     return dq.to(dqk), dk.to(dqk), dv.to(v.dtype), dg.to(sd), dbeta.to(sd)
 
 

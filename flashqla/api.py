@@ -223,17 +223,13 @@ def _kernel_backward(shape, q, k, v, g, beta, do, dht, scale, initial_state, l2n
         states, dh, dh0, a = torch.ops.flashqla.chunk_gdn_bwd_chains(qv, kv, vv, g, beta, dov, dht_, sc, h0, cu, l2norm,
                                                                      initial_state is not None, pass_a)
     if grad_kernel:
-        # the l2norm backward (opt-in until measured on the H200): 0 in PyTorch (below), 1 by its own kernel
-        # (l2norm_bwd), 2 inside the gradient kernel (raw_dqk; bitwise the same as 1)
-        l2_mode = os.environ.get("FLASHQLA_L2NORM_BWD", "0").strip() if l2norm else "0"
         dq, dk, dv, dg, dbeta = torch.ops.flashqla.chunk_gdn_bwd_grad(qv, kv, vv, g, beta, dov, states, dh, sc, cu,
-                                                                       l2norm, a if pass_a else None, l2_mode == "2")
+                                                                       l2norm, a if pass_a else None)
         # dq, dk come per q/k head (the kernel sums each GVA group's value heads in fp32, in head order), in q's
-        # dtype, or in fp32 for the l2norm backward
-        if l2_mode == "1":  # one pass a tensor, where the PyTorch form makes ~11 over fp32 rows
+        # dtype, or in fp32 for the l2norm backward: one pass a tensor by its kernel (the PyTorch form took ~11
+        # passes over fp32 rows, 3.1 ms at hk16_hv32 32k against 0.27 for both kernels; session 18)
+        if l2norm:
             dq, dk = torch.ops.flashqla.l2norm_bwd(qv, dq, cu), torch.ops.flashqla.l2norm_bwd(kv, dk, cu)
-        elif l2norm and l2_mode != "2":
-            dq, dk = reference._l2norm_bwd(q.float(), dq), reference._l2norm_bwd(k.float(), dk)
         return (dq.to(q.dtype), dk.to(k.dtype), dv.to(v.dtype), dg.to(g.dtype), dbeta.to(beta.dtype),
                 dh0.to(initial_state.dtype) if initial_state is not None else None)
     return reference.chunk_gdn_bwd_from_states(q, k, v, g, beta, do, states, dh,

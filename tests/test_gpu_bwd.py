@@ -151,9 +151,8 @@ def test_forward_chunk_states_match_float64():
     assert e < 5e-3
 
 
-@pytest.mark.parametrize("case", ["varlen_gva_l2norm", "varlen_gva_l2norm_kernel", "varlen_gva_l2norm_fused",
-                                  "strong_decay_fp16"])
-def test_kernel_backward_matches_the_pytorch_backward(monkeypatch, case):
+@pytest.mark.parametrize("case", ["varlen_gva_l2norm", "strong_decay_fp16"])
+def test_kernel_backward_matches_the_pytorch_backward(case):
     # autograd's backward on the kernel path (FLASHQLA_BWD_KERNEL, default on) against the PyTorch chunked
     # backward on the same GPU inputs, both against float64 autograd: no worse than ~1.5x its error, or than
     # the floor that the kernel path's bf16 products allow. The PyTorch backward is fp32 end to end (errors
@@ -162,12 +161,8 @@ def test_kernel_backward_matches_the_pytorch_backward(monkeypatch, case):
     # 4.2e-3 against FLA's 5.6e-3 in the same run)
     import flashqla
     from flashqla.reference import recurrent_gdn
-    if case.startswith("varlen_gva_l2norm"):
+    if case == "varlen_gva_l2norm":  # (the l2norm backward by its kernel, flashqla_l2norm_bwd)
         d, l2, dtype = make([0, 200, 1, 900], 2, 4, l2=True, seed=10), True, torch.bfloat16
-        # _kernel: the l2norm backward by its one-pass kernel (flashqla_l2norm_bwd) instead of PyTorch; _fused: in
-        # the gradient kernel
-        monkeypatch.setenv("FLASHQLA_L2NORM_BWD", {"varlen_gva_l2norm_kernel": "1", "varlen_gva_l2norm_fused": "2"}
-                           .get(case, "0"))
     else:
         d, l2, dtype = make([700, 64], 2, 4, strong=True, dtype=torch.float16, seed=11), False, torch.float16
     gen = torch.Generator(device=DEV).manual_seed(12)
@@ -328,24 +323,3 @@ def test_l2norm_bwd_kernel_matches_float64(dtype):
     (reference.l2norm(xr) * dyd.double()).sum().backward()
     err = rel_l2(torch.ops.flashqla.l2norm_bwd(xd, dyd, None).double(), xr.grad)
     assert err < (4e-3 if dtype == torch.bfloat16 else 1e-3), err
-
-
-def test_l2norm_backward_in_the_gradient_kernel_is_the_standalone_kernels():
-    # raw_dqk: the gradient kernel applies the l2norm backward itself; bitwise what l2norm_bwd gives from its fp32
-    # dq, dk (the same row function on the same values), with and without the inverse rows, dense and packed
-    for seqlens, dense in (([0, 200, 1, 900], None), ([130], 2)):
-        d = make(seqlens, 2, 4, l2=True, dense_B=dense, seed=13)
-        v = torch.randn(d["do"].shape, device=DEV).to(d["do"].dtype)
-        args = (d["q"], d["k"], v, d["g"], d["beta"], D ** -0.5, None, d["cu"], True)
-        states = torch.ops.flashqla.chunk_gdn_fwd_states(*args)
-        dh, _, a = torch.ops.flashqla.chunk_gdn_bwd_dh(d["q"], d["k"], d["g"], d["beta"], d["do"], None, D ** -0.5,
-                                                       d["cu"], True, False, True)
-        base = (d["q"], d["k"], v, d["g"], d["beta"], d["do"], states, dh, D ** -0.5, d["cu"], True)
-        for aa in (a, None):
-            wide = torch.ops.flashqla.chunk_gdn_bwd_grad(*base, aa, False)
-            raw = torch.ops.flashqla.chunk_gdn_bwd_grad(*base, aa, True)
-            assert raw[0].dtype == d["q"].dtype and wide[0].dtype == torch.float32
-            assert torch.equal(raw[0], torch.ops.flashqla.l2norm_bwd(d["q"], wide[0], d["cu"]))
-            assert torch.equal(raw[1], torch.ops.flashqla.l2norm_bwd(d["k"], wide[1], d["cu"]))
-            for x, y in zip(raw[2:], wide[2:]):
-                assert torch.equal(x, y)

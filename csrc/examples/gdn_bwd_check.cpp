@@ -208,6 +208,12 @@ int main() {
               dkb[rowsK + i] == 0xffffu;
   std::printf("dq, dk in bf16: %s\n", rounded ? "the fp32 outputs rounded, bit for bit (PASS)" : "DIFFERENT (FAIL)");
   ok = ok && rounded;
+  // with use_qk_l2norm the caller's l2norm backward takes fp32 dq, dk: a 16-bit dqk_dtype is refused
+  pg.fwd.use_qk_l2norm = 1;
+  const bool refused = flashqla_gdn_bwd_grad(&pg, nullptr) == FLASHQLA_ERROR_INVALID_ARGUMENT;
+  std::printf("bf16 dq, dk with use_qk_l2norm: %s\n", refused ? "refused (PASS)" : "NOT REFUSED (FAIL)");
+  ok = ok && refused;
+  pg.fwd.use_qk_l2norm = 0;
   pg.dqk_dtype = FLASHQLA_FLOAT32;
 
   // both chains from one prep (flashqla_gdn_bwd_prep, then the state recompute and the dS chain with prep_ready),

@@ -238,6 +238,9 @@ flashqla_status_t flashqla_gdn_bwd_grad(const flashqla_gdn_bwd_grad_params_t* p,
   if (p->dg == nullptr || p->dbeta == nullptr) return fail(FLASHQLA_ERROR_INVALID_ARGUMENT, "dg and dbeta must not be NULL");
   if (p->dqk_dtype != FLASHQLA_FLOAT32 && p->dqk_dtype != f.qkv_dtype)
     return fail(FLASHQLA_ERROR_INVALID_ARGUMENT, "dqk_dtype must be FLOAT32 or qkv_dtype");
+  if (f.use_qk_l2norm && p->dqk_dtype != FLASHQLA_FLOAT32)
+    return fail(FLASHQLA_ERROR_INVALID_ARGUMENT,
+                "with use_qk_l2norm, dqk_dtype must be FLOAT32 (the l2norm backward, flashqla_l2norm_bwd, takes them)");
   if (reinterpret_cast<uintptr_t>(p->a) % 16 != 0) return fail(FLASHQLA_ERROR_INVALID_ARGUMENT, "a must be 16-byte aligned");
   const int64_t strides[] = {p->dout_stride_batch, p->dout_stride_time, p->dout_stride_head};
   for (int64_t st : strides)

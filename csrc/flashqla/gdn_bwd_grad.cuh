@@ -29,7 +29,6 @@
 
 #include <cstddef>  // offsetof
 #include "gdn_fwd_mma.cuh"
-#include "l2norm_bwd.cuh"
 
 namespace flashqla {
 namespace gdn_bwd_grad {
@@ -369,9 +368,7 @@ CUTLASS_DEVICE void store_pair(T* p, float a, float b) {
 
 // Outputs per flashqla_gdn_bwd_grad (flashqla.h); gp.fwd describes the inputs.
 // kLoadA: gp.a is given (its own instantiation: a runtime branch cost the other path ~8% in registers).
-// kL2: use_qk_l2norm with dq, dk in T: the l2norm backward in the last phase (its own instantiation too: as a
-// runtime branch it cost the other paths ~28 bytes more of spills).
-template <typename T, typename IndexT, bool kLoadA, bool kL2 = false>
+template <typename T, typename IndexT, bool kLoadA>
 __global__ void __launch_bounds__(kGradThreads, 1) gdn_bwd_grad_kernel(const __grid_constant__ flashqla_gdn_bwd_grad_params_t gp) {
   using namespace warp;
   const flashqla_gdn_fwd_params_t& p = gp.fwd;
@@ -855,10 +852,9 @@ __global__ void __launch_bounds__(kGradThreads, 1) gdn_bwd_grad_kernel(const __g
     }
     if (vh + 1 == group) {
       // in T (gp.dqk_dtype): rounded once from the fp32 sums, as a cast of the fp32 rows would (no cast pass, half
-      // the bytes); in fp32 for the caller's l2norm backward. With use_qk_l2norm and T: the l2norm backward here,
-      // from the fp32 tiles and the raw rows (re-read: L2), a warp a row as flashqla_l2norm_bwd (bit for bit)
+      // the bytes); in fp32 for the caller's l2norm backward (flashqla_l2norm_bwd)
       const bool narrow = gp.dqk_dtype != FLASHQLA_FLOAT32;
-      if (narrow && !kL2) {
+      if (narrow) {
 #pragma unroll
         for (int which = 0; which < 2; ++which)
           for_pairs(which == 0 ? dq : dk, m0, n0, lane, [&](int r, int col, int, float a, float b) {
@@ -871,25 +867,9 @@ __global__ void __launch_bounds__(kGradThreads, 1) gdn_bwd_grad_kernel(const __g
             *reinterpret_cast<float2*>(&(which == 0 ? sm.dq_st : sm.dk_st)[r * kLdO + col]) = make_float2(a, b);
           });
       }
-      if constexpr (!kL2) fence_async_smem();  // (the bulk copies read the tiles; kL2's warps read them directly)
+      fence_async_smem();  // (the bulk copies read the tiles)
       FLASHQLA_GRAD_SYNC(24);
-      if constexpr (kL2) {
-        // the raw rows' batch row and token from the chunk's first flat row (recomputed here: kept live from
-        // phase 1, the pointers cost the whole kernel ~56 bytes more of spills)
-        const int64_t b = p.cu_seqlens != nullptr ? 0 : row0 / p.seqlen, t0 = row0 - b * p.seqlen;
-        const T* q0 = static_cast<const T*>(p.q) + b * p.q_stride_batch + t0 * p.q_stride_time + hq * p.q_stride_head;
-        const T* k0 = static_cast<const T*>(p.k) + b * p.k_stride_batch + t0 * p.k_stride_time + hq * p.k_stride_head;
-#pragma unroll 1
-        for (int i = w; i < 2 * kChunk; i += kGradWarps) {
-          const int which = i / kChunk, r = i % kChunk;  // (warp-uniform)
-          if (r < rows) {
-            const T* x = which == 0 ? q0 + r * p.q_stride_time : k0 + r * p.k_stride_time;
-            const float4 dy = *reinterpret_cast<const float4*>(&(which == 0 ? sm.dq_st : sm.dk_st)[r * kLdO + 4 * lane]);
-            T* out = static_cast<T*>(which == 0 ? gp.dq : gp.dk) + ((row0 + r) * p.heads_qk + hq) * int64_t(kDimK);
-            reinterpret_cast<uint2*>(out)[lane] = l2norm_bwd_row<T>(x, dy, lane);
-          }
-        }
-      } else if (const int i = copy_index(tid, 2 * kChunk); i >= 0) {
+      if (const int i = copy_index(tid, 2 * kChunk); i >= 0) {
         const int which = i / kChunk, r = i % kChunk;
         if (r < rows) {
           FLASHQLA_GRAD_AT(5);  // (thread 0: 13b reached)
@@ -988,11 +968,8 @@ cudaError_t launch(const flashqla_gdn_bwd_grad_params_t& gp, cudaStream_t stream
   // S0 and dS' arrive by bulk copies, whose sources must be 16-byte aligned (the library's own buffers are)
   if (reinterpret_cast<uintptr_t>(gp.states) % 16 != 0 || reinterpret_cast<uintptr_t>(gp.dh) % 16 != 0)
     return cudaErrorMisalignedAddress;
-  const bool l2 = p.use_qk_l2norm != 0 && gp.dqk_dtype != FLASHQLA_FLOAT32;  // the l2norm backward in the kernel
-  auto kernel = l2 ? (gp.a != nullptr ? (ix64 ? gdn_bwd_grad_kernel<T, int64_t, true, true> : gdn_bwd_grad_kernel<T, int32_t, true, true>)
-                                      : (ix64 ? gdn_bwd_grad_kernel<T, int64_t, false, true> : gdn_bwd_grad_kernel<T, int32_t, false, true>))
-                   : gp.a != nullptr ? (ix64 ? gdn_bwd_grad_kernel<T, int64_t, true> : gdn_bwd_grad_kernel<T, int32_t, true>)
-                                     : (ix64 ? gdn_bwd_grad_kernel<T, int64_t, false> : gdn_bwd_grad_kernel<T, int32_t, false>);
+  auto kernel = gp.a != nullptr ? (ix64 ? gdn_bwd_grad_kernel<T, int64_t, true> : gdn_bwd_grad_kernel<T, int32_t, true>)
+                                : (ix64 ? gdn_bwd_grad_kernel<T, int64_t, false> : gdn_bwd_grad_kernel<T, int32_t, false>);
   const size_t smem = sizeof(GradStorage<T>) + 1024;  // + the slack align_smem_1024 takes
   static_assert(sizeof(GradStorage<T>) + 1024 <= 227 * 1024, "one gradient CTA per SM");
   cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem));

@@ -4,12 +4,37 @@
 // sums by a fixed butterfly: deterministic): it reads x (16-bit) and dy (fp32) once and writes the result once,
 // where the PyTorch form it replaces made eleven passes over fp32 tensors of the rows' size. Rows past the last
 // packed sequence (cu_seqlens) are written as zeros, whatever x holds there.
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+
 #include "common.h"
 #include "kernels.h"
-#include "l2norm_bwd.cuh"
+#include "warp_mma.cuh"  // pack2, unpack2
 
 namespace flashqla {
 namespace {
+
+constexpr float kL2NormEps = 1e-6f;  // the forward's (gdn_fwd_mma.cuh's l2norm, reference.L2NORM_EPS)
+
+CUTLASS_DEVICE float warp_allsum(float v) {
+#pragma unroll
+  for (int off = 16; off > 0; off >>= 1) v += __shfl_xor_sync(0xffffffffu, v, off);
+  return v;
+}
+
+// x_row: the row's first value (8-byte aligned); dy: this lane's four values of dy (4 lane .. 4 lane + 3).
+// Returns this lane's four results, packed.
+template <typename T>
+CUTLASS_DEVICE uint2 l2norm_bwd_row(const T* x_row, float4 dy, int lane) {
+  const uint2 xv = *(reinterpret_cast<const uint2*>(x_row) + lane);
+  const float2 x01 = warp::unpack2<T>(xv.x), x23 = warp::unpack2<T>(xv.y);
+  const float rstd =
+      rsqrtf(warp_allsum(x01.x * x01.x + x01.y * x01.y + x23.x * x23.x + x23.y * x23.y) + kL2NormEps);
+  const float y0 = x01.x * rstd, y1 = x01.y * rstd, y2 = x23.x * rstd, y3 = x23.y * rstd;
+  const float dot = warp_allsum(y0 * dy.x + y1 * dy.y + y2 * dy.z + y3 * dy.w);
+  return make_uint2(warp::pack2<T>(rstd * (dy.x - y0 * dot), rstd * (dy.y - y1 * dot)),
+                    warp::pack2<T>(rstd * (dy.z - y2 * dot), rstd * (dy.w - y3 * dot)));
+}
 
 constexpr int kDim = 128;           // values a row (four a lane)
 constexpr int kRowsPerBlock = 8;    // one warp a row

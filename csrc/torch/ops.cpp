@@ -330,8 +330,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> chunk_gdn_bwd_chains_
 std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> chunk_gdn_bwd_grad_cuda(
     const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& g, const at::Tensor& beta,
     const at::Tensor& dout, const at::Tensor& states, const at::Tensor& dh, double scale,
-    const std::optional<at::Tensor>& cu_seqlens, bool use_qk_l2norm, const std::optional<at::Tensor>& a,
-    bool raw_dqk) {
+    const std::optional<at::Tensor>& cu_seqlens, bool use_qk_l2norm, const std::optional<at::Tensor>& a) {
   c10::cuda::CUDAGuard guard(q.device());
   flashqla_gdn_bwd_grad_params_t p{};
   p.fwd = input_params("chunk_gdn_bwd_grad", q, k, v, g, beta, scale, cu_seqlens, use_qk_l2norm);
@@ -362,9 +361,8 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> chunk_gdn
   auto out = [&](at::IntArrayRef sizes, const at::TensorOptions& o) {
     return p.fwd.num_seqs == 0 ? at::zeros(sizes, o) : at::empty(sizes, o);
   };
-  // dq, dk in q's dtype straight from the kernel (no cast pass), or fp32 for the caller's l2norm backward (raw_dqk:
-  // the kernel applies it, in q's dtype)
-  const bool wide = use_qk_l2norm && !raw_dqk;
+  // dq, dk in q's dtype straight from the kernel (no cast pass), or fp32 for the caller's l2norm backward
+  const bool wide = use_qk_l2norm;
   const auto dqk_opts = wide ? f32 : q.options();
   at::Tensor dq = out({B, T, Hq, K}, dqk_opts), dk = out({B, T, Hq, K}, dqk_opts);
   at::Tensor dv = out({B, T, H, V}, v.options());

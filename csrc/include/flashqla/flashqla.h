@@ -202,10 +202,8 @@ FLASHQLA_API flashqla_status_t flashqla_gdn_bwd_prep(const flashqla_gdn_bwd_dh_p
  * num_seqs is 0), contiguous:
  * dq, dk [rows, heads_qk, K] in dqk_dtype, the gradients with respect to the (normalised) q and k rows,
  * summed over each GVA group's value heads in head order in fp32 (pass them through the l2norm backward when
- * use_qk_l2norm); dqk_dtype FLOAT32 (0, what a zeroed struct holds) or qkv_dtype (the fp32 sums rounded
- * once to nearest: bitwise a cast of the FLOAT32 output; with use_qk_l2norm, the gradients with respect to the
- * raw q and k rows instead: the l2norm backward applied in the call, bit for bit what flashqla_l2norm_bwd gives
- * from the FLOAT32 output);
+ * use_qk_l2norm: flashqla_l2norm_bwd); dqk_dtype FLOAT32 (0, what a zeroed struct holds; required with
+ * use_qk_l2norm) or qkv_dtype (the fp32 sums rounded once to nearest: bitwise a cast of the FLOAT32 output);
  * dv [rows, heads_v, V] in v's dtype; dg (of the raw per-token g) and dbeta, fp32 [rows, heads_v].
  * a (NULL: the kernel computes the inverse itself; else 16-byte aligned): flashqla_gdn_bwd_dh's `a` for the
  * same inputs. The gradients are bitwise the same either way (the same code computes A in both places).
