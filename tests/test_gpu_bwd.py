@@ -152,7 +152,7 @@ def test_forward_chunk_states_match_float64():
 
 
 @pytest.mark.parametrize("case", ["varlen_gva_l2norm", "strong_decay_fp16"])
-def test_kernel_backward_matches_the_pytorch_backward(case):
+def test_kernel_backward_matches_the_pytorch_backward(monkeypatch, case):
     # autograd's backward on the kernel path (FLASHQLA_BWD_KERNEL, default on) against the PyTorch chunked
     # backward on the same GPU inputs, both against float64 autograd: no worse than ~1.5x its error, or than
     # the floor that the kernel path's bf16 products allow. The PyTorch backward is fp32 end to end (errors
