@@ -108,6 +108,11 @@ enum StatePhase { kStWaitFull, kStKsQs, kStZY, kStO, kStUpdate, kStStore, kStPha
 #ifndef FLASHQLA_V2_EXPERIMENT
 #define FLASHQLA_V2_EXPERIMENT 0
 #endif
+// FLASHQLA_OB_EXPERIMENT (diagnostics, profiler builds only): 1 = the O-beside kernel's O warps only read the
+// published tiles and keep the barriers (no products, no O stores): what the O role costs the state warps.
+#ifndef FLASHQLA_OB_EXPERIMENT
+#define FLASHQLA_OB_EXPERIMENT 0
+#endif
 #ifdef FLASHQLA_PHASE_TIMERS
 __device__ unsigned long long g_role_cycles[2][8];
 // The chunk-parallel prep kernels (128-thread CTAs) run the aux phases too: with g_time_prep set, thread 0 of
@@ -1343,6 +1348,16 @@ CUTLASS_DEVICE void o_role(const flashqla_gdn_fwd_params_t& p, SharedStorageOb<T
     for (int kb = 0; kb < 4; ++kb) ldsm_x4(za[kb], tile16(sm.pub_z, 16 * w + ld.a_row, 16 * kb + ld.a_col));
     bar_sync(ob::kOWarps, kOThreads);  // (for racecheck: bar.arrive orders the reads, racecheck does not model it)
     bar_arrive(ob::kFree, ob::kPubThreads);
+#if FLASHQLA_OB_EXPERIMENT == 1
+    // diagnostics only (the phase profiler's builds): the O warps keep the barriers and skip their products and
+    // stores, so the state warps' step shows what the O role costs them
+    if (c + kObStages < wk.num_chunks) {
+      bar_sync(ob::kOWarps, kOThreads);
+      bar_arrive(ob::kEmpty + c % 6, ob::kEmptyThreads);
+    }
+    if (sa[0][0] == 0x7fffffffu && za[0][0] == 0x7fffffffu) wk.o[0] = T(0.f);  // (keeps the reads)
+    continue;
+#endif
 
     float os[8][4];
     zero_acc(os);
