@@ -564,7 +564,8 @@ def _rel(a, r) -> float:
 
 def accuracy(libs: dict, device: str, seqlens=(300,), h_qk: int = 2, h_v: int = 4, strong_decay: bool = False) -> tuple:
     """Relative L2 errors against the float64 token recurrence (o, final state, and gradients with random do,
-    dht). Returns ({lib: {key: err}}, [errors])."""
+    dht). Returns ({lib: {key: err}}, [errors]). Under FLASHQLA_BENCH_L2NORM=1 the libraries normalise q, k in the
+    kernel, and so does the reference (dq, dk are then the gradients with respect to the raw rows)."""
     import torch
     from flashqla.reference import recurrent_gdn
     case = Case("fwd", "accuracy", h_qk, h_v, "+".join(map(str, seqlens)), tuple(seqlens), no_decay_heads=True)
@@ -572,7 +573,8 @@ def accuracy(libs: dict, device: str, seqlens=(300,), h_qk: int = 2, h_v: int = 
     ref_leaves = [d[n].detach().cpu().double().requires_grad_(True) for n in _LEAVES]
     with torch.enable_grad():
         o_r, ht_r = recurrent_gdn(*ref_leaves[:5], scale=d["scale"], initial_state=ref_leaves[5],
-                                  output_final_state=True, cu_seqlens=d["cu_cpu"])
+                                  output_final_state=True, cu_seqlens=d["cu_cpu"],
+                                  use_qk_l2norm_in_kernel=_e2e_l2norm())
         grads_r = torch.autograd.grad((o_r, ht_r), ref_leaves, (d["do"].cpu().double(), d["dht"].cpu().double()))
     res, errs = {}, []
     for lib, impl in libs.items():
@@ -661,7 +663,7 @@ def flashqla_bwd_label(kernels: bool) -> str:
     if kernels and os.environ.get("FLASHQLA_BWD_KERNEL", "1").strip() != "0":
         if os.environ.get("FLASHQLA_BWD_GRAD", "1").strip() != "0":
             return ("flashqla.chunk_gdn_bwd (both state chains and the chunk-parallel gradient step on the sm_90a "
-                    "kernels; the l2norm backward in PyTorch)")
+                    "kernels; with use_qk_l2norm_in_kernel, the l2norm backward by its own kernel)")
         return ("flashqla.chunk_gdn_bwd (both state chains on the sm_90a kernels, the chunk-parallel gradient "
                 "step in PyTorch)")
     return "flashqla.chunk_gdn_bwd (the PyTorch chunked backward on the GPU; no backward kernel)"
