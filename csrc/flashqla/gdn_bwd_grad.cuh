@@ -74,11 +74,6 @@ constexpr int kPieces = 4, kPieceRows = kDimK / kPieces;
 // (only the aux warps copy out: their wait for the copies' reads, before the loaders may write the staging slots
 // over dR and the tiles over dq_st / dk_st, covers every copy)
 static_assert(kCopyWarps >= 1 && kCopyWarps <= kAuxThreads / 32 && 2 * kChunk / kCopyWarps <= 32, "copies per lane");
-// L2 prefetch of the next phases 1-2's tiles during the products (0 off; 1 the group's next head; 2 also the
-// successor CTA's first head: see the kernel)
-#ifndef FLASHQLA_GRAD_PREFETCH
-#define FLASHQLA_GRAD_PREFETCH 0
-#endif
 // The warp that computes the gates (dg, dbeta) in phase 13b: one that issues no bulk copies there, so the two
 // overlap (warp 0 did both: the copies' issue, ~3k cycles, then the gates, while warps 4-7 waited).
 // FLASHQLA_GRAD_GATE_WARP: a compile-time switch for the phase profiler's A/B.
@@ -536,43 +531,6 @@ __global__ void __launch_bounds__(kGradThreads, 1) gdn_bwd_grad_kernel(const __g
     }
     fence_async_smem();  // K, Q (copies, l2norm), dO, S0 and dS' -> wgmma (after the barrier)
     FLASHQLA_GRAD_SYNC(0);
-#if FLASHQLA_GRAD_PREFETCH
-    // Phases 1-2 fetch ~160 KB a head with every CTA in step at the HBM's rate, and the memory then idles through
-    // the ~27k cycles of products (session 16). So the loader warps ask L2 now, at the start of those products,
-    // for what the next phases 1-2 will read: the group's next head's S0, dS' (contiguous), dO, V and A rows (same
-    // chunk rows); with PREFETCH=2, after the group's last head, the S0 and dS' of the first head of the CTA
-    // launched an SM count later (the one likely to take an SM as this wave retires). No value changes.
-    if (tid >= kAuxThreads) {
-      const int u = tid - kAuxThreads;
-      int64_t nslot = -1;
-      const int64_t hn = h + 1;
-      if (vh + 1 < group) {
-        nslot = (static_cast<int64_t>(blockIdx.x) * p.heads_v + hn) * int64_t(kDimK) * kDimV;
-        if (u < kChunk && u < rows) {  // one row of each tile a thread
-          const int64_t t = wk.t0 + c * kChunk + u;
-          tma::prefetch_l2(static_cast<const T*>(gp.dout) + wk.b * gp.dout_stride_batch + t * gp.dout_stride_time +
-                               hn * gp.dout_stride_head, kDimV * sizeof(T));
-          tma::prefetch_l2(static_cast<const T*>(p.v) + wk.b * p.v_stride_batch + t * p.v_stride_time +
-                               hn * p.v_stride_head, kDimV * sizeof(T));
-          if constexpr (kLoadA) tma::prefetch_l2(gp.a + ((row0 + u) * p.heads_v + hn) * int64_t(kChunk), kChunk * 4);
-        }
-      } else if (FLASHQLA_GRAD_PREFETCH >= 2) {
-        uint32_t nsm;
-        asm("mov.u32 %0, %%nsmid;" : "=r"(nsm));
-        const int64_t next = static_cast<int64_t>(blockIdx.y) * gridDim.x + blockIdx.x + nsm;
-        if (next < static_cast<int64_t>(gridDim.x) * gridDim.y)
-          nslot = ((next % gridDim.x) * p.heads_v + (next / gridDim.x) * group) * int64_t(kDimK) * kDimV;
-      }
-      constexpr uint32_t kS0Bytes = kDimK * kDimV * sizeof(T), kDsBytes = kDimK * kDimV * 4, kStep = 4096;
-      if (nslot >= 0 && u >= kChunk && u < kChunk + (kS0Bytes + kDsBytes) / kStep) {
-        const int i = u - kChunk;  // 4 KB pieces: S0's first, then dS''s
-        if (i * kStep < kS0Bytes)
-          tma::prefetch_l2(reinterpret_cast<const char*>(static_cast<const T*>(gp.states) + nslot) + i * kStep, kStep);
-        else
-          tma::prefetch_l2(reinterpret_cast<const char*>(gp.dh + nslot) + (i * kStep - kS0Bytes), kStep);
-      }
-    }
-#endif
 
     // This thread's V pairs (rows m0 + lane / 4 + 8 hh, columns n0 + 8 nt + 2 (lane % 4)), read from global
     // memory into registers before a phase's products so that their latency hides behind them (read pair by

@@ -57,12 +57,6 @@ CUTLASS_DEVICE void load_bulk(void* dst, const void* src, uint32_t bytes, uint64
                : "memory");
 }
 
-// A contiguous run of bytes (a multiple of 16, 16-byte aligned) fetched into L2 only, fire and forget: data a
-// later phase or CTA will read, moved while the SM computes (no shared memory, no barrier)
-CUTLASS_DEVICE void prefetch_l2(const void* src, uint32_t bytes) {
-  asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;\n" ::"l"(src), "r"(bytes) : "memory");
-}
-
 // cuTensorMapEncodeTiled through the runtime's driver entry point (no link to libcuda); nullptr if unavailable.
 inline PFN_cuTensorMapEncodeTiled_v12000 encode_fn() {
   static PFN_cuTensorMapEncodeTiled_v12000 fn = [] {
