@@ -46,8 +46,8 @@ int main() {
 
   // v2: per-role phases on the same problem, then at 2/8 heads (16 CTAs, TP8-like: is the chain bound by the
   // state warps or by the loader groups when the GPU is nearly idle?)
-  const char* st_names[fm::kStPhases] = {"wait full", "S->bf16, KS^T + QS^T", "gates, V^T, Z, Y", "O^T += Z^T W^T",
-                                         "S^T update (hi + lo)", "O store"};
+  const char* st_names[fm::kStPhases] = {"wait full", "KS^T + QS^T", "gates, V^T, Z, Y", "O^T += Z^T W^T",
+                                         "S^T update (hi + lo)", "O store", "S->bf16"};
   // the chain kernels' aux warps only load (split mode): their slots 3 and 4 time the copies' issue and the gates
   // (warp 0, the timed one) apart from the wait for the copies; slots 5-7 stay empty
   const char* aux_names[fm::kAuxPhases] = {"wait empty", "wait for the copies", "l2norm", "issue the copies",
@@ -68,8 +68,9 @@ int main() {
       std::printf("%-32s %12s %8s\n", role == 0 ? "state warp 0 (CTA 0, per chunk)" : "aux warp 0 (CTA 0, per own chunk)",
                   "cycles", "share");
       const int aux_order[fm::kAuxPhases] = {0, 3, 4, 1, 2, 5, 6, 7};  // program order
+      const int st_order[fm::kStPhases] = {0, 6, 1, 2, 3, 4, 5};
       for (int k = 0; k < n; ++k) {
-        const int i = role == 0 ? k : aux_order[k];
+        const int i = role == 0 ? st_order[k] : aux_order[k];
         std::printf("%-32s %12.0f %7.1f%%\n", role == 0 ? st[i] : aux_names[i], rc[role][i] / per,
                     tot ? 100.0 * rc[role][i] / tot : 0.0);
       }
@@ -79,8 +80,9 @@ int main() {
   };
   const auto fwd = [&] { return fm::launch<__nv_bfloat16>(p, nullptr); };
   // O beside the chain (FLASHQLA_WGMMA=2): the state warps' phases without O, and the publishing of S^T, Z^T
-  const char* ob_names[fm::kStPhases] = {"wait full", "S->bf16, publish, KS^T", "gates, V^T, Z, Y, publish",
-                                         "(O beside)", "S^T update (hi + lo)", "(O beside)"};
+  const char* ob_names[fm::kStPhases] = {"wait full", "KS^T", "gates, V^T, Z, Y, publish",
+                                         "(O beside)", "S^T update (hi + lo)", "(O beside)",
+                                         "S->bf16, wait free, publish"};
   setenv("FLASHQLA_WGMMA", "0", 1);
   if (roles("v2 forward (TP1-like, the GPU full, mma.sync chain)", st_names, fwd) != 0) return 1;
   setenv("FLASHQLA_WGMMA", "1", 1);  // the same with the chain's products as wgmma (swizzled stages)
@@ -126,10 +128,10 @@ int main() {
     flashqla_gdn_fwd_params_t rs = b;
     rs.o = nullptr;
     rs.chunk_states = states;
-    const char* rs_names[fm::kStPhases] = {"wait full", "S->bf16 + store, KS^T", "gates, V^T, Z, Y", "(no O)",
-                                           "S^T update (hi + lo)", "(no O store)"};
+    const char* rs_names[fm::kStPhases] = {"wait full", "KS^T", "gates, V^T, Z, Y", "(no O)",
+                                           "S^T update (hi + lo)", "(no O store)", "S->bf16 + state store"};
     const char* dh_names[fm::kStPhases] = {"wait full", "dS' store, K dS'^T", "dO^T Q (hi + lo)", "Z^T W' (hi + lo)",
-                                           "release the stage", "-"};
+                                           "release the stage", "-", "-"};
     std::swap(p, b);  // roles() prints p's heads
     // each chain alone with the K split, then without (the backward runs them side by side: unsplit there at
     // 16/32 heads, since two chains of 32 heads x 4 CTAs would not fit on the GPU together)

@@ -102,7 +102,8 @@ constexpr int kPubThreads = kStateThreads + kOThreads;
 // lane 0 of the first warp of each role in CTA 0 adds the cycles of each phase
 // (including the barrier wait that ends it) to g_role_cycles[role][phase].
 enum AuxPhase { kAuxWaitEmpty, kAuxLoad, kAuxL2norm, kAuxGram, kAuxInvDiag, kAuxInvMerge, kAuxMX, kAuxW, kAuxPhases };
-enum StatePhase { kStWaitFull, kStKsQs, kStZY, kStO, kStUpdate, kStStore, kStPhases };
+// (kStPub, last in the array, comes second in program order: S to 16 bits and its publish or chunk-state store)
+enum StatePhase { kStWaitFull, kStKsQs, kStZY, kStO, kStUpdate, kStStore, kStPub, kStPhases };
 // FLASHQLA_V2_EXPERIMENT (diagnostics, profiler builds only): 1 = the aux warps only load and hand over
 // stages, 2 = the state warps only take and return them; the other role's time is then its own.
 #ifndef FLASHQLA_V2_EXPERIMENT
@@ -1213,6 +1214,7 @@ CUTLASS_DEVICE void state_role(const flashqla_gdn_fwd_params_t& p, Storage& sm, 
           store_state_tile(dst, sa, sm.o[(c + 1) & 1] + s * 64 * 16, lane);
       }
     }
+    FLASHQLA_ROLE_PHASE(0, kStPub);
     // KS^T and QS^T (16 V rows x 64 chunk columns; K-split: this K half's shares)
     float ks[8][4], os[8][4];
     zero_acc(ks);
