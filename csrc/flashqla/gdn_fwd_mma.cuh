@@ -131,7 +131,7 @@ __device__ int g_time_prep;
       }                                                                                                  \
     } else if (blockIdx.x == 0 && threadIdx.x == ((role) == 0 ? 0 : blockDim.x - kAuxGroups * kAuxThreads)) { \
       const long long now_ = clock64();                                                                  \
-      g_role_cycles[role][ph] += (unsigned long long)(now_ - t_mark);                                    \
+      atomicAdd(&g_role_cycles[role][ph], (unsigned long long)(now_ - t_mark)); /* (a RED: no load to wait for) */ \
       t_mark = now_;                                                                                     \
     }                                                                                                    \
   } while (0)
