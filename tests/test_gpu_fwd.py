@@ -327,6 +327,29 @@ def test_split_and_fused_forward_agree_bitwise(monkeypatch, case, prep_heads):
     assert rel_l2(out["1"][0], ro) < 5e-3 and rel_l2(out["1"][1], rs) < 5e-3
 
 
+@pytest.mark.parametrize("case", ["varlen", "dense", "l2norm_fp16"])
+def test_chain_loads_by_tma_are_the_copies_bitwise(monkeypatch, case):
+    # the O-beside chain's K, Q, X and W by TMA (the default where the tensor maps can be made) against its
+    # cp.async loads (FLASHQLA_CHAIN_TMA=0): the same tiles, so the same bits. Packed sequences with empty and
+    # partial chunks (rows past each end arrive holding the next sequence's data and are zeroed), dense batches,
+    # fp16 with l2norm. FLASHQLA_CHAIN_TMA=2 makes the launch fail where the maps cannot be made, so the TMA side
+    # cannot silently be the copies.
+    for name in ("FLASHQLA_KSPLIT", "FLASHQLA_PREP_HEADS", "FLASHQLA_PREP_WG", "FLASHQLA_FWD_SPLIT"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("FLASHQLA_WGMMA", "2")    # the O-beside chain, whatever the rule would pick here
+    monkeypatch.setenv("FLASHQLA_CP", "0")
+    monkeypatch.setenv("FLASHQLA_OVERLAP", "0")  # (the workers beside the chain keep cp.async)
+    d, kw = three_forms(case, 31)
+    out = {}
+    for mode in ("0", "2"):
+        monkeypatch.setenv("FLASHQLA_CHAIN_TMA", mode)
+        out[mode] = run_ours(d, **kw)
+    assert torch.equal(out["0"][0], out["2"][0]) and torch.equal(out["0"][1], out["2"][1])
+    x = {k: (v.double() if isinstance(v, torch.Tensor) and v.is_floating_point() else v) for k, v in d.items()}
+    ro, rs = chunk_gdn_torch(**x, output_final_state=True, **kw)
+    assert rel_l2(out["2"][0], ro) < 5e-3 and rel_l2(out["2"][1], rs) < 5e-3
+
+
 def gpu_kernel_names(fn):
     """The names of the GPU kernels fn launches (torch.profiler)."""
     with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:

@@ -222,6 +222,7 @@ struct SharedStorageOb {
   alignas(1024) T pub_s[2][kChunk * 64];
   alignas(1024) T pub_z[kChunk * 64];
   GateScratch aux[kAuxGroups];
+  uint64_t tma_bar[kObStages];  // a stage's K, Q, X and W by TMA (tma::ChainMaps), one phase per fill
 };
 static_assert(sizeof(SharedStorageOb<__nv_bfloat16>) + 1024 <= 227 * 1024, "the O-beside storage, aligned, fits");
 // The 16 bytes at (row r, column c, a multiple of 8) of a stage tile, in either layout (the swizzled form also
@@ -859,11 +860,15 @@ struct NoHook {
   CUTLASS_DEVICE void operator()() const {}
 };
 // kTmaQk (the wgmma prep kernel's; PrepStorageWg): K and Q arrive by TMA, issued by the caller on S.tma_bar.
-template <typename T, AuxMode kMode, int kBV = kBlockV, bool kReady = false, bool kTmaQk = false, typename StageT,
-          typename Ax, typename Issued = NoHook>
+// kTmaChain (the O-beside chain's loaders; cmaps->ok decides at run time): K, Q, X and W by TMA on tma_bar
+// (phase tma_parity), issued by the group's thread 0: one instruction a 64 x 64 box, where 128 threads issued
+// 2048 16-byte copies (the chain's state warps waited ~1k cycles a chunk for them: session 18's phase table).
+template <typename T, AuxMode kMode, int kBV = kBlockV, bool kReady = false, bool kTmaQk = false,
+          bool kTmaChain = false, typename StageT, typename Ax, typename Issued = NoHook>
 CUTLASS_DEVICE void aux_chunk(const flashqla_gdn_fwd_params_t& p, StageT& S, Ax& ax, const Work<T>& wk,
                               int64_t c, int tid, uint32_t bar_aux, const PrepBuffers<T>& pb, long long& t_mark,
-                              Issued issued = Issued{}) {
+                              Issued issued = Issued{}, const tma::ChainMaps* cmaps = nullptr,
+                              uint64_t* tma_bar = nullptr, uint32_t tma_parity = 0) {
   using namespace warp;
   (void)t_mark;
   (void)pb;
@@ -875,7 +880,27 @@ CUTLASS_DEVICE void aux_chunk(const flashqla_gdn_fwd_params_t& p, StageT& S, Ax&
   // without o (summaries: the CP passes, the backward's states) reads Q only for Q S^T and O: not loaded
   const bool want_q = !(kMode == AuxMode::kLoadPrepared && wk.o == nullptr) && kMode != AuxMode::kPrepStates;
   static_assert(!kTmaQk || kMode == AuxMode::kInputsOnly, "TMA: the prep's K and Q");
-  for (int i = tid; i < kChunk * kDimK / 8 && !kTmaQk; i += kAuxThreads) {
+  static_assert(!kTmaChain || (kMode == AuxMode::kLoadPrepared && !kReady && kSwizzledStage<StageT>),
+                "TMA: the O-beside chain's stage");
+  bool tma_on = false;
+  if constexpr (kTmaChain) {
+    tma_on = cmaps->ok != 0;
+    if (tma_on && tid == 0) {
+      const int hq = static_cast<int>(wk.h / (p.heads_v / p.heads_qk)), t = static_cast<int>(t0);
+      const int b = static_cast<int>(wk.b), h = static_cast<int>(wk.h);
+      const int row0 = static_cast<int>(wk.flat0 + c * kChunk);
+      const bool with_w = wk.o != nullptr;
+      tma::mbar_expect_tx(tma_bar, static_cast<uint32_t>(((want_q ? 6 : 4) + (with_w ? 1 : 0)) * kChunk * 64 * sizeof(T)));
+#pragma unroll
+      for (int blk = 0; blk < 2; ++blk) {
+        tma::load_box(S.k[blk], &cmaps->k, tma_bar, 64 * blk, hq, t, b);
+        if (want_q) tma::load_box(S.q[blk], &cmaps->q, tma_bar, 64 * blk, hq, t, b);
+        tma::load_box3(S.x[blk], &cmaps->x, tma_bar, 64 * blk, h, row0);
+      }
+      if (with_w) tma::load_box3(S.w, &cmaps->w, tma_bar, 0, h, row0);
+    }
+  }
+  for (int i = tid; i < kChunk * kDimK / 8 && !kTmaQk && !tma_on; i += kAuxThreads) {
     const int r = i >> 4, c8 = (i & 15) * 8;
     const bool ok = r < rows;
     cp_async_16(tile16(S.k, r, c8), ok ? wk.k + (t0 - wk.t0 + r) * p.k_stride_time + c8 : wk.k, ok);
@@ -899,13 +924,14 @@ CUTLASS_DEVICE void aux_chunk(const flashqla_gdn_fwd_params_t& p, StageT& S, Ax&
     const T* xs = pb.x + row0 * p.heads_v * kDimK + wk.h * kDimK;
     constexpr int64_t kWRow = kMode == AuxMode::kLoadBwd ? kDimV : kChunk;
     const T* ws = pb.w + row0 * p.heads_v * kWRow + wk.h * kWRow + (kMode == AuxMode::kLoadBwd ? wk.col0 : 0);
-    for (int i = tid; i < kChunk * kDimK / 8; i += kAuxThreads) {
+    for (int i = tid; i < kChunk * kDimK / 8 && !tma_on; i += kAuxThreads) {
       const int r = i >> 4, c8 = (i & 15) * 8;
       const bool ok = r < rows;
       cp_async_16(tile16(S.x, r, c8), ok ? xs + int64_t(r) * p.heads_v * kDimK + c8 : xs, ok);
     }
     constexpr int kWCols = kMode == AuxMode::kLoadBwd ? kBV : kChunk;  // U: this CTA's columns only
-    for (int i = tid; i < kChunk * kWCols / 8 && (kMode == AuxMode::kLoadBwd || wk.o != nullptr); i += kAuxThreads) {
+    for (int i = tid; i < kChunk * kWCols / 8 && (kMode == AuxMode::kLoadBwd || wk.o != nullptr) && !tma_on;
+         i += kAuxThreads) {
       const int r = i / (kWCols / 8), c8 = (i % (kWCols / 8)) * 8;
       const bool ok = r < rows;
       cp_async_16(tile16(S.w, r, c8), ok ? ws + int64_t(r) * p.heads_v * kWRow + c8 : ws, ok);
@@ -919,6 +945,18 @@ CUTLASS_DEVICE void aux_chunk(const flashqla_gdn_fwd_params_t& p, StageT& S, Ax&
   if constexpr (kLoaderOnly) FLASHQLA_ROLE_PHASE(1, kAuxInvDiag);
   cp_async_wait_all();
   if constexpr (kTmaQk) tma_qk_landed(S, rows, tid);
+  if constexpr (kTmaChain) {
+    if (tma_on) {
+      tma::mbar_wait(tma_bar, tma_parity);
+      // rows past the chunk's end: zeros, as cp.async's zero fill (TMA brings the next packed sequence's tokens
+      // and X / W rows the prep never wrote); K, Q, X (two blocks each) and W, 128 bytes a row
+      for (int i = tid; i < (kChunk - rows) * 7 * 8; i += kAuxThreads) {
+        const int r = rows + i / 56, blk = (i / 8) % 7, piece = i & 7;
+        char* tile = reinterpret_cast<char*>(blk < 2 ? S.k[blk] : blk < 4 ? S.q[blk - 2] : blk < 6 ? S.x[blk - 4] : S.w);
+        *reinterpret_cast<uint4*>(tile + r * 128 + 16 * piece) = make_uint4(0u, 0u, 0u, 0u);
+      }
+    }
+  }
   bar_sync(bar_aux, kAuxThreads);
   FLASHQLA_ROLE_PHASE(1, kAuxLoad);
 
@@ -968,9 +1006,11 @@ CUTLASS_DEVICE void aux_chunk(const flashqla_gdn_fwd_params_t& p, StageT& S, Ax&
 }
 
 // kOb: the O-beside kernel's pipeline (three stages, its barrier ids; see ob::Barrier).
-template <typename T, AuxMode kMode, int kBV = kBlockV, bool kOb = false, bool kReady = false, typename Storage>
+// kTmaChain (with kOb, kLoadPrepared, !kReady): the stages' K, Q, X, W by TMA where cmaps.ok (aux_chunk).
+template <typename T, AuxMode kMode, int kBV = kBlockV, bool kOb = false, bool kReady = false,
+          bool kTmaChain = false, typename Storage>
 CUTLASS_DEVICE void aux_role(const flashqla_gdn_fwd_params_t& p, Storage& sm, const Work<T>& wk, int group,
-                             const PrepBuffers<T>& pb) {
+                             const PrepBuffers<T>& pb, const tma::ChainMaps* cmaps = nullptr) {
   using namespace warp;
   const int tid = threadIdx.x % kAuxThreads;
   auto& ax = sm.aux[group];
@@ -990,7 +1030,11 @@ CUTLASS_DEVICE void aux_role(const flashqla_gdn_fwd_params_t& p, Storage& sm, co
       if (it >= kStages) bar_sync(kBarEmpty + st, kHandoffThreads);
     }
     FLASHQLA_ROLE_PHASE(1, kAuxWaitEmpty);
-    aux_chunk<T, kMode, kBV, kReady>(p, S, ax, wk, c, tid, bar_aux, pb, t_mark);
+    if constexpr (kTmaChain)  // (stage st's barrier completes once a fill: its it / kObStages-th phase)
+      aux_chunk<T, kMode, kBV, kReady, false, true>(p, S, ax, wk, c, tid, bar_aux, pb, t_mark, NoHook{}, cmaps,
+                                                    &sm.tma_bar[st], static_cast<uint32_t>((it / kObStages) & 1));
+    else
+      aux_chunk<T, kMode, kBV, kReady>(p, S, ax, wk, c, tid, bar_aux, pb, t_mark);
     // the wgmma chain reads the tiles through the async proxy: this thread's copies and l2norm stores first
     if constexpr (kSwizzledStage<std::remove_reference_t<decltype(S)>>) fence_async_smem();
     // bar.arrive orders this thread's stores before the state warps' bar.sync (PTX), but
@@ -1437,7 +1481,8 @@ CUTLASS_DEVICE void prep_worker(const flashqla_gdn_fwd_params_t& p, const PrepBu
 template <typename T, typename IndexT, AuxMode kMode, bool kKSplit = false, bool kWg = false, bool kOb = false,
           bool kOverlap = false, bool kPrepWg = false>
 __global__ void __launch_bounds__(kOb ? kObThreads : kThreads, 1)
-    gdn_fwd_mma_kernel(const __grid_constant__ flashqla_gdn_fwd_params_t p, const PrepBuffers<T> pb) {
+    gdn_fwd_mma_kernel(const __grid_constant__ flashqla_gdn_fwd_params_t p, const PrepBuffers<T> pb,
+                       const __grid_constant__ tma::ChainMaps cmaps) {
   static_assert(!kKSplit || kMode == AuxMode::kLoadPrepared, "the K-split chain runs on prepared chunks");
   static_assert(!kWg || (kMode == AuxMode::kLoadPrepared && !kKSplit), "the wgmma chain: prepared, unsplit");
   static_assert(!kOb || kWg, "O beside the wgmma chain");
@@ -1467,6 +1512,14 @@ __global__ void __launch_bounds__(kOb ? kObThreads : kThreads, 1)
   }
   const CtaTile ct = decode_cta<IndexT>(p, block, kVB, kBV);
   Work<T> wk = make_work<T>(p, ct);
+  // the O-beside chain's loads by TMA (where the host made the maps): the stages' barriers, before any role runs
+  constexpr bool kTmaChain = kOb && kMode == AuxMode::kLoadPrepared && !kOverlap;
+  if constexpr (kTmaChain) {
+    if (cmaps.ok != 0) {
+      if (threadIdx.x < kObStages) tma::mbar_init(&sm.tma_bar[threadIdx.x]);
+      __syncthreads();
+    }
+  }
 
   // (the wgmma chain: the role test made warp-uniform for ptxas, as CUTLASS does, or it serialises the wgmmas)
   const int role = kWg ? __shfl_sync(0xffffffffu, threadIdx.x / kStateThreads, 0) : (threadIdx.x < kStateThreads ? 0 : 1);
@@ -1481,7 +1534,7 @@ __global__ void __launch_bounds__(kOb ? kObThreads : kThreads, 1)
     constexpr int kFirstLoader = kCtaThreads - kAuxGroups * kAuxThreads;
     cutlass::arch::warpgroup_reg_dealloc<kOb ? kObLoadRegs : kAuxRegs>();
     if (kOverlap) wk.chunk0 = chunk_offset<IndexT>(p, ct.n, threadIdx.x & 31);  // (the ready flags' index)
-    aux_role<T, kMode, kBV, kOb, kOverlap>(p, sm, wk, (threadIdx.x - kFirstLoader) / kAuxThreads, pb);
+    aux_role<T, kMode, kBV, kOb, kOverlap, kTmaChain>(p, sm, wk, (threadIdx.x - kFirstLoader) / kAuxThreads, pb, &cmaps);
   }
 }
 
@@ -1898,6 +1951,22 @@ inline bool use_ksplit(const flashqla_gdn_fwd_params_t& p, int side_by_side = 1)
   return side_by_side * p.num_seqs * p.heads_v * kVBlocksK <= device_sm_count();
 }
 
+// The O-beside chain's tensor maps (tma::ChainMaps) of K, Q and the prep's X, W; false where one cannot be made or
+// FLASHQLA_CHAIN_TMA=0 (the loaders then copy by cp.async, as before session 18). FLASHQLA_CHAIN_TMA=2 (tests):
+// the launch fails (cudaErrorNotSupported) rather than fall back.
+template <typename T>
+inline bool chain_maps(const flashqla_gdn_fwd_params_t& p, const PrepBuffers<T>& pb, tma::ChainMaps& m) {
+  const char* e = std::getenv("FLASHQLA_CHAIN_TMA");
+  if ((e != nullptr && e[0] == '0') || pb.x == nullptr || pb.w == nullptr) return false;
+  const int64_t rows = p.batch * p.seqlen;
+  return tma::encode_qk(m.k, p.k, p.qkv_dtype, p.batch, p.seqlen, p.heads_qk, p.k_stride_batch, p.k_stride_time,
+                        p.k_stride_head) &&
+         tma::encode_qk(m.q, p.q, p.qkv_dtype, p.batch, p.seqlen, p.heads_qk, p.q_stride_batch, p.q_stride_time,
+                        p.q_stride_head) &&
+         tma::encode_rows(m.x, pb.x, p.qkv_dtype, rows, p.heads_v, kDimK) &&
+         tma::encode_rows(m.w, pb.w, p.qkv_dtype, rows, p.heads_v, kChunk);
+}
+
 template <typename T, AuxMode kMode, bool kKSplit = false, bool kWg = false, bool kOb = false, bool kOverlap = false,
           bool kPrepWg = false>
 cudaError_t launch_recurrent(const flashqla_gdn_fwd_params_t& p, const PrepBuffers<T>& pb, cudaStream_t stream) {
@@ -1913,7 +1982,13 @@ cudaError_t launch_recurrent(const flashqla_gdn_fwd_params_t& p, const PrepBuffe
                       : kWg ? sizeof(SharedStorageSw<T>) + 1024 : sizeof(SharedStorage<T>);
   cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem));
   if (err != cudaSuccess) return err;
-  kernel<<<static_cast<unsigned>(blocks), kOb ? kObThreads : kThreads, smem, stream>>>(p, pb);
+  tma::ChainMaps cmaps{};  // (ok = 0: the loaders copy by cp.async)
+  if constexpr (kOb && kMode == AuxMode::kLoadPrepared && !kOverlap) {
+    cmaps.ok = chain_maps(p, pb, cmaps) ? 1 : 0;
+    const char* e = std::getenv("FLASHQLA_CHAIN_TMA");
+    if (cmaps.ok == 0 && e != nullptr && e[0] == '2') return cudaErrorNotSupported;
+  }
+  kernel<<<static_cast<unsigned>(blocks), kOb ? kObThreads : kThreads, smem, stream>>>(p, pb, cmaps);
   return cudaGetLastError();
 }
 

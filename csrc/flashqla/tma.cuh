@@ -23,6 +23,16 @@ struct QkMaps {
   CUtensorMap k;
   CUtensorMap q;
 };
+// The O-beside chain's (gdn_fwd_mma_kernel; a parameter of every form, used by that one): K and Q as QkMaps, the
+// prep's X [rows, heads_v, 128] and W [rows, heads_v, 64] in 64 x 64 boxes (64 rows x 64 columns of one head).
+// ok = 0: some map could not be made (or FLASHQLA_CHAIN_TMA=0): the loaders copy by cp.async.
+struct ChainMaps {
+  CUtensorMap k;
+  CUtensorMap q;
+  CUtensorMap x;
+  CUtensorMap w;
+  int ok;
+};
 
 CUTLASS_DEVICE void mbar_init(uint64_t* bar) {
   asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;\n" ::"r"(warp::smem_addr(bar)) : "memory");
@@ -57,6 +67,15 @@ CUTLASS_DEVICE void load_bulk(void* dst, const void* src, uint32_t bytes, uint64
                : "memory");
 }
 
+// One 64 x 64 box at (column c0, head, row) of a [rows, heads, cols] map into dst (1024-byte aligned), on bar.
+CUTLASS_DEVICE void load_box3(void* dst, const CUtensorMap* map, uint64_t* bar, int c0, int head, int row) {
+  asm volatile(
+      "cp.async.bulk.tensor.3d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1, {%3, %4, %5}], [%2];\n" ::"r"(
+          warp::smem_addr(dst)),
+      "l"(map), "r"(warp::smem_addr(bar)), "r"(c0), "r"(head), "r"(row)
+      : "memory");
+}
+
 // cuTensorMapEncodeTiled through the runtime's driver entry point (no link to libcuda); nullptr if unavailable.
 inline PFN_cuTensorMapEncodeTiled_v12000 encode_fn() {
   static PFN_cuTensorMapEncodeTiled_v12000 fn = [] {
@@ -85,6 +104,23 @@ inline bool encode_qk(CUtensorMap& map, const void* base, flashqla_dtype_t dtype
                                  cuuint64_t(2 * (batch > 1 ? stride_batch : seqlen * stride_time))};
   const cuuint32_t box[4] = {64, 1, 64, 1}, estr[4] = {1, 1, 1, 1};
   return enc(&map, dtype == FLASHQLA_FLOAT16 ? CU_TENSOR_MAP_DATA_TYPE_FLOAT16 : CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 4,
+             const_cast<void*>(base), dims, strides, box, estr, CU_TENSOR_MAP_INTERLEAVE_NONE,
+             CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_128B,
+             CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS;
+}
+
+// The map of a contiguous [rows, heads, cols] 16-bit buffer (the prep's X or W) in 64 x 64 boxes; false where
+// TMA cannot describe it.
+inline bool encode_rows(CUtensorMap& map, const void* base, flashqla_dtype_t dtype, int64_t rows, int64_t heads,
+                        int64_t cols) {
+  const PFN_cuTensorMapEncodeTiled_v12000 enc = encode_fn();
+  if (enc == nullptr || reinterpret_cast<uintptr_t>(base) % 16 != 0 || rows <= 0 || heads <= 0 || cols % 64 != 0 ||
+      rows >= (int64_t(1) << 31) || heads >= (int64_t(1) << 31) || 2 * cols * heads >= (int64_t(1) << 40))
+    return false;
+  const cuuint64_t dims[3] = {cuuint64_t(cols), cuuint64_t(heads), cuuint64_t(rows)};
+  const cuuint64_t strides[2] = {cuuint64_t(2 * cols), cuuint64_t(2 * cols * heads)};
+  const cuuint32_t box[3] = {64, 1, 64}, estr[3] = {1, 1, 1};
+  return enc(&map, dtype == FLASHQLA_FLOAT16 ? CU_TENSOR_MAP_DATA_TYPE_FLOAT16 : CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 3,
              const_cast<void*>(base), dims, strides, box, estr, CU_TENSOR_MAP_INTERLEAVE_NONE,
              CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_128B,
              CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS;
