@@ -306,6 +306,19 @@ def three_forms(case, seed):
     return d, {"use_qk_l2norm_in_kernel": True}
 
 
+def modes_agree_bitwise(monkeypatch, var, modes, d, kw):
+    """The forward under each value of the environment variable var: o and the final state bitwise equal, and
+    the last mode's within 5e-3 of the float64 chunked reference."""
+    out = [None, None]
+    for i, mode in enumerate(modes):
+        monkeypatch.setenv(var, mode)
+        out[i] = run_ours(d, **kw)
+    assert torch.equal(out[0][0], out[1][0]) and torch.equal(out[0][1], out[1][1])
+    x = {k: (v.double() if isinstance(v, torch.Tensor) and v.is_floating_point() else v) for k, v in d.items()}
+    ro, rs = chunk_gdn_torch(**x, output_final_state=True, **kw)
+    assert rel_l2(out[1][0], ro) < 5e-3 and rel_l2(out[1][1], rs) < 5e-3
+
+
 @pytest.mark.parametrize("prep_heads", ["1", "8"])
 @pytest.mark.parametrize("case", ["varlen", "dense", "l2norm_fp16"])
 def test_split_and_fused_forward_agree_bitwise(monkeypatch, case, prep_heads):
@@ -317,14 +330,7 @@ def test_split_and_fused_forward_agree_bitwise(monkeypatch, case, prep_heads):
     monkeypatch.setenv("FLASHQLA_WGMMA", "0")   # wgmma in its own order)
     d, kw = three_forms(case, 21)
     monkeypatch.setenv("FLASHQLA_CP", "0")
-    out = {}
-    for mode in ("0", "1"):
-        monkeypatch.setenv("FLASHQLA_FWD_SPLIT", mode)
-        out[mode] = run_ours(d, **kw)
-    assert torch.equal(out["0"][0], out["1"][0]) and torch.equal(out["0"][1], out["1"][1])
-    x = {k: (v.double() if isinstance(v, torch.Tensor) and v.is_floating_point() else v) for k, v in d.items()}
-    ro, rs = chunk_gdn_torch(**x, output_final_state=True, **kw)
-    assert rel_l2(out["1"][0], ro) < 5e-3 and rel_l2(out["1"][1], rs) < 5e-3
+    modes_agree_bitwise(monkeypatch, "FLASHQLA_FWD_SPLIT", ("0", "1"), d, kw)
 
 
 @pytest.mark.parametrize("case", ["varlen", "dense", "l2norm_fp16"])
@@ -340,14 +346,7 @@ def test_chain_loads_by_tma_are_the_copies_bitwise(monkeypatch, case):
     monkeypatch.setenv("FLASHQLA_CP", "0")
     monkeypatch.setenv("FLASHQLA_OVERLAP", "0")  # (the workers beside the chain keep cp.async)
     d, kw = three_forms(case, 31)
-    out = {}
-    for mode in ("0", "2"):
-        monkeypatch.setenv("FLASHQLA_CHAIN_TMA", mode)
-        out[mode] = run_ours(d, **kw)
-    assert torch.equal(out["0"][0], out["2"][0]) and torch.equal(out["0"][1], out["2"][1])
-    x = {k: (v.double() if isinstance(v, torch.Tensor) and v.is_floating_point() else v) for k, v in d.items()}
-    ro, rs = chunk_gdn_torch(**x, output_final_state=True, **kw)
-    assert rel_l2(out["2"][0], ro) < 5e-3 and rel_l2(out["2"][1], rs) < 5e-3
+    modes_agree_bitwise(monkeypatch, "FLASHQLA_CHAIN_TMA", ("0", "2"), d, kw)
 
 
 def gpu_kernel_names(fn):
