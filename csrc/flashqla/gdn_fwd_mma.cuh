@@ -860,7 +860,7 @@ struct NoHook {
   CUTLASS_DEVICE void operator()() const {}
 };
 // kTmaQk (the wgmma prep kernel's; PrepStorageWg): K and Q arrive by TMA, issued by the caller on S.tma_bar.
-// kTmaChain (the O-beside chain's loaders; cmaps->ok decides at run time): K, Q, X and W by TMA on tma_bar
+// kTmaChain (the O-beside chain's TMA instantiation, launched where the maps exist): K, Q, X and W by TMA on tma_bar
 // (phase tma_parity), issued by the group's thread 0: one instruction a 64 x 64 box, where 128 threads issued
 // 3584 16-byte copies (the chain's state warps waited ~1k cycles a chunk for them: session 18's phase table).
 template <typename T, AuxMode kMode, int kBV = kBlockV, bool kReady = false, bool kTmaQk = false,
@@ -882,10 +882,9 @@ CUTLASS_DEVICE void aux_chunk(const flashqla_gdn_fwd_params_t& p, StageT& S, Ax&
   static_assert(!kTmaQk || kMode == AuxMode::kInputsOnly, "TMA: the prep's K and Q");
   static_assert(!kTmaChain || (kMode == AuxMode::kLoadPrepared && !kReady && kSwizzledStage<StageT>),
                 "TMA: the O-beside chain's stage");
-  bool tma_on = false;
+  constexpr bool tma_on = kTmaChain;  // (the copy loops below compile away: the cp.async form is main's code)
   if constexpr (kTmaChain) {
-    tma_on = cmaps->ok != 0;
-    if (tma_on && tid == 0) {
+    if (tid == 0) {
       const int hq = static_cast<int>(wk.h / (p.heads_v / p.heads_qk)), t = static_cast<int>(t0);
       const int b = static_cast<int>(wk.b), h = static_cast<int>(wk.h);
       const int row0 = static_cast<int>(wk.flat0 + c * kChunk);
@@ -946,7 +945,7 @@ CUTLASS_DEVICE void aux_chunk(const flashqla_gdn_fwd_params_t& p, StageT& S, Ax&
   cp_async_wait_all();
   if constexpr (kTmaQk) tma_qk_landed(S, rows, tid);
   if constexpr (kTmaChain) {
-    if (tma_on) {
+    {
       tma::mbar_wait(tma_bar, tma_parity);
       // rows past the chunk's end: zeros, as cp.async's zero fill (TMA brings the next packed sequence's tokens
       // and X / W rows the prep never wrote); K, Q, X (two blocks each) and W, 128 bytes a row
@@ -1479,7 +1478,7 @@ CUTLASS_DEVICE void prep_worker(const flashqla_gdn_fwd_params_t& p, const PrepBu
 // first pb.prep_ctas CTAs are prep workers (prep_worker), the chain waits for their flags; kPrepWg: the workers
 // run the wgmma prep (prep_head_wg; FLASHQLA_PREP_WG=1, prep_wg).
 template <typename T, typename IndexT, AuxMode kMode, bool kKSplit = false, bool kWg = false, bool kOb = false,
-          bool kOverlap = false, bool kPrepWg = false>
+          bool kOverlap = false, bool kPrepWg = false, bool kTma = false>
 __global__ void __launch_bounds__(kOb ? kObThreads : kThreads, 1)
     gdn_fwd_mma_kernel(const __grid_constant__ flashqla_gdn_fwd_params_t p, const PrepBuffers<T> pb,
                        const __grid_constant__ tma::ChainMaps cmaps) {
@@ -1513,12 +1512,10 @@ __global__ void __launch_bounds__(kOb ? kObThreads : kThreads, 1)
   const CtaTile ct = decode_cta<IndexT>(p, block, kVB, kBV);
   Work<T> wk = make_work<T>(p, ct);
   // the O-beside chain's loads by TMA (where the host made the maps): the stages' barriers, before any role runs
-  constexpr bool kTmaChain = kOb && kMode == AuxMode::kLoadPrepared && !kOverlap;
+  constexpr bool kTmaChain = kTma && kOb && kMode == AuxMode::kLoadPrepared && !kOverlap;
   if constexpr (kTmaChain) {
-    if (cmaps.ok != 0) {
-      if (threadIdx.x < kObStages) tma::mbar_init(&sm.tma_bar[threadIdx.x]);
-      __syncthreads();
-    }
+    if (threadIdx.x < kObStages) tma::mbar_init(&sm.tma_bar[threadIdx.x]);
+    __syncthreads();
   }
 
   // (the wgmma chain: the role test made warp-uniform for ptxas, as CUTLASS does, or it serialises the wgmmas)
@@ -1973,21 +1970,28 @@ cudaError_t launch_recurrent(const flashqla_gdn_fwd_params_t& p, const PrepBuffe
   const int64_t blocks = p.num_seqs * p.heads_v * (kKSplit ? kVBlocksK : kVBlocks) +
                          (p.cu_seqlens != nullptr ? kTailBlocks : 0) + (kOverlap ? pb.prep_ctas : 0);
   if (blocks == 0) return cudaSuccess;
-  auto kernel = p.cu_seqlens != nullptr && p.cu_seqlens_dtype == FLASHQLA_INT64
-                    ? gdn_fwd_mma_kernel<T, int64_t, kMode, kKSplit, kWg, kOb, kOverlap, kPrepWg>
-                    : gdn_fwd_mma_kernel<T, int32_t, kMode, kKSplit, kWg, kOb, kOverlap, kPrepWg>;
+  // the O-beside chain's TMA loads: their own instantiation (the copy form stays the code it was)
+  constexpr bool kTmaForm = kOb && kMode == AuxMode::kLoadPrepared && !kOverlap;
+  tma::ChainMaps cmaps{};
+  if constexpr (kTmaForm) {
+    cmaps.ok = chain_maps(p, pb, cmaps) ? 1 : 0;
+    const char* e = std::getenv("FLASHQLA_CHAIN_TMA");
+    if (cmaps.ok == 0 && e != nullptr && e[0] == '2') return cudaErrorNotSupported;
+  }
+  const bool ix64 = p.cu_seqlens != nullptr && p.cu_seqlens_dtype == FLASHQLA_INT64;
+  auto kernel = ix64 ? gdn_fwd_mma_kernel<T, int64_t, kMode, kKSplit, kWg, kOb, kOverlap, kPrepWg>
+                     : gdn_fwd_mma_kernel<T, int32_t, kMode, kKSplit, kWg, kOb, kOverlap, kPrepWg>;
+  if constexpr (kTmaForm) {
+    if (cmaps.ok != 0)
+      kernel = ix64 ? gdn_fwd_mma_kernel<T, int64_t, kMode, kKSplit, kWg, kOb, kOverlap, kPrepWg, true>
+                    : gdn_fwd_mma_kernel<T, int32_t, kMode, kKSplit, kWg, kOb, kOverlap, kPrepWg, true>;
+  }
   constexpr size_t kPrepUnitsBytes =
       kPrepUnits * (kPrepWg ? sizeof(PrepStorageWg<T>) : sizeof(PrepStorage<T>)) + 1024;
   const size_t smem = kOb ? std::max(sizeof(SharedStorageOb<T>) + 1024, kOverlap ? kPrepUnitsBytes : size_t(0))
                       : kWg ? sizeof(SharedStorageSw<T>) + 1024 : sizeof(SharedStorage<T>);
   cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem));
   if (err != cudaSuccess) return err;
-  tma::ChainMaps cmaps{};  // (ok = 0: the loaders copy by cp.async)
-  if constexpr (kOb && kMode == AuxMode::kLoadPrepared && !kOverlap) {
-    cmaps.ok = chain_maps(p, pb, cmaps) ? 1 : 0;
-    const char* e = std::getenv("FLASHQLA_CHAIN_TMA");
-    if (cmaps.ok == 0 && e != nullptr && e[0] == '2') return cudaErrorNotSupported;
-  }
   kernel<<<static_cast<unsigned>(blocks), kOb ? kObThreads : kThreads, smem, stream>>>(p, pb, cmaps);
   return cudaGetLastError();
 }
