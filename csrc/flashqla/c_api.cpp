@@ -36,6 +36,19 @@ flashqla_status_t from_cuda(cudaError_t err, const char* what) {
   return fail(FLASHQLA_ERROR_CUDA, "%s: %s (%s)", what, cudaGetErrorString(err), cudaGetErrorName(err));
 }
 
+// Packed sequences (cu_seqlens given): batch 1, at least min_seqs sequences, an int32 / int64 index. The values
+// themselves are the kernels' to clamp (they are on the device).
+flashqla_status_t check_packed(int64_t batch, flashqla_dtype_t dtype, int64_t num_seqs, int64_t min_seqs) {
+  if (batch != 1)
+    return fail(FLASHQLA_ERROR_INVALID_ARGUMENT, "cu_seqlens requires batch == 1 (got %lld)", (long long)batch);
+  if (num_seqs < min_seqs)
+    return fail(FLASHQLA_ERROR_INVALID_ARGUMENT, "num_seqs must be >= %lld with cu_seqlens (got %lld)",
+                (long long)min_seqs, (long long)num_seqs);
+  if (dtype != FLASHQLA_INT32 && dtype != FLASHQLA_INT64)
+    return fail(FLASHQLA_ERROR_UNSUPPORTED, "cu_seqlens dtype must be int32 or int64");
+  return FLASHQLA_SUCCESS;
+}
+
 bool is_float_dtype(flashqla_dtype_t d) {
   return d == FLASHQLA_FLOAT32 || d == FLASHQLA_BFLOAT16 || d == FLASHQLA_FLOAT16;
 }
@@ -96,13 +109,8 @@ flashqla_status_t flashqla_chunk_local_cumsum(const flashqla_chunk_cumsum_params
   if (p->reverse != 0 && p->reverse != 1)
     return fail(FLASHQLA_ERROR_INVALID_ARGUMENT, "reverse must be 0 or 1");
   if (p->cu_seqlens != nullptr) {
-    if (p->batch != 1)
-      return fail(FLASHQLA_ERROR_INVALID_ARGUMENT, "cu_seqlens requires batch == 1 (got %lld)", (long long)p->batch);
-    if (p->num_seqs < 1)
-      return fail(FLASHQLA_ERROR_INVALID_ARGUMENT, "num_seqs must be >= 1 with cu_seqlens (got %lld)",
-                  (long long)p->num_seqs);
-    if (p->cu_seqlens_dtype != FLASHQLA_INT32 && p->cu_seqlens_dtype != FLASHQLA_INT64)
-      return fail(FLASHQLA_ERROR_UNSUPPORTED, "cu_seqlens dtype must be int32 or int64");
+    const flashqla_status_t st = check_packed(p->batch, p->cu_seqlens_dtype, p->num_seqs, 1);
+    if (st != FLASHQLA_SUCCESS) return st;
   }
   const bool empty = p->batch * p->seqlen == 0 || p->heads == 0;
   if (!empty && (p->g == nullptr || p->out == nullptr))
@@ -137,12 +145,8 @@ flashqla_status_t validate_gdn(const flashqla_gdn_fwd_params_t* p, bool* run) {
     return fail(FLASHQLA_ERROR_UNSUPPORTED, "beta dtype must be float32, bfloat16 or float16");
   int64_t num_seqs = p->batch;
   if (p->cu_seqlens != nullptr) {
-    if (p->batch != 1)
-      return fail(FLASHQLA_ERROR_INVALID_ARGUMENT, "cu_seqlens requires batch == 1 (got %lld)", (long long)p->batch);
-    if (p->num_seqs < 1)
-      return fail(FLASHQLA_ERROR_INVALID_ARGUMENT, "num_seqs must be >= 1 with cu_seqlens");
-    if (p->cu_seqlens_dtype != FLASHQLA_INT32 && p->cu_seqlens_dtype != FLASHQLA_INT64)
-      return fail(FLASHQLA_ERROR_UNSUPPORTED, "cu_seqlens dtype must be int32 or int64");
+    const flashqla_status_t st = check_packed(p->batch, p->cu_seqlens_dtype, p->num_seqs, 1);
+    if (st != FLASHQLA_SUCCESS) return st;
     num_seqs = p->num_seqs;
   } else if (p->num_seqs != p->batch) {
     return fail(FLASHQLA_ERROR_INVALID_ARGUMENT, "num_seqs (%lld) must equal batch (%lld) without cu_seqlens",
@@ -257,13 +261,9 @@ flashqla_status_t flashqla_l2norm_bwd(const flashqla_l2norm_bwd_params_t* p, cud
                 (long long)p->batch, (long long)p->seqlen, (long long)p->heads);
   if (p->x_dtype != FLASHQLA_BFLOAT16 && p->x_dtype != FLASHQLA_FLOAT16)
     return fail(FLASHQLA_ERROR_UNSUPPORTED, "x dtype must be bfloat16 or float16");
-  if (p->cu_seqlens != nullptr) {
-    if (p->batch != 1)
-      return fail(FLASHQLA_ERROR_INVALID_ARGUMENT, "cu_seqlens requires batch == 1 (got %lld)", (long long)p->batch);
-    if (p->num_seqs < 0)
-      return fail(FLASHQLA_ERROR_INVALID_ARGUMENT, "num_seqs must be >= 0 (got %lld)", (long long)p->num_seqs);
-    if (p->cu_seqlens_dtype != FLASHQLA_INT32 && p->cu_seqlens_dtype != FLASHQLA_INT64)
-      return fail(FLASHQLA_ERROR_UNSUPPORTED, "cu_seqlens dtype must be int32 or int64");
+  if (p->cu_seqlens != nullptr) {  // (no sequence at all: every row is past the end, zeros)
+    const flashqla_status_t st = check_packed(p->batch, p->cu_seqlens_dtype, p->num_seqs, 0);
+    if (st != FLASHQLA_SUCCESS) return st;
   }
   if (p->batch * p->seqlen * p->heads == 0) return ok();
   if (p->x == nullptr || p->dy == nullptr || p->out == nullptr)

@@ -362,14 +362,13 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> chunk_gdn
     return p.fwd.num_seqs == 0 ? at::zeros(sizes, o) : at::empty(sizes, o);
   };
   // dq, dk in q's dtype straight from the kernel (no cast pass), or fp32 for the caller's l2norm backward
-  const bool wide = use_qk_l2norm;
-  const auto dqk_opts = wide ? f32 : q.options();
+  const auto dqk_opts = use_qk_l2norm ? f32 : q.options();
   at::Tensor dq = out({B, T, Hq, K}, dqk_opts), dk = out({B, T, Hq, K}, dqk_opts);
   at::Tensor dv = out({B, T, H, V}, v.options());
   at::Tensor dg = out({B, T, H}, f32), dbeta = out({B, T, H}, f32);
   p.dq = dq.data_ptr();
   p.dk = dk.data_ptr();
-  p.dqk_dtype = wide ? FLASHQLA_FLOAT32 : p.fwd.qkv_dtype;
+  p.dqk_dtype = use_qk_l2norm ? FLASHQLA_FLOAT32 : p.fwd.qkv_dtype;
   p.dv = dv.data_ptr();
   p.dg = dg.data_ptr<float>();
   p.dbeta = dbeta.data_ptr<float>();
