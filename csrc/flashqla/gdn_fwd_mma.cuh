@@ -1005,7 +1005,7 @@ CUTLASS_DEVICE void aux_chunk(const flashqla_gdn_fwd_params_t& p, StageT& S, Ax&
 }
 
 // kOb: the O-beside kernel's pipeline (three stages, its barrier ids; see ob::Barrier).
-// kTmaChain (with kOb, kLoadPrepared, !kReady): the stages' K, Q, X, W by TMA where cmaps.ok (aux_chunk).
+// kTmaChain (with kOb, kLoadPrepared, !kReady): the stages' K, Q, X, W by TMA on cmaps' maps (aux_chunk).
 template <typename T, AuxMode kMode, int kBV = kBlockV, bool kOb = false, bool kReady = false,
           bool kTmaChain = false, typename Storage>
 CUTLASS_DEVICE void aux_role(const flashqla_gdn_fwd_params_t& p, Storage& sm, const Work<T>& wk, int group,
@@ -1948,13 +1948,17 @@ inline bool use_ksplit(const flashqla_gdn_fwd_params_t& p, int side_by_side = 1)
   return side_by_side * p.num_seqs * p.heads_v * kVBlocksK <= device_sm_count();
 }
 
-// The O-beside chain's tensor maps (tma::ChainMaps) of K, Q and the prep's X, W; false where one cannot be made or
-// FLASHQLA_CHAIN_TMA=0 (the loaders then copy by cp.async, as before session 18). FLASHQLA_CHAIN_TMA=2 (tests):
-// the launch fails (cudaErrorNotSupported) rather than fall back.
+// FLASHQLA_CHAIN_TMA: 0 the O-beside chain's loaders copy by cp.async (as before session 18); 2 (tests) TMA or
+// the launch fails (cudaErrorNotSupported); else (1, unset) TMA where the maps can be made.
+inline int chain_tma_mode() {
+  const char* e = std::getenv("FLASHQLA_CHAIN_TMA");
+  return e != nullptr && (e[0] == '0' || e[0] == '2') ? e[0] - '0' : 1;
+}
+
+// The O-beside chain's tensor maps (tma::ChainMaps) of K, Q and the prep's X, W; false where one cannot be made.
 template <typename T>
 inline bool chain_maps(const flashqla_gdn_fwd_params_t& p, const PrepBuffers<T>& pb, tma::ChainMaps& m) {
-  const char* e = std::getenv("FLASHQLA_CHAIN_TMA");
-  if ((e != nullptr && e[0] == '0') || pb.x == nullptr || pb.w == nullptr) return false;
+  if (pb.x == nullptr || pb.w == nullptr) return false;
   const int64_t rows = p.batch * p.seqlen;
   return tma::encode_qk(m.k, p.k, p.qkv_dtype, p.batch, p.seqlen, p.heads_qk, p.k_stride_batch, p.k_stride_time,
                         p.k_stride_head) &&
@@ -1973,16 +1977,17 @@ cudaError_t launch_recurrent(const flashqla_gdn_fwd_params_t& p, const PrepBuffe
   // the O-beside chain's TMA loads: their own instantiation (the copy form stays the code it was)
   constexpr bool kTmaForm = kOb && kMode == AuxMode::kLoadPrepared && !kOverlap;
   tma::ChainMaps cmaps{};
+  bool use_tma = false;
   if constexpr (kTmaForm) {
-    cmaps.ok = chain_maps(p, pb, cmaps) ? 1 : 0;
-    const char* e = std::getenv("FLASHQLA_CHAIN_TMA");
-    if (cmaps.ok == 0 && e != nullptr && e[0] == '2') return cudaErrorNotSupported;
+    const int mode = chain_tma_mode();
+    use_tma = mode != 0 && chain_maps(p, pb, cmaps);
+    if (!use_tma && mode == 2) return cudaErrorNotSupported;
   }
   const bool ix64 = p.cu_seqlens != nullptr && p.cu_seqlens_dtype == FLASHQLA_INT64;
   auto kernel = ix64 ? gdn_fwd_mma_kernel<T, int64_t, kMode, kKSplit, kWg, kOb, kOverlap, kPrepWg>
                      : gdn_fwd_mma_kernel<T, int32_t, kMode, kKSplit, kWg, kOb, kOverlap, kPrepWg>;
   if constexpr (kTmaForm) {
-    if (cmaps.ok != 0)
+    if (use_tma)
       kernel = ix64 ? gdn_fwd_mma_kernel<T, int64_t, kMode, kKSplit, kWg, kOb, kOverlap, kPrepWg, true>
                     : gdn_fwd_mma_kernel<T, int32_t, kMode, kKSplit, kWg, kOb, kOverlap, kPrepWg, true>;
   }

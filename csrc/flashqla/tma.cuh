@@ -23,15 +23,14 @@ struct QkMaps {
   CUtensorMap k;
   CUtensorMap q;
 };
-// The O-beside chain's (gdn_fwd_mma_kernel; a parameter of every form, used by that one): K and Q as QkMaps, the
-// prep's X [rows, heads_v, 128] and W [rows, heads_v, 64] in 64 x 64 boxes (64 rows x 64 columns of one head).
-// ok = 0: some map could not be made (or FLASHQLA_CHAIN_TMA=0): the loaders copy by cp.async.
+// The O-beside chain's (gdn_fwd_mma_kernel; a parameter of every form, read by its TMA instantiation only): K and
+// Q as QkMaps, the prep's X [rows, heads_v, 128] and W [rows, heads_v, 64] in 64 x 64 boxes (64 rows x 64
+// columns of one head).
 struct ChainMaps {
   CUtensorMap k;
   CUtensorMap q;
   CUtensorMap x;
   CUtensorMap w;
-  int ok;
 };
 
 CUTLASS_DEVICE void mbar_init(uint64_t* bar) {
