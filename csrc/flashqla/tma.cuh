@@ -88,41 +88,44 @@ inline PFN_cuTensorMapEncodeTiled_v12000 encode_fn() {
   return fn;
 }
 
+// A 16-bit map of rank 3 or 4 in 64 x 1 x 64 (x 1) boxes with the 128-byte swizzle (dims innermost first, byte
+// strides of dims 1..rank-1); false where the driver refuses it.
+inline bool encode_boxes(CUtensorMap& map, const void* base, flashqla_dtype_t dtype, cuuint32_t rank,
+                         const cuuint64_t* dims, const cuuint64_t* strides) {
+  const PFN_cuTensorMapEncodeTiled_v12000 enc = encode_fn();
+  const cuuint32_t box[4] = {64, 1, 64, 1}, estr[4] = {1, 1, 1, 1};
+  return enc != nullptr &&
+         enc(&map, dtype == FLASHQLA_FLOAT16 ? CU_TENSOR_MAP_DATA_TYPE_FLOAT16 : CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, rank,
+             const_cast<void*>(base), dims, strides, box, estr, CU_TENSOR_MAP_INTERLEAVE_NONE,
+             CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_128B,
+             CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS;
+}
+
 // The map of a q or k tensor ([batch, seqlen, heads, 128], 16-bit, element strides); false where TMA cannot
 // describe it (a base or stride that is not a multiple of 16 bytes, or no driver entry point).
 inline bool encode_qk(CUtensorMap& map, const void* base, flashqla_dtype_t dtype, int64_t batch, int64_t seqlen,
                       int64_t heads, int64_t stride_batch, int64_t stride_time, int64_t stride_head) {
-  const PFN_cuTensorMapEncodeTiled_v12000 enc = encode_fn();
   const auto ok16 = [](int64_t bytes) { return bytes > 0 && bytes % 16 == 0 && bytes < (int64_t(1) << 40); };
-  if (enc == nullptr || reinterpret_cast<uintptr_t>(base) % 16 != 0 || !ok16(2 * stride_head) ||
+  if (reinterpret_cast<uintptr_t>(base) % 16 != 0 || !ok16(2 * stride_head) ||
       !ok16(2 * stride_time) || (batch > 1 && !ok16(2 * stride_batch)) || seqlen <= 0 || batch <= 0 ||
       seqlen >= (int64_t(1) << 31) || heads >= (int64_t(1) << 31) || batch >= (int64_t(1) << 31))
     return false;
   const cuuint64_t dims[4] = {128, cuuint64_t(heads), cuuint64_t(seqlen), cuuint64_t(batch)};
   const cuuint64_t strides[3] = {cuuint64_t(2 * stride_head), cuuint64_t(2 * stride_time),
                                  cuuint64_t(2 * (batch > 1 ? stride_batch : seqlen * stride_time))};
-  const cuuint32_t box[4] = {64, 1, 64, 1}, estr[4] = {1, 1, 1, 1};
-  return enc(&map, dtype == FLASHQLA_FLOAT16 ? CU_TENSOR_MAP_DATA_TYPE_FLOAT16 : CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 4,
-             const_cast<void*>(base), dims, strides, box, estr, CU_TENSOR_MAP_INTERLEAVE_NONE,
-             CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_128B,
-             CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS;
+  return encode_boxes(map, base, dtype, 4, dims, strides);
 }
 
 // The map of a contiguous [rows, heads, cols] 16-bit buffer (the prep's X or W) in 64 x 64 boxes; false where
 // TMA cannot describe it.
 inline bool encode_rows(CUtensorMap& map, const void* base, flashqla_dtype_t dtype, int64_t rows, int64_t heads,
                         int64_t cols) {
-  const PFN_cuTensorMapEncodeTiled_v12000 enc = encode_fn();
-  if (enc == nullptr || reinterpret_cast<uintptr_t>(base) % 16 != 0 || rows <= 0 || heads <= 0 || cols % 64 != 0 ||
+  if (reinterpret_cast<uintptr_t>(base) % 16 != 0 || rows <= 0 || heads <= 0 || cols % 64 != 0 ||
       rows >= (int64_t(1) << 31) || heads >= (int64_t(1) << 31) || 2 * cols * heads >= (int64_t(1) << 40))
     return false;
   const cuuint64_t dims[3] = {cuuint64_t(cols), cuuint64_t(heads), cuuint64_t(rows)};
   const cuuint64_t strides[2] = {cuuint64_t(2 * cols), cuuint64_t(2 * cols * heads)};
-  const cuuint32_t box[3] = {64, 1, 64}, estr[3] = {1, 1, 1};
-  return enc(&map, dtype == FLASHQLA_FLOAT16 ? CU_TENSOR_MAP_DATA_TYPE_FLOAT16 : CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 3,
-             const_cast<void*>(base), dims, strides, box, estr, CU_TENSOR_MAP_INTERLEAVE_NONE,
-             CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_128B,
-             CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS;
+  return encode_boxes(map, base, dtype, 3, dims, strides);
 }
 
 }  // namespace tma
