@@ -263,7 +263,7 @@ def test_bwd_grad_op_cpu_and_fake_shapes():
         # 16-bit inputs: dq, dk come in q's dtype, or in fp32 for the caller's l2norm backward
         h = [f(x) for x in half]
         for l2, want in ((False, torch.bfloat16), (True, torch.float32)):
-            fo = torch.ops.flashqla.chunk_gdn_bwd_grad(*h, 0.25, f(cu), l2, None)
+            fo = torch.ops.flashqla.chunk_gdn_bwd_grad(*h, 0.25, f(cu), l2)
             assert [t.dtype for t in fo] == [want, want, torch.bfloat16, torch.float32, torch.float32]
 
 
