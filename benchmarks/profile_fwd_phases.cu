@@ -49,9 +49,10 @@ int main() {
   const char* st_names[fm::kStPhases] = {"wait full", "KS^T + QS^T", "gates, V^T, Z, Y", "O^T += Z^T W^T",
                                          "S^T update (hi + lo)", "O store", "S->bf16"};
   // the chain kernels' aux warps only load (split mode): their slots 3 and 4 time the copies' issue and the gates
-  // (warp 0, the timed one) apart from the wait for the copies; slots 5-7 stay empty
+  // (warp 0, the timed one) apart from the wait for the copies; slot 5 the TMA chain's box issue (thread 0, before
+  // its V copies); slots 6-7 stay empty
   const char* aux_names[fm::kAuxPhases] = {"wait empty", "wait for the copies", "l2norm", "issue the copies",
-                                           "gates (warp 0)", "-", "-", "-"};
+                                           "gates (warp 0)", "TMA issue (thread 0)", "-", "-"};
   // the role tables of one timed launch: state warp 0 and aux warp 0 of CTA 0 (st: the state phases' names)
   const auto roles = [&](const char* what, const char* const* st, auto&& launch) -> int {  // (CUDA_OK returns 1)
     ms = warm_then_time(launch, [] { zero_symbol(fm::g_role_cycles); });
@@ -67,7 +68,7 @@ int main() {
       const double per = role == 0 ? chunks : chunks / fm::kAuxGroups;
       std::printf("%-32s %12s %8s\n", role == 0 ? "state warp 0 (CTA 0, per chunk)" : "aux warp 0 (CTA 0, per own chunk)",
                   "cycles", "share");
-      const int aux_order[fm::kAuxPhases] = {0, 3, 4, 1, 2, 5, 6, 7};  // program order
+      const int aux_order[fm::kAuxPhases] = {0, 5, 3, 4, 1, 2, 6, 7};  // program order
       const int st_order[fm::kStPhases] = {0, 6, 1, 2, 3, 4, 5};
       for (int k = 0; k < n; ++k) {
         const int i = role == 0 ? st_order[k] : aux_order[k];

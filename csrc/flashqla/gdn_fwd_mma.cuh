@@ -813,21 +813,22 @@ CUTLASS_DEVICE void aux_products(StageT& S, Ax& ax, int tid, uint32_t bar_aux, l
 
 // Warp 0: chunk c's gates for value head wk.h: the chunk-local cumsum G and beta (ax), gamma = e^G and
 // decay = e^(G_C - G) (S); rows past the end have g = 0, beta = 0.
-template <typename T, typename StageT, typename Ax>
-CUTLASS_DEVICE void load_gates(const flashqla_gdn_fwd_params_t& p, StageT& S, Ax& ax, const Work<T>& wk,
-                               int64_t c, int lane) {
+// One chunk's gates by warp 0 of a group: the chunk-local cumsum G of g, beta, gamma = e^G and decay = e^(G_C - G)
+// (rows past the end: g = beta = 0); lane holds rows 2 lane, 2 lane + 1. G and beta are skipped when null.
+template <typename T>
+CUTLASS_DEVICE void compute_gates(const flashqla_gdn_fwd_params_t& p, const Work<T>& wk, int64_t c, int lane,
+                                  float* G, float* beta, float* gamma, float* decay) {
   const int64_t g_off = wk.b * p.g_stride_batch + wk.h * p.g_stride_head;
   const int64_t beta_off = wk.b * p.beta_stride_batch + wk.h * p.beta_stride_head;
   const int64_t t0 = wk.t0 + c * kChunk;
   const int rows = static_cast<int>(wk.len - c * kChunk < kChunk ? wk.len - c * kChunk : kChunk);
-  // chunk-local cumsum: lane holds rows 2 lane, 2 lane + 1
   float gv[2], bv[2];
 #pragma unroll
   for (int e = 0; e < 2; ++e) {
     const int r = 2 * lane + e;
     const int64_t t = t0 + r;
     gv[e] = r < rows ? load_scalar(p.g, p.g_dtype, g_off + t * p.g_stride_time) : 0.f;
-    bv[e] = r < rows ? load_scalar(p.beta, p.beta_dtype, beta_off + t * p.beta_stride_time) : 0.f;
+    bv[e] = r < rows && beta != nullptr ? load_scalar(p.beta, p.beta_dtype, beta_off + t * p.beta_stride_time) : 0.f;
   }
   float incl = gv[0] + gv[1];
 #pragma unroll
@@ -837,14 +838,37 @@ CUTLASS_DEVICE void load_gates(const flashqla_gdn_fwd_params_t& p, StageT& S, Ax
   }
   const float Gc = __shfl_sync(0xffffffffu, incl, 31);  // padding has g = 0: the last real G
   const float G1 = incl, G0 = incl - gv[1];
-  ax.G[2 * lane] = G0;
-  ax.G[2 * lane + 1] = G1;
-  ax.beta[2 * lane] = bv[0];
-  ax.beta[2 * lane + 1] = bv[1];
-  S.gamma[2 * lane] = __expf(G0);
-  S.gamma[2 * lane + 1] = __expf(G1);
-  S.decay[2 * lane] = __expf(Gc - G0);
-  S.decay[2 * lane + 1] = __expf(Gc - G1);
+  if (G != nullptr) {
+    G[2 * lane] = G0;
+    G[2 * lane + 1] = G1;
+  }
+  if (beta != nullptr) {
+    beta[2 * lane] = bv[0];
+    beta[2 * lane + 1] = bv[1];
+  }
+  gamma[2 * lane] = __expf(G0);
+  gamma[2 * lane + 1] = __expf(G1);
+  decay[2 * lane] = __expf(Gc - G0);
+  decay[2 * lane + 1] = __expf(Gc - G1);
+}
+template <typename T, typename StageT, typename Ax>
+CUTLASS_DEVICE void load_gates(const flashqla_gdn_fwd_params_t& p, StageT& S, Ax& ax, const Work<T>& wk,
+                               int64_t c, int lane) {
+  compute_gates(p, wk, c, lane, ax.G, ax.beta, S.gamma, S.decay);
+}
+// The loader-only chains' gates a chunk ahead (aux_role): warp 0 of a group computes the next chunk's gamma and
+// decay right after handing a stage over, while the stage it will fill is still in use, and parks them in the
+// group's G / beta scratch (which nothing reads in those modes); aux_chunk moves them into the stage once it is
+// free. The g loads' latency (the gates' ~2k cycles a chunk in session 19's phase table) then passes under the
+// wait for the stage, and nothing extra stays in the loaders' 96 registers across that wait.
+template <typename T, typename Ax>
+CUTLASS_DEVICE void park_gates(const flashqla_gdn_fwd_params_t& p, Ax& ax, const Work<T>& wk, int64_t c, int lane) {
+  compute_gates(p, wk, c, lane, nullptr, nullptr, ax.G, ax.beta);
+}
+template <typename StageT, typename Ax>
+CUTLASS_DEVICE void unpark_gates(StageT& S, const Ax& ax, int lane) {
+  *reinterpret_cast<float2*>(&S.gamma[2 * lane]) = *reinterpret_cast<const float2*>(&ax.G[2 * lane]);
+  *reinterpret_cast<float2*>(&S.decay[2 * lane]) = *reinterpret_cast<const float2*>(&ax.beta[2 * lane]);
 }
 
 // K and Q of the wgmma prep by TMA (defined with PrepStorageWg): wait for them, zero the rows past the chunk's end.
@@ -898,6 +922,7 @@ CUTLASS_DEVICE void aux_chunk(const flashqla_gdn_fwd_params_t& p, StageT& S, Ax&
       }
       if (with_w) tma::load_box3(S.w, &cmaps->w, tma_bar, 0, h, row0);
     }
+    FLASHQLA_ROLE_PHASE(1, kAuxInvMerge);  // (slot 5: the TMA issue, thread 0)
   }
   for (int i = tid; i < kChunk * kDimK / 8 && !kTmaQk && !tma_on; i += kAuxThreads) {
     const int r = i >> 4, c8 = (i & 15) * 8;
@@ -940,7 +965,12 @@ CUTLASS_DEVICE void aux_chunk(const flashqla_gdn_fwd_params_t& p, StageT& S, Ax&
   // (the loader-only modes time the copies' issue and the gates apart, in slots their products never use)
   constexpr bool kLoaderOnly = kMode == AuxMode::kLoadPrepared || kMode == AuxMode::kLoadBwd;
   if constexpr (kLoaderOnly) FLASHQLA_ROLE_PHASE(1, kAuxGram);
-  if (w == 0) load_gates<T>(p, S, ax, wk, c, lane);
+  if (w == 0) {
+    if constexpr (kLoaderOnly)
+      unpark_gates(S, ax, lane);  // (aux_role parked them)
+    else
+      load_gates<T>(p, S, ax, wk, c, lane);
+  }
   if constexpr (kLoaderOnly) FLASHQLA_ROLE_PHASE(1, kAuxInvDiag);
   cp_async_wait_all();
   if constexpr (kTmaQk) tma_qk_landed(S, rows, tid);
@@ -1019,8 +1049,12 @@ CUTLASS_DEVICE void aux_role(const flashqla_gdn_fwd_params_t& p, Storage& sm, co
   t_mark = clock64();
 #endif
 
+  // (the loader-only modes: the gates a chunk ahead, park_gates)
+  constexpr bool kLoaderOnly = kMode == AuxMode::kLoadPrepared || kMode == AuxMode::kLoadBwd;
+  const auto chunk_of = [&](int64_t it) { return kMode == AuxMode::kLoadBwd ? wk.num_chunks - 1 - it : it; };
+  if (kLoaderOnly && tid < 32 && group < wk.num_chunks) park_gates(p, ax, wk, chunk_of(group), tid);
   for (int64_t it = group; it < wk.num_chunks; it += kAuxGroups) {
-    const int64_t c = kMode == AuxMode::kLoadBwd ? wk.num_chunks - 1 - it : it;  // the backward runs in reverse
+    const int64_t c = chunk_of(it);  // the backward runs in reverse
     const int st = kOb ? static_cast<int>(it % kObStages) : group;
     auto& S = sm.stage[st];
     if constexpr (kOb) {
@@ -1041,6 +1075,7 @@ CUTLASS_DEVICE void aux_role(const flashqla_gdn_fwd_params_t& p, Storage& sm, co
     // first (the group's warps finish within a few cycles of each other) keeps racecheck usable.
     bar_sync(bar_aux, kAuxThreads);
     bar_arrive((kOb ? ob::kFull : kBarFull) + st, kHandoffThreads);
+    if (kLoaderOnly && tid < 32 && it + kAuxGroups < wk.num_chunks) park_gates(p, ax, wk, chunk_of(it + kAuxGroups), tid);
   }
 }
 
