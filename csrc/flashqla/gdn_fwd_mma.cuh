@@ -865,6 +865,11 @@ template <typename T, typename Ax>
 CUTLASS_DEVICE void park_gates(const flashqla_gdn_fwd_params_t& p, Ax& ax, const Work<T>& wk, int64_t c, int lane) {
   compute_gates(p, wk, c, lane, nullptr, nullptr, ax.G, ax.beta);
 }
+// Where the gates go ahead (session 19's A/B): the prep-beside-chain loaders, which also wait for the ready flags
+// (35B / TP2 single sequences -4..-6%), and the backward's chains (-0.5..-3%); the forward's other chains measured
+// 6-7% slower with them (TP1 rows), so there warp 0 still computes the gates after the copies' issue.
+template <AuxMode kMode, bool kReady>
+constexpr bool kGatesAhead = kMode == AuxMode::kLoadBwd || (kMode == AuxMode::kLoadPrepared && kReady);
 template <typename StageT, typename Ax>
 CUTLASS_DEVICE void unpark_gates(StageT& S, const Ax& ax, int lane) {
   *reinterpret_cast<float2*>(&S.gamma[2 * lane]) = *reinterpret_cast<const float2*>(&ax.G[2 * lane]);
@@ -965,8 +970,9 @@ CUTLASS_DEVICE void aux_chunk(const flashqla_gdn_fwd_params_t& p, StageT& S, Ax&
   // (the loader-only modes time the copies' issue and the gates apart, in slots their products never use)
   constexpr bool kLoaderOnly = kMode == AuxMode::kLoadPrepared || kMode == AuxMode::kLoadBwd;
   if constexpr (kLoaderOnly) FLASHQLA_ROLE_PHASE(1, kAuxGram);
+  constexpr bool kAhead = kGatesAhead<kMode, kReady>;
   if (w == 0) {
-    if constexpr (kLoaderOnly)
+    if constexpr (kAhead)
       unpark_gates(S, ax, lane);  // (aux_role parked them)
     else
       load_gates<T>(p, S, ax, wk, c, lane);
@@ -1049,10 +1055,9 @@ CUTLASS_DEVICE void aux_role(const flashqla_gdn_fwd_params_t& p, Storage& sm, co
   t_mark = clock64();
 #endif
 
-  // (the loader-only modes: the gates a chunk ahead, park_gates)
-  constexpr bool kLoaderOnly = kMode == AuxMode::kLoadPrepared || kMode == AuxMode::kLoadBwd;
+  constexpr bool kAhead = kGatesAhead<kMode, kReady>;
   const auto chunk_of = [&](int64_t it) { return kMode == AuxMode::kLoadBwd ? wk.num_chunks - 1 - it : it; };
-  if (kLoaderOnly && tid < 32 && group < wk.num_chunks) park_gates(p, ax, wk, chunk_of(group), tid);
+  if (kAhead && tid < 32 && group < wk.num_chunks) park_gates(p, ax, wk, chunk_of(group), tid);
   for (int64_t it = group; it < wk.num_chunks; it += kAuxGroups) {
     const int64_t c = chunk_of(it);  // the backward runs in reverse
     const int st = kOb ? static_cast<int>(it % kObStages) : group;
@@ -1075,7 +1080,7 @@ CUTLASS_DEVICE void aux_role(const flashqla_gdn_fwd_params_t& p, Storage& sm, co
     // first (the group's warps finish within a few cycles of each other) keeps racecheck usable.
     bar_sync(bar_aux, kAuxThreads);
     bar_arrive((kOb ? ob::kFull : kBarFull) + st, kHandoffThreads);
-    if (kLoaderOnly && tid < 32 && it + kAuxGroups < wk.num_chunks) park_gates(p, ax, wk, chunk_of(it + kAuxGroups), tid);
+    if (kAhead && tid < 32 && it + kAuxGroups < wk.num_chunks) park_gates(p, ax, wk, chunk_of(it + kAuxGroups), tid);
   }
 }
 
