@@ -55,6 +55,10 @@ int main() {
                                            "gates (warp 0)", "TMA issue (thread 0)", "-", "-"};
   // the role tables of one timed launch: state warp 0 and aux warp 0 of CTA 0 (st: the state phases' names)
   const auto roles = [&](const char* what, const char* const* st, auto&& launch) -> int {  // (CUDA_OK returns 1)
+    // the first chain CTA (a prep-beside-chain launch puts its prep workers first)
+    const int timed = fm::overlap_prep_ctas(p);
+    CUDA_OK(cudaMemcpyToSymbol(fm::g_timed_block, &timed, sizeof(timed)));
+    if (timed > 0) std::printf("\n(the prep beside the chain: %d worker CTAs first, CTA %d timed)", timed, timed);
     ms = warm_then_time(launch, [] { zero_symbol(fm::g_role_cycles); });
     unsigned long long rc[2][8];
     CUDA_OK(cudaMemcpyFromSymbol(rc, fm::g_role_cycles, sizeof(rc)));

@@ -116,6 +116,9 @@ enum StatePhase { kStWaitFull, kStKsQs, kStZY, kStO, kStUpdate, kStStore, kStPub
 #endif
 #ifdef FLASHQLA_PHASE_TIMERS
 __device__ unsigned long long g_role_cycles[2][8];
+// The CTA whose state warp 0 and first loader thread are timed: the first chain CTA (the profiler sets it past the
+// prep workers of a prep-beside-chain launch, whose block 0 is a worker and would otherwise be timed).
+__device__ int g_timed_block;
 // The chunk-parallel prep kernels (128-thread CTAs) run the aux phases too: with g_time_prep set, thread 0 of
 // every CTA of the middle value head (blockIdx.y == gridDim.y / 2: mid-launch, not the first wave) adds them to
 // g_prep_cycles (atomically: many CTAs), slot kAuxWaitEmpty holding the store of X and W (no stage to wait for).
@@ -129,7 +132,7 @@ __device__ int g_time_prep;
         atomicAdd(&g_prep_cycles[ph], (unsigned long long)(now_ - t_mark));                              \
         t_mark = now_;                                                                                   \
       }                                                                                                  \
-    } else if (blockIdx.x == 0 && threadIdx.x == ((role) == 0 ? 0 : blockDim.x - kAuxGroups * kAuxThreads)) { \
+    } else if (blockIdx.x == g_timed_block && threadIdx.x == ((role) == 0 ? 0 : blockDim.x - kAuxGroups * kAuxThreads)) { \
       const long long now_ = clock64();                                                                  \
       atomicAdd(&g_role_cycles[role][ph], (unsigned long long)(now_ - t_mark)); /* (a RED: no load to wait for) */ \
       t_mark = now_;                                                                                     \
