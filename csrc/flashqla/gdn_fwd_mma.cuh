@@ -814,8 +814,6 @@ CUTLASS_DEVICE void aux_products(StageT& S, Ax& ax, int tid, uint32_t bar_aux, l
   aux_mwx<T, false, kW>(S, ax, tid, bar_aux, t_mark, qk);
 }
 
-// Warp 0: chunk c's gates for value head wk.h: the chunk-local cumsum G and beta (ax), gamma = e^G and
-// decay = e^(G_C - G) (S); rows past the end have g = 0, beta = 0.
 // One chunk's gates by warp 0 of a group: the chunk-local cumsum G of g, beta, gamma = e^G and decay = e^(G_C - G)
 // (rows past the end: g = beta = 0); lane holds rows 2 lane, 2 lane + 1. G and beta are skipped when null.
 template <typename T>
@@ -869,8 +867,9 @@ CUTLASS_DEVICE void park_gates(const flashqla_gdn_fwd_params_t& p, Ax& ax, const
   compute_gates(p, wk, c, lane, nullptr, nullptr, ax.G, ax.beta);
 }
 // Where the gates go ahead (session 19's A/B): the prep-beside-chain loaders, which also wait for the ready flags
-// (35B / TP2 single sequences -4..-6%), and the backward's chains (-0.5..-3%); the forward's other chains measured
-// 6-7% slower with them (TP1 rows), so there warp 0 still computes the gates after the copies' issue.
+// (35B / TP2 single sequences -4..-6.5%), and the backward's chains (hk4_hv8 32k -3.4%, 8k +1.3%, hk16_hv32 within
+// 0.3%); the forward's other chains measured 5-10.5% slower with them (the TP1 and multi-sequence rows: there the
+// gates already overlap the TMA transfer they follow), so there warp 0 computes them after the loads' issue.
 template <AuxMode kMode, bool kReady>
 constexpr bool kGatesAhead = kMode == AuxMode::kLoadBwd || (kMode == AuxMode::kLoadPrepared && kReady);
 template <typename StageT, typename Ax>
