@@ -14,6 +14,10 @@
 
 namespace flashqla {
 
+// use_qk_l2norm's epsilon: x / sqrt(sum x^2 + eps), in every kernel that normalises q, k or differentiates that
+// (the forward kernels' loaders, the l2norm backward); reference.L2NORM_EPS on the Python side.
+constexpr float kL2NormEps = 1e-6f;
+
 // Locates the sequence a flattened token belongs to. Dense batches are
 // sequences of equal length; packed batches read cu_seqlens. Values are
 // clamped so a malformed cu_seqlens can only produce wrong sequence bounds,

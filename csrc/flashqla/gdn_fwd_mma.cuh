@@ -1021,7 +1021,7 @@ CUTLASS_DEVICE void aux_chunk(const flashqla_gdn_fwd_params_t& p, StageT& S, Ax&
           ss += f.x * f.x + f.y * f.y;
         }
       }
-      const float rn = rsqrtf(ss + 1e-6f);
+      const float rn = rsqrtf(ss + kL2NormEps);
 #pragma unroll 4
       for (int j = 0; j < kDimK; j += 8) {
         uint4 u = *reinterpret_cast<const uint4*>(piece(j));

@@ -187,7 +187,7 @@ __global__ void __launch_bounds__(kThreads, 1) gdn_fwd_simple_kernel(const __gri
           sk += __shfl_xor_sync(0xffffffffu, sk, off);
           sq += __shfl_xor_sync(0xffffffffu, sq, off);
         }
-        const float rk = rsqrtf(sk + 1e-6f), rq = rsqrtf(sq + 1e-6f);
+        const float rk = rsqrtf(sk + kL2NormEps), rq = rsqrtf(sq + kL2NormEps);
 #pragma unroll
         for (int e = 0; e < 8; ++e) {
           ke[e] = from_f<T>(to_f(ke[e]) * rk);

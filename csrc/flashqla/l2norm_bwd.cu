@@ -14,8 +14,6 @@
 namespace flashqla {
 namespace {
 
-constexpr float kL2NormEps = 1e-6f;  // the forward's (gdn_fwd_mma.cuh's l2norm, reference.L2NORM_EPS)
-
 CUTLASS_DEVICE float warp_allsum(float v) {
 #pragma unroll
   for (int off = 16; off > 0; off >>= 1) v += __shfl_xor_sync(0xffffffffu, v, off);
