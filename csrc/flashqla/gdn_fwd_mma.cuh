@@ -85,11 +85,14 @@ static_assert(kObStateRegs * kStateThreads + kObORegs * kOThreads + kObLoadRegs 
               "the O-beside kernel's registers");
 namespace ob {
 enum Barrier : uint32_t {
+  // state -> O: the chunk's S^T is published (Z^T not yet). Id 0 is __syncthreads' barrier; the kernel's only
+  // __syncthreads is before the roles split, so after it the id is free for a counted barrier.
+  kPubS = 0,
   kFull = 1,                    // + stage (3): loader -> state
   kEmpty = kFull + kObStages,   // + chunk % 6: state and O -> the loader of chunk + 3
   kAux = kEmpty + 6,            // + group
   kState = kAux + kAuxGroups,   // among the state warps
-  kPub = kState + 1,            // state -> O: the chunk's S^T and Z^T are published
+  kPub = kState + 1,            // state -> O: the chunk's Z^T is published (S^T at kPubS)
   kFree = kPub + 1,             // O -> state: read, may be overwritten
   kOWarps = kFree + 1,          // among the O warps
 };
@@ -1287,6 +1290,9 @@ CUTLASS_DEVICE void state_role(const flashqla_gdn_fwd_params_t& p, Storage& sm, 
       if (c > 0) bar_sync(ob::kFree, ob::kPubThreads);
 #pragma unroll
       for (int kk = 0; kk < kKS; ++kk) stsm_x4(tile16(sm.pub_s, 16 * s + ld.a_row, 16 * kk + ld.a_col), sa[kk]);
+      // the O warps may start Q S^T now, beside this chunk's K S^T and epilogue (racecheck: sync first, as below)
+      bar_sync(ob::kState, kStateThreads);
+      bar_arrive(ob::kPubS, ob::kPubThreads);
     }
     if constexpr (!kOb) {
       if (p.chunk_states != nullptr && wk.chunk0 + c < chunk_bound(p)) {  // the state at the chunk's start, in T
@@ -1427,10 +1433,17 @@ CUTLASS_DEVICE void o_role(const flashqla_gdn_fwd_params_t& p, SharedStorageOb<T
   for (int64_t c = 0; c < wk.num_chunks; ++c) {
     auto& S = sm.stage[c % kObStages];
     const int rows = static_cast<int>(wk.len - c * kChunk < kChunk ? wk.len - c * kChunk : kChunk);
-    bar_sync(ob::kPub, ob::kPubThreads);
+    // Q S^T as soon as S^T is published (the state warps then still form K S^T and Z^T), Z^T once it is
+    bar_sync(ob::kPubS, ob::kPubThreads);
     uint32_t sa[8][4], za[4][4];
 #pragma unroll
     for (int kk = 0; kk < 8; ++kk) ldsm_x4(sa[kk], tile16(sm.pub_s, 16 * w + ld.a_row, 16 * kk + ld.a_col));
+    float os[8][4];
+    zero_acc(os);
+#if FLASHQLA_OB_EXPERIMENT != 1
+    wg_rows64<T>(os, sa, S.q);
+#endif
+    bar_sync(ob::kPub, ob::kPubThreads);
 #pragma unroll
     for (int kb = 0; kb < 4; ++kb) ldsm_x4(za[kb], tile16(sm.pub_z, 16 * w + ld.a_row, 16 * kb + ld.a_col));
     bar_sync(ob::kOWarps, kOThreads);  // (for racecheck: bar.arrive orders the reads, racecheck does not model it)
@@ -1446,9 +1459,6 @@ CUTLASS_DEVICE void o_role(const flashqla_gdn_fwd_params_t& p, SharedStorageOb<T
     continue;
 #endif
 
-    float os[8][4];
-    zero_acc(os);
-    wg_rows64<T>(os, sa, S.q);
 #pragma unroll
     for (int nt = 0; nt < 8; ++nt) {
       const float2 gm = *reinterpret_cast<const float2*>(&S.gamma[8 * nt + 2 * tq]);
