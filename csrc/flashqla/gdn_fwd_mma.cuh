@@ -190,6 +190,18 @@ struct alignas(1024) StageSw {
   float gamma[kChunk];
   float decay[kChunk];
 };
+// The O-beside chain's TMA form: as StageSw, with V (this CTA's 64 columns) also swizzled, so that one TMA box
+// brings it too (the state warps read it by ldmatrix.trans, conflict free in that layout as in the padded one).
+template <typename T>
+struct alignas(1024) StageSwV {
+  T k[2][kChunk * 64];
+  T q[2][kChunk * 64];
+  T x[2][kChunk * 64];
+  T w[kChunk * 64];
+  T v[kChunk * 64];
+  float gamma[kChunk];
+  float decay[kChunk];
+};
 // The dS chain's (gdn_bwd_dh.cuh): K, Q and W' swizzled; dO and U (this CTA's columns) padded, since the state
 // warps read both by ldmatrix.trans.
 template <typename T>
@@ -222,15 +234,21 @@ static_assert(sizeof(SharedStorageSw<__nv_bfloat16>) + 1024 <= 227 * 1024 &&
 struct GateScratch {
   float G[kChunk], beta[kChunk];
 };
-template <typename T>
-struct SharedStorageOb {
-  StageSw<T> stage[kObStages];
+template <typename T, typename StageT>
+struct SharedStorageObOf {
+  StageT stage[kObStages];
   alignas(1024) T pub_s[2][kChunk * 64];
   alignas(1024) T pub_z[kChunk * 64];
   GateScratch aux[kAuxGroups];
   uint64_t tma_bar[kObStages];  // a stage's K, Q, X and W by TMA (tma::ChainMaps), one phase per fill
 };
-static_assert(sizeof(SharedStorageOb<__nv_bfloat16>) + 1024 <= 227 * 1024, "the O-beside storage, aligned, fits");
+template <typename T>
+using SharedStorageOb = SharedStorageObOf<T, StageSw<T>>;   // (the copy forms)
+template <typename T>
+using SharedStorageObTma = SharedStorageObOf<T, StageSwV<T>>;  // (the TMA form)
+static_assert(sizeof(SharedStorageOb<__nv_bfloat16>) + 1024 <= 227 * 1024 &&
+                  sizeof(SharedStorageObTma<__nv_bfloat16>) <= sizeof(SharedStorageOb<__nv_bfloat16>),
+              "the O-beside storage, aligned, fits (the TMA form's is no larger: the launch sizes it as the copies')");
 // The 16 bytes at (row r, column c, a multiple of 8) of a stage tile, in either layout (the swizzled form also
 // for the gradient kernel's 128-row state tiles; from any c, the bytes up to the next multiple of 8).
 template <typename T>
@@ -249,12 +267,20 @@ template <typename T>
 CUTLASS_DEVICE T* tile16(T (&t)[kChunk * 64], int r, int c) {
   return reinterpret_cast<T*>(reinterpret_cast<char*>(t) + gmma::sw128_off(r, c));
 }
+template <typename T>
+CUTLASS_DEVICE const T* tile16(const T (&t)[kChunk * 64], int r, int c) {
+  return reinterpret_cast<const T*>(reinterpret_cast<const char*>(t) + gmma::sw128_off(r, c));
+}
+template <typename T>
+CUTLASS_DEVICE const T* tile16(const T (&t)[kChunk * kLdC], int r, int c) { return &t[r * kLdC + c]; }
 template <typename StageT>
 constexpr bool kSwizzledStage = false;
 template <typename T>
 constexpr bool kSwizzledStage<StageSw<T>> = true;
 template <typename T>
 constexpr bool kSwizzledStage<StageSwBwd<T>> = true;
+template <typename T>
+constexpr bool kSwizzledStage<StageSwV<T>> = true;
 
 // Where one CTA's work lives.
 static_assert(kChunk == 64, "chunk_bound (kernels.h) counts 64-token chunks");
@@ -918,12 +944,15 @@ CUTLASS_DEVICE void aux_chunk(const flashqla_gdn_fwd_params_t& p, StageT& S, Ax&
                 "TMA: the O-beside chain's stage");
   constexpr bool tma_on = kTmaChain;  // (the copy loops below compile away: the cp.async form is main's code)
   if constexpr (kTmaChain) {
-    if (tid == 0) {
+    // issued from warp 1, so that warp 0 starts the gates at once (thread 0 spent ~1.6k cycles a chunk issuing
+    // before them: session 19's phase table); V too (the TMA form's stage holds it swizzled), where there is one
+    if (tid == 32) {
       const int hq = static_cast<int>(wk.h / (p.heads_v / p.heads_qk)), t = static_cast<int>(t0);
       const int b = static_cast<int>(wk.b), h = static_cast<int>(wk.h);
       const int row0 = static_cast<int>(wk.flat0 + c * kChunk);
-      const bool with_w = wk.o != nullptr;
-      tma::mbar_expect_tx(tma_bar, static_cast<uint32_t>(((want_q ? 6 : 4) + (with_w ? 1 : 0)) * kChunk * 64 * sizeof(T)));
+      const bool with_w = wk.o != nullptr, with_v = wk.v != nullptr;
+      const int boxes = (want_q ? 6 : 4) + (with_w ? 1 : 0) + (with_v ? 1 : 0);
+      tma::mbar_expect_tx(tma_bar, static_cast<uint32_t>(boxes * kChunk * 64 * sizeof(T)));
 #pragma unroll
       for (int blk = 0; blk < 2; ++blk) {
         tma::load_box(S.k[blk], &cmaps->k, tma_bar, 64 * blk, hq, t, b);
@@ -931,8 +960,8 @@ CUTLASS_DEVICE void aux_chunk(const flashqla_gdn_fwd_params_t& p, StageT& S, Ax&
         tma::load_box3(S.x[blk], &cmaps->x, tma_bar, 64 * blk, h, row0);
       }
       if (with_w) tma::load_box3(S.w, &cmaps->w, tma_bar, 0, h, row0);
+      if (with_v) tma::load_box(S.v, &cmaps->v, tma_bar, static_cast<int>(wk.col0), h, t, b);
     }
-    FLASHQLA_ROLE_PHASE(1, kAuxInvMerge);  // (slot 5: the TMA issue, thread 0)
   }
   for (int i = tid; i < kChunk * kDimK / 8 && !kTmaQk && !tma_on; i += kAuxThreads) {
     const int r = i >> 4, c8 = (i & 15) * 8;
@@ -941,7 +970,7 @@ CUTLASS_DEVICE void aux_chunk(const flashqla_gdn_fwd_params_t& p, StageT& S, Ax&
     if (want_q) cp_async_16(tile16(S.q, r, c8), ok ? wk.q + (t0 - wk.t0 + r) * p.q_stride_time + c8 : wk.q, ok);
   }
   if constexpr (kMode == AuxMode::kFused || kMode == AuxMode::kLoadPrepared || kMode == AuxMode::kLoadBwd) {
-    for (int i = tid; i < kChunk * kBV / 8; i += kAuxThreads) {  // (kBV: the CTA's V columns)
+    for (int i = tid; i < kChunk * kBV / 8 && !tma_on; i += kAuxThreads) {  // (kBV: the CTA's V columns)
       const int r = i / (kBV / 8), c8 = (i % (kBV / 8)) * 8;
       const bool ok = r < rows && wk.v != nullptr;  // else zero-filled, no read
       cp_async_16(&S.v[r * kLdC + c8], ok ? wk.v + (t0 - wk.t0 + r) * p.v_stride_time + c8 : wk.k, ok);
@@ -989,12 +1018,20 @@ CUTLASS_DEVICE void aux_chunk(const flashqla_gdn_fwd_params_t& p, StageT& S, Ax&
     {
       tma::mbar_wait(tma_bar, tma_parity);
       // rows past the chunk's end: zeros, as cp.async's zero fill (TMA brings the next packed sequence's tokens
-      // and X / W rows the prep never wrote); K, Q, X (two blocks each) and W, 128 bytes a row
-      for (int i = tid; i < (kChunk - rows) * 7 * 8; i += kAuxThreads) {
-        const int r = rows + i / 56, blk = (i / 8) % 7, piece = i & 7;
-        char* tile = reinterpret_cast<char*>(blk < 2 ? S.k[blk] : blk < 4 ? S.q[blk - 2] : blk < 6 ? S.x[blk - 4] : S.w);
+      // and X / W rows the prep never wrote); K, Q, X (two blocks each), W and V, 128 bytes a row (a row's 16-byte
+      // pieces all zero, so the swizzle does not matter); V all zero where there is none (as the copies' fill)
+      for (int i = tid; i < (kChunk - rows) * 8 * 8; i += kAuxThreads) {
+        const int r = rows + i / 64, blk = (i / 8) % 8, piece = i & 7;
+        char* tile = reinterpret_cast<char*>(blk < 2   ? S.k[blk]
+                                             : blk < 4 ? S.q[blk - 2]
+                                             : blk < 6 ? S.x[blk - 4]
+                                             : blk < 7 ? S.w
+                                                       : S.v);
         *reinterpret_cast<uint4*>(tile + r * 128 + 16 * piece) = make_uint4(0u, 0u, 0u, 0u);
       }
+      if (wk.v == nullptr)
+        for (int i = tid; i < rows * 8; i += kAuxThreads)
+          *reinterpret_cast<uint4*>(reinterpret_cast<char*>(S.v) + i * 16) = make_uint4(0u, 0u, 0u, 0u);
     }
   }
   bar_sync(bar_aux, kAuxThreads);
@@ -1089,16 +1126,16 @@ CUTLASS_DEVICE void aux_role(const flashqla_gdn_fwd_params_t& p, Storage& sm, co
   }
 }
 
-// The state warps' walk over a chunk tile stored [kChunk][kLdC] (V, or the backward's dO and U: chunk rows,
-// this CTA's 64 columns) as transposed A fragments of warp s's 16 columns: f(kb, r, nt, e, col, pair) for
+// The state warps' walk over a chunk tile stored [kChunk][kLdC] or 128-byte swizzled (V, or the backward's dO and
+// U: chunk rows, this CTA's 64 columns) as transposed A fragments of warp s's 16 columns: f(kb, r, nt, e, col, pair) for
 // k block kb and register r, which holds elements e, e + 1 of C tile nt = 2 kb + r / 2, i.e. chunk columns
 // col, col + 1.
-template <typename T, typename F>
-CUTLASS_DEVICE void for_vt_pairs(const T* tile, int s, int tq, const warp::LdsmOffsets& ld, F&& f) {
+template <typename T, typename Tile, typename F>
+CUTLASS_DEVICE void for_vt_pairs(const Tile& tile, int s, int tq, const warp::LdsmOffsets& ld, F&& f) {
 #pragma unroll
   for (int kb = 0; kb < 4; ++kb) {
     uint32_t vr[4];
-    warp::ldsm_x4_trans(vr, &tile[(16 * kb + ld.at_row) * kLdC + 16 * s + ld.at_col]);
+    warp::ldsm_x4_trans(vr, tile16<T>(tile, 16 * kb + ld.at_row, 16 * s + ld.at_col));
 #pragma unroll
     for (int r = 0; r < 4; ++r) {
       const int nt = 2 * kb + (r >> 1);
@@ -1190,8 +1227,8 @@ CUTLASS_DEVICE void wg_ks_qs(const StageT& S, const uint32_t (&sa)[8][4], float 
   pin(o32);
 }
 // O^T += Z^T W^T: 4 k16 steps over the chunk, B = W (K-major; its blocks above the diagonal hold zeros).
-template <typename T>
-CUTLASS_DEVICE void wg_o(const StageSw<T>& S, const uint32_t (&za)[4][4], float (&os)[8][4]) {
+template <typename T, typename StageT>
+CUTLASS_DEVICE void wg_o(const StageT& S, const uint32_t (&za)[4][4], float (&os)[8][4]) {
   using namespace gmma;
   auto& o32 = reinterpret_cast<float(&)[32]>(os);
   fence();
@@ -1425,8 +1462,8 @@ CUTLASS_DEVICE void state_role(const flashqla_gdn_fwd_params_t& p, Storage& sm, 
 // back from the published tiles) and B the stage's Q and W, then the O rows out: each warp's 16 V columns x 64
 // tokens transposed by stmatrix into 2 KB of the stage's Q (dead by then) and stored as 16-byte pieces. The stage
 // is released after that; the published tiles as soon as they are in registers.
-template <typename T>
-CUTLASS_DEVICE void o_role(const flashqla_gdn_fwd_params_t& p, SharedStorageOb<T>& sm, const Work<T>& wk) {
+template <typename T, typename Storage>
+CUTLASS_DEVICE void o_role(const flashqla_gdn_fwd_params_t& p, Storage& sm, const Work<T>& wk) {
   using namespace warp;
   const int tid = threadIdx.x - kStateThreads, w = tid >> 5, lane = tid & 31, tq = lane & 3;
   const LdsmOffsets ld(lane);
@@ -1541,7 +1578,10 @@ __global__ void __launch_bounds__(kOb ? kObThreads : kThreads, 1)
   static_assert(!kPrepWg || kOverlap, "the workers' wgmma prep");
   constexpr int kVB = kKSplit ? kVBlocksK : kVBlocks, kBV = kKSplit ? kBlockVK : kBlockV;
   constexpr int kCtaThreads = kOb ? kObThreads : kThreads;
-  using Storage = std::conditional_t<kOb, SharedStorageOb<T>, std::conditional_t<kWg, SharedStorageSw<T>, SharedStorage<T>>>;
+  // the O-beside chain's loads by TMA (where the host made the maps)
+  constexpr bool kTmaChain = kTma && kOb && kMode == AuxMode::kLoadPrepared && !kOverlap;
+  using ObStorage = std::conditional_t<kTmaChain, SharedStorageObTma<T>, SharedStorageOb<T>>;
+  using Storage = std::conditional_t<kOb, ObStorage, std::conditional_t<kWg, SharedStorageSw<T>, SharedStorage<T>>>;
   extern __shared__ __align__(128) unsigned char smem_raw[];
   unsigned char* base = smem_raw;
   if constexpr (kWg || kOb) base = gmma::align_smem_1024(smem_raw);
@@ -1563,8 +1603,7 @@ __global__ void __launch_bounds__(kOb ? kObThreads : kThreads, 1)
   }
   const CtaTile ct = decode_cta<IndexT>(p, block, kVB, kBV);
   Work<T> wk = make_work<T>(p, ct);
-  // the O-beside chain's loads by TMA (where the host made the maps): the stages' barriers, before any role runs
-  constexpr bool kTmaChain = kTma && kOb && kMode == AuxMode::kLoadPrepared && !kOverlap;
+  // the TMA form's stage barriers, before any role runs
   if constexpr (kTmaChain) {
     if (threadIdx.x < kObStages) tma::mbar_init(&sm.tma_bar[threadIdx.x]);
     __syncthreads();
@@ -2017,7 +2056,10 @@ inline bool chain_maps(const flashqla_gdn_fwd_params_t& p, const PrepBuffers<T>&
          tma::encode_qk(m.q, p.q, p.qkv_dtype, p.batch, p.seqlen, p.heads_qk, p.q_stride_batch, p.q_stride_time,
                         p.q_stride_head) &&
          tma::encode_rows(m.x, pb.x, p.qkv_dtype, rows, p.heads_v, kDimK) &&
-         tma::encode_rows(m.w, pb.w, p.qkv_dtype, rows, p.heads_v, kChunk);
+         tma::encode_rows(m.w, pb.w, p.qkv_dtype, rows, p.heads_v, kChunk) &&
+         p.v != nullptr &&
+         tma::encode_qk(m.v, p.v, p.qkv_dtype, p.batch, p.seqlen, p.heads_v, p.v_stride_batch, p.v_stride_time,
+                        p.v_stride_head);
 }
 
 template <typename T, AuxMode kMode, bool kKSplit = false, bool kWg = false, bool kOb = false, bool kOverlap = false,

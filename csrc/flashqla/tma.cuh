@@ -25,12 +25,13 @@ struct QkMaps {
 };
 // The O-beside chain's (gdn_fwd_mma_kernel; a parameter of every form, read by its TMA instantiation only): K and
 // Q as QkMaps, the prep's X [rows, heads_v, 128] and W [rows, heads_v, 64] in 64 x 64 boxes (64 rows x 64
-// columns of one head).
+// columns of one head), and V ([batch, seqlen, heads_v, 128], as K).
 struct ChainMaps {
   CUtensorMap k;
   CUtensorMap q;
   CUtensorMap x;
   CUtensorMap w;
+  CUtensorMap v;
 };
 
 CUTLASS_DEVICE void mbar_init(uint64_t* bar) {
