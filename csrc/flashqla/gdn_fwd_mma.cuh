@@ -921,7 +921,7 @@ struct NoHook {
 };
 // kTmaQk (the wgmma prep kernel's; PrepStorageWg): K and Q arrive by TMA, issued by the caller on S.tma_bar.
 // kTmaChain (the O-beside chain's TMA instantiation, launched where the maps exist): K, Q, X and W by TMA on tma_bar
-// (phase tma_parity), issued by the group's thread 0: one instruction a 64 x 64 box, where 128 threads issued
+// (phase tma_parity), issued by the group's warp 1 (lane 0): one instruction a 64 x 64 box, where 128 threads issued
 // 3584 16-byte copies (the chain's state warps waited ~1k cycles a chunk for them: session 18's phase table).
 template <typename T, AuxMode kMode, int kBV = kBlockV, bool kReady = false, bool kTmaQk = false,
           bool kTmaChain = false, typename StageT, typename Ax, typename Issued = NoHook>
