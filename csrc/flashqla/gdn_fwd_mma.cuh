@@ -246,6 +246,12 @@ template <typename T>
 using SharedStorageOb = SharedStorageObOf<T, StageSw<T>>;   // (the copy forms)
 template <typename T>
 using SharedStorageObTma = SharedStorageObOf<T, StageSwV<T>>;  // (the TMA form)
+// The O warps start Q S^T when S^T is published (ob::kPubS), not with Z^T: in the TMA form only (session 20:
+// -0.4..-3% there with its loads; +1.5..+2.3% in the prep-beside-chain kernel, whose loaders bind first).
+template <typename Storage>
+constexpr bool kEarlyQs = false;
+template <typename T>
+constexpr bool kEarlyQs<SharedStorageObTma<T>> = true;
 static_assert(sizeof(SharedStorageOb<__nv_bfloat16>) + 1024 <= 227 * 1024 &&
                   sizeof(SharedStorageObTma<__nv_bfloat16>) <= sizeof(SharedStorageOb<__nv_bfloat16>),
               "the O-beside storage, aligned, fits (the TMA form's is no larger: the launch sizes it as the copies')");
@@ -1327,9 +1333,11 @@ CUTLASS_DEVICE void state_role(const flashqla_gdn_fwd_params_t& p, Storage& sm, 
       if (c > 0) bar_sync(ob::kFree, ob::kPubThreads);
 #pragma unroll
       for (int kk = 0; kk < kKS; ++kk) stsm_x4(tile16(sm.pub_s, 16 * s + ld.a_row, 16 * kk + ld.a_col), sa[kk]);
-      // the O warps may start Q S^T now, beside this chunk's K S^T and epilogue (racecheck: sync first, as below)
-      bar_sync(ob::kState, kStateThreads);
-      bar_arrive(ob::kPubS, ob::kPubThreads);
+      if constexpr (kEarlyQs<Storage>) {
+        // the O warps may start Q S^T now, beside this chunk's K S^T and epilogue (racecheck: sync first, as below)
+        bar_sync(ob::kState, kStateThreads);
+        bar_arrive(ob::kPubS, ob::kPubThreads);
+      }
     }
     if constexpr (!kOb) {
       if (p.chunk_states != nullptr && wk.chunk0 + c < chunk_bound(p)) {  // the state at the chunk's start, in T
@@ -1470,17 +1478,21 @@ CUTLASS_DEVICE void o_role(const flashqla_gdn_fwd_params_t& p, Storage& sm, cons
   for (int64_t c = 0; c < wk.num_chunks; ++c) {
     auto& S = sm.stage[c % kObStages];
     const int rows = static_cast<int>(wk.len - c * kChunk < kChunk ? wk.len - c * kChunk : kChunk);
-    // Q S^T as soon as S^T is published (the state warps then still form K S^T and Z^T), Z^T once it is
-    bar_sync(ob::kPubS, ob::kPubThreads);
+    // kEarlyQs: Q S^T as soon as S^T is published (the state warps then still form K S^T and Z^T), Z^T once it is;
+    // else both once Z^T is
+    constexpr bool kEarly = kEarlyQs<Storage>;
+    bar_sync(kEarly ? ob::kPubS : ob::kPub, ob::kPubThreads);
     uint32_t sa[8][4], za[4][4];
 #pragma unroll
     for (int kk = 0; kk < 8; ++kk) ldsm_x4(sa[kk], tile16(sm.pub_s, 16 * w + ld.a_row, 16 * kk + ld.a_col));
     float os[8][4];
-    zero_acc(os);
+    if constexpr (kEarly) {
+      zero_acc(os);
 #if FLASHQLA_OB_EXPERIMENT != 1
-    wg_rows64<T>(os, sa, S.q);
+      wg_rows64<T>(os, sa, S.q);
 #endif
-    bar_sync(ob::kPub, ob::kPubThreads);
+      bar_sync(ob::kPub, ob::kPubThreads);
+    }
 #pragma unroll
     for (int kb = 0; kb < 4; ++kb) ldsm_x4(za[kb], tile16(sm.pub_z, 16 * w + ld.a_row, 16 * kb + ld.a_col));
     bar_sync(ob::kOWarps, kOThreads);  // (for racecheck: bar.arrive orders the reads, racecheck does not model it)
@@ -1496,6 +1508,10 @@ CUTLASS_DEVICE void o_role(const flashqla_gdn_fwd_params_t& p, Storage& sm, cons
     continue;
 #endif
 
+    if constexpr (!kEarly) {
+      zero_acc(os);
+      wg_rows64<T>(os, sa, S.q);
+    }
 #pragma unroll
     for (int nt = 0; nt < 8; ++nt) {
       const float2 gm = *reinterpret_cast<const float2*>(&S.gamma[8 * nt + 2 * tq]);
