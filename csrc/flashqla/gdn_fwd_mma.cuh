@@ -654,6 +654,29 @@ struct WToStage {
     warp::store_c_tiles<T>(&S.w[16 * w * kLdC], kLdC, wa, lane);
   }
 };
+// Where the wgmma prep's X goes (aux_mwx_wg), one 64-column half at a time: the stage's padded x (default; the
+// workers beside the chain store its rows from there), or XToSwizzledQ: Q's two 64 x 64 blocks (dead by then),
+// 128-byte swizzled by stmatrix, as one TMA store box each (the prep kernel's).
+struct XToStage {
+  template <typename StageT>
+  CUTLASS_DEVICE void operator()(StageT& S, int w, int half, const float (&xa)[8][4], int lane) const {
+    using T = std::remove_cv_t<std::remove_reference_t<decltype(S.x[0])>>;
+    warp::store_c_tiles<T>(&S.x[16 * w * kLdK + 64 * half], kLdK, xa, lane);
+  }
+};
+struct XToSwizzledQ {
+  template <typename StageT>
+  CUTLASS_DEVICE void operator()(StageT& S, int w, int half, const float (&xa)[8][4], int lane) const {
+    using T = std::remove_cv_t<std::remove_reference_t<decltype(S.x[0])>>;
+    const warp::LdsmOffsets ld(lane);
+#pragma unroll
+    for (int kk = 0; kk < 4; ++kk) {  // the A-fragment order of each 16 x 16 block is stmatrix's (warp::stsm_x4)
+      uint32_t a[4];
+      warp::c_to_a<T>(a, xa[2 * kk], xa[2 * kk + 1]);
+      warp::stsm_x4(tile16(S.q[half], 16 * w + ld.a_row, 16 * kk + ld.a_col), a);
+    }
+  }
+};
 // A layout whose M shares memory with X (the prep kernel's, PrepStorage below): X waits for every warp's W.
 template <typename StageT>
 constexpr bool kMSharesX = false;
@@ -768,9 +791,9 @@ CUTLASS_DEVICE void aux_mwx(StageT& S, Ax& ax, int tid, uint32_t bar_aux, long l
 // of W = P M's B, so the 6 above the diagonal are zeros, not left over), then W = P M as 4 wgmma m64n64k16 (A: P
 // from registers, zero past the warp's diagonal block; B: M, MN-major) and X = diag(beta) A^T K as 2 x 4 (A: the
 // operand x_half builds, zeros for the k blocks above the warp's rows; B: K's 64-column halves, MN-major).
-template <typename T, typename Ax, typename WSink>
+template <typename T, typename Ax, typename WSink, typename XSink = XToStage>
 CUTLASS_DEVICE void aux_mwx_wg(PrepStorageWg<T>& S, Ax& ax, int tid, uint32_t bar_aux, long long& t_mark,
-                               const float (&qk)[8][4], WSink w_sink) {
+                               const float (&qk)[8][4], WSink w_sink, XSink x_sink = XSink{}) {
   using namespace gmma;
   (void)t_mark;
   const AuxLane al(tid);
@@ -829,7 +852,7 @@ CUTLASS_DEVICE void aux_mwx_wg(PrepStorageWg<T>& S, Ax& ax, int tid, uint32_t ba
     commit();
     wait_all();
     pin(x32);
-    warp::store_c_tiles<T>(&S.x[16 * w * kLdK + 64 * half], kLdK, xa, lane);
+    x_sink(S, w, half, xa, lane);
   }
   FLASHQLA_ROLE_PHASE(1, kAuxW);
 }
@@ -1832,11 +1855,12 @@ CUTLASS_DEVICE void prep_head(const flashqla_gdn_fwd_params_t& p, const PrepBuff
 // as wgmma (aux_gram_inverse_wg, aux_mwx_wg), the inverse as there. Outputs that differ from prep_head's in
 // rounding only (the products' accumulation order). (A separate function: folded into prep_head by an
 // if constexpr on the storage, the mma.sync form's code changed.)
-// kKernel (the prep kernel's: one chunk per CTA, and no flag waits for its X; maps holds K's and Q's tensor
-// maps): K and Q by TMA on the barrier's first phase, and X's rows out as bulk copies, one 256-byte row per thread
-// of the first 64, instead of eight 16-byte loads and stores per thread (the store of X measured 12% of the CTA's
-// cycles). Otherwise (the workers beside the chain, which loop over chunks and release a flag once X is written):
-// cp.async and stores.
+// kKernel (the prep kernel's: one chunk per CTA, and no flag waits for its X; maps holds K's, Q's and X's tensor
+// maps): K and Q by TMA on the barrier's first phase, and X staged swizzled in Q's blocks and out as two TMA store
+// boxes from one thread, where 64 threads each issued a 256-byte bulk copy (~3k cycles a CTA: the copies issue one
+// at a time; session 20's phase table). A chunk that ends early (a sequence's last) stores its rows from the
+// staged tile instead: a box would write the next sequence's first rows. Otherwise (the workers beside the chain,
+// which loop over chunks and release a flag once X is written): cp.async and stores.
 template <typename T, bool kKernel = false>
 CUTLASS_DEVICE void prep_head_wg(const flashqla_gdn_fwd_params_t& p, const PrepBuffers<T>& pb, PrepStorageWg<T>& sm,
                                  const Work<T>& wk, int64_t c, int tid, uint32_t bar, long long& t_mark,
@@ -1851,18 +1875,29 @@ CUTLASS_DEVICE void prep_head_wg(const flashqla_gdn_fwd_params_t& p, const PrepB
   warp::bar_sync(bar, kPrepThreads);
   float qk[8][4];
   aux_gram_inverse_wg<T>(sm, sm, tid, bar, t_mark, qk);
-  aux_mwx_wg<T>(sm, sm, tid, bar, t_mark, qk,
-                WToGlobal<T>{pb.w + row0 * p.heads_v * kChunk + wk.h * kChunk, p.heads_v * kChunk, rows});
+  const WToGlobal<T> w_out{pb.w + row0 * p.heads_v * kChunk + wk.h * kChunk, p.heads_v * kChunk, rows};
   if constexpr (kKernel) {
-    static_assert(kChunk <= kPrepThreads && kDimK * sizeof(T) % 16 == 0 && kLdK * sizeof(T) % 16 == 0, "bulk rows");
-    warp::fence_async_smem();  // this thread's stores of X, before the copies (the async proxy) read them
+    aux_mwx_wg<T>(sm, sm, tid, bar, t_mark, qk, w_out, XToSwizzledQ{});
+    warp::fence_async_smem();  // this thread's stores of X, before the TMA (the async proxy) reads them
     warp::bar_sync(bar, kPrepThreads);
-    if (tid < rows) {  // (rows past the sequence's end are not written, as store_prep_x)
-      warp::bulk_store(pb.x + (row0 + tid) * p.heads_v * kDimK + wk.h * kDimK, &sm.x[tid * kLdK], kDimK * sizeof(T));
-      warp::bulk_commit();
-      warp::bulk_wait_read();  // the stage lives until its row has been read
+    if (rows == kChunk) {
+      if (tid == 0) {
+#pragma unroll
+        for (int half = 0; half < 2; ++half)
+          tma::store_box3(&maps->x, sm.q[half], 64 * half, static_cast<int>(wk.h), static_cast<int>(row0));
+        warp::bulk_commit();
+        warp::bulk_wait_read();  // the tile lives until the boxes have been read
+      }
+    } else {  // (rows past the sequence's end are not written, as store_prep_x)
+      T* const xd = pb.x + row0 * p.heads_v * kDimK + wk.h * kDimK;
+      for (int i = tid; i < rows * (kDimK / 8); i += kPrepThreads) {
+        const int r = i >> 4, c8 = (i & 15) * 8;
+        *reinterpret_cast<uint4*>(xd + int64_t(r) * p.heads_v * kDimK + c8) =
+            *reinterpret_cast<const uint4*>(tile16(sm.q[c8 >> 6], r, c8 & 63));
+      }
     }
   } else {
+    aux_mwx_wg<T>(sm, sm, tid, bar, t_mark, qk, w_out);
     warp::bar_sync(bar, kPrepThreads);
     store_prep_x<T>(p, pb, sm, row0, rows, wk.h, tid);
   }
@@ -2167,9 +2202,11 @@ inline int overlap_prep_ctas(const flashqla_gdn_fwd_params_t& p) {
   return even && items >= 2LL * workers * kPrepUnits ? workers : 0;
 }
 
-// The wgmma prep's tensor maps of K and Q (false: TMA cannot describe one of them).
-inline bool qk_maps(const flashqla_gdn_fwd_params_t& p, tma::QkMaps& maps) {
-  return tma::encode_qk(maps.k, p.k, p.qkv_dtype, p.batch, p.seqlen, p.heads_qk, p.k_stride_batch, p.k_stride_time,
+// The wgmma prep's tensor maps of K, Q and X (false: TMA cannot describe one of them).
+template <typename T>
+inline bool qk_maps(const flashqla_gdn_fwd_params_t& p, const PrepBuffers<T>& pb, tma::QkMaps& maps) {
+  return tma::encode_rows(maps.x, pb.x, p.qkv_dtype, p.batch * p.seqlen, p.heads_v, kDimK) &&
+         tma::encode_qk(maps.k, p.k, p.qkv_dtype, p.batch, p.seqlen, p.heads_qk, p.k_stride_batch, p.k_stride_time,
                         p.k_stride_head) &&
          tma::encode_qk(maps.q, p.q, p.qkv_dtype, p.batch, p.seqlen, p.heads_qk, p.q_stride_batch, p.q_stride_time,
                         p.q_stride_head);
@@ -2207,7 +2244,7 @@ cudaError_t launch(const flashqla_gdn_fwd_params_t& p, cudaStream_t stream) {
   // a call with o)
   const int hpc = states_only(p) ? 1 : prep_heads_per_cta(p, chunks);
   tma::QkMaps maps{};  // (the wgmma prep's K and Q by TMA: strides TMA can describe, else the mma.sync prep)
-  const bool wg = !states_only(p) && hpc == 1 && prep_wg(false) && qk_maps(p, maps);
+  const bool wg = !states_only(p) && hpc == 1 && prep_wg(false) && qk_maps(p, pb, maps);
   auto prep = states_only(p) ? (ix64 ? gdn_prep_kernel<T, int64_t, false, true> : gdn_prep_kernel<T, int32_t, false, true>)
               : hpc > 1   ? (ix64 ? gdn_prep_kernel<T, int64_t, true> : gdn_prep_kernel<T, int32_t, true>)
               : wg        ? (ix64 ? gdn_prep_kernel<T, int64_t, false, false, true> : gdn_prep_kernel<T, int32_t, false, false, true>)

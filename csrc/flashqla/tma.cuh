@@ -18,10 +18,12 @@
 namespace flashqla {
 namespace tma {
 
-// The prep kernel's two maps (a kernel parameter: unused by the prep forms that load by cp.async).
+// The prep kernel's maps (a kernel parameter: unused by the prep forms that load by cp.async): K and Q, and X
+// ([rows, heads_v, 128] in 64 x 64 boxes, as ChainMaps' x) for its TMA stores.
 struct QkMaps {
   CUtensorMap k;
   CUtensorMap q;
+  CUtensorMap x;
 };
 // The O-beside chain's (gdn_fwd_mma_kernel; a parameter of every form, read by its TMA instantiation only): K and
 // Q as QkMaps, the prep's X [rows, heads_v, 128] and W [rows, heads_v, 64] in 64 x 64 boxes (64 rows x 64
@@ -56,6 +58,14 @@ CUTLASS_DEVICE void load_box(void* dst, const CUtensorMap* map, uint64_t* bar, i
           warp::smem_addr(dst)),
       "l"(map), "r"(warp::smem_addr(bar)), "r"(c0), "r"(head), "r"(t), "r"(b)
       : "memory");
+}
+
+// One 64 x 64 box from src (1024-byte aligned, as load_box3 leaves it) to (column c0, head, row) of a
+// [rows, heads, cols] map, in the issuing thread's bulk group (bulk_commit, then bulk_wait_read before src changes).
+CUTLASS_DEVICE void store_box3(const CUtensorMap* map, const void* src, int c0, int head, int row) {
+  asm volatile("cp.async.bulk.tensor.3d.global.shared::cta.bulk_group [%0, {%2, %3, %4}], [%1];\n" ::"l"(map),
+               "r"(warp::smem_addr(src)), "r"(c0), "r"(head), "r"(row)
+               : "memory");
 }
 
 // A contiguous run of bytes (a multiple of 16, both addresses 16-byte aligned) from global into shared memory,
