@@ -179,29 +179,24 @@ static_assert(kStateWarps * 64 * 16 <= kChunk * kLdC, "state staging fits in an 
 
 // The stage of the chain whose products are wgmma (split mode, FLASHQLA_WGMMA=1): K, Q and X [tokens][K dim] as
 // two 64-column blocks each and W [tokens][tokens] as one, in the 128-byte swizzled layout wgmma reads
-// (gmma::sw128_off; the stage 1024-byte aligned); V as in Stage (the state warps read it by ldmatrix.trans).
-template <typename T>
-struct alignas(1024) StageSw {
+// (gmma::sw128_off; the stage 1024-byte aligned); V (this CTA's 64 columns) in kVElems elements: padded as in
+// Stage (StageSw), or swizzled as well in the O-beside chain's TMA form, so that one TMA box brings it too
+// (StageSwV). The state warps read V by ldmatrix.trans (tile16 picks the layout by the array's size), conflict
+// free in either.
+template <typename T, int kVElems>
+struct alignas(1024) StageSwOf {
   T k[2][kChunk * 64];
   T q[2][kChunk * 64];
   T x[2][kChunk * 64];
   T w[kChunk * 64];
-  T v[kChunk * kLdC];
+  T v[kVElems];
   float gamma[kChunk];
   float decay[kChunk];
 };
-// The O-beside chain's TMA form: as StageSw, with V (this CTA's 64 columns) also swizzled, so that one TMA box
-// brings it too (the state warps read it by ldmatrix.trans, conflict free in that layout as in the padded one).
 template <typename T>
-struct alignas(1024) StageSwV {
-  T k[2][kChunk * 64];
-  T q[2][kChunk * 64];
-  T x[2][kChunk * 64];
-  T w[kChunk * 64];
-  T v[kChunk * 64];
-  float gamma[kChunk];
-  float decay[kChunk];
-};
+using StageSw = StageSwOf<T, kChunk * kLdC>;
+template <typename T>
+using StageSwV = StageSwOf<T, kChunk * 64>;
 // The dS chain's (gdn_bwd_dh.cuh): K, Q and W' swizzled; dO and U (this CTA's columns) padded, since the state
 // warps read both by ldmatrix.trans.
 template <typename T>
@@ -281,12 +276,10 @@ template <typename T>
 CUTLASS_DEVICE const T* tile16(const T (&t)[kChunk * kLdC], int r, int c) { return &t[r * kLdC + c]; }
 template <typename StageT>
 constexpr bool kSwizzledStage = false;
-template <typename T>
-constexpr bool kSwizzledStage<StageSw<T>> = true;
+template <typename T, int kVElems>
+constexpr bool kSwizzledStage<StageSwOf<T, kVElems>> = true;
 template <typename T>
 constexpr bool kSwizzledStage<StageSwBwd<T>> = true;
-template <typename T>
-constexpr bool kSwizzledStage<StageSwV<T>> = true;
 
 // Where one CTA's work lives.
 static_assert(kChunk == 64, "chunk_bound (kernels.h) counts 64-token chunks");
