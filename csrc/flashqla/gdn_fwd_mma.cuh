@@ -2090,18 +2090,25 @@ inline int chain_tma_mode() {
   return e != nullptr && (e[0] == '0' || e[0] == '2') ? e[0] - '0' : 1;
 }
 
-// The O-beside chain's tensor maps (tma::ChainMaps) of K, Q and the prep's X, W; false where one cannot be made.
+// The maps of K, Q and the prep's X ([rows, heads_v, 128]) that the prep kernel and the O-beside chain both use;
+// false where one cannot be made.
+template <typename T>
+inline bool kqx_maps(const flashqla_gdn_fwd_params_t& p, const PrepBuffers<T>& pb, CUtensorMap& k, CUtensorMap& q,
+                     CUtensorMap& x) {
+  return pb.x != nullptr &&
+         tma::encode_qk(k, p.k, p.qkv_dtype, p.batch, p.seqlen, p.heads_qk, p.k_stride_batch, p.k_stride_time,
+                        p.k_stride_head) &&
+         tma::encode_qk(q, p.q, p.qkv_dtype, p.batch, p.seqlen, p.heads_qk, p.q_stride_batch, p.q_stride_time,
+                        p.q_stride_head) &&
+         tma::encode_rows(x, pb.x, p.qkv_dtype, p.batch * p.seqlen, p.heads_v, kDimK);
+}
+
+// The O-beside chain's tensor maps (tma::ChainMaps) of K, Q, the prep's X, W and V; false where one cannot be made
+// (its TMA form loads all of them: it runs with o and v only).
 template <typename T>
 inline bool chain_maps(const flashqla_gdn_fwd_params_t& p, const PrepBuffers<T>& pb, tma::ChainMaps& m) {
-  if (pb.x == nullptr || pb.w == nullptr) return false;
-  const int64_t rows = p.batch * p.seqlen;
-  return tma::encode_qk(m.k, p.k, p.qkv_dtype, p.batch, p.seqlen, p.heads_qk, p.k_stride_batch, p.k_stride_time,
-                        p.k_stride_head) &&
-         tma::encode_qk(m.q, p.q, p.qkv_dtype, p.batch, p.seqlen, p.heads_qk, p.q_stride_batch, p.q_stride_time,
-                        p.q_stride_head) &&
-         tma::encode_rows(m.x, pb.x, p.qkv_dtype, rows, p.heads_v, kDimK) &&
-         tma::encode_rows(m.w, pb.w, p.qkv_dtype, rows, p.heads_v, kChunk) &&
-         p.v != nullptr &&
+  return pb.w != nullptr && p.o != nullptr && p.v != nullptr && kqx_maps(p, pb, m.k, m.q, m.x) &&
+         tma::encode_rows(m.w, pb.w, p.qkv_dtype, p.batch * p.seqlen, p.heads_v, kChunk) &&
          tma::encode_qk(m.v, p.v, p.qkv_dtype, p.batch, p.seqlen, p.heads_v, p.v_stride_batch, p.v_stride_time,
                         p.v_stride_head);
 }
@@ -2195,15 +2202,6 @@ inline int overlap_prep_ctas(const flashqla_gdn_fwd_params_t& p) {
   return even && items >= 2LL * workers * kPrepUnits ? workers : 0;
 }
 
-// The wgmma prep's tensor maps of K, Q and X (false: TMA cannot describe one of them).
-template <typename T>
-inline bool qk_maps(const flashqla_gdn_fwd_params_t& p, const PrepBuffers<T>& pb, tma::QkMaps& maps) {
-  return tma::encode_rows(maps.x, pb.x, p.qkv_dtype, p.batch * p.seqlen, p.heads_v, kDimK) &&
-         tma::encode_qk(maps.k, p.k, p.qkv_dtype, p.batch, p.seqlen, p.heads_qk, p.k_stride_batch, p.k_stride_time,
-                        p.k_stride_head) &&
-         tma::encode_qk(maps.q, p.q, p.qkv_dtype, p.batch, p.seqlen, p.heads_qk, p.q_stride_batch, p.q_stride_time,
-                        p.q_stride_head);
-}
 
 template <typename T>
 cudaError_t launch(const flashqla_gdn_fwd_params_t& p, cudaStream_t stream) {
@@ -2236,8 +2234,8 @@ cudaError_t launch(const flashqla_gdn_fwd_params_t& p, cudaStream_t stream) {
   // the state recompute's workspace then holds no W (a later prep_ready call with o needs a workspace filled by
   // a call with o)
   const int hpc = states_only(p) ? 1 : prep_heads_per_cta(p, chunks);
-  tma::QkMaps maps{};  // (the wgmma prep's K and Q by TMA: strides TMA can describe, else the mma.sync prep)
-  const bool wg = !states_only(p) && hpc == 1 && prep_wg(false) && qk_maps(p, pb, maps);
+  tma::QkMaps maps{};  // (the wgmma prep's K, Q and X by TMA: strides TMA can describe, else the mma.sync prep)
+  const bool wg = !states_only(p) && hpc == 1 && prep_wg(false) && kqx_maps(p, pb, maps.k, maps.q, maps.x);
   auto prep = states_only(p) ? (ix64 ? gdn_prep_kernel<T, int64_t, false, true> : gdn_prep_kernel<T, int32_t, false, true>)
               : hpc > 1   ? (ix64 ? gdn_prep_kernel<T, int64_t, true> : gdn_prep_kernel<T, int32_t, true>)
               : wg        ? (ix64 ? gdn_prep_kernel<T, int64_t, false, false, true> : gdn_prep_kernel<T, int32_t, false, false, true>)
