@@ -967,22 +967,22 @@ CUTLASS_DEVICE void aux_chunk(const flashqla_gdn_fwd_params_t& p, StageT& S, Ax&
   constexpr bool tma_on = kTmaChain;  // (the copy loops below compile away: the cp.async form is main's code)
   if constexpr (kTmaChain) {
     // issued from warp 1, so that warp 0 starts the gates at once (thread 0 spent ~1.6k cycles a chunk issuing
-    // before them: session 19's phase table); V too (the TMA form's stage holds it swizzled), where there is one
+    // before them: session 19's phase table). All eight boxes, V's too (the TMA form's stage holds it swizzled):
+    // the O-beside chain runs only with o (chain_form), so Q and W are always wanted, and its TMA form only
+    // with v (chain_maps)
     if (tid == 32) {
       const int hq = static_cast<int>(wk.h / (p.heads_v / p.heads_qk)), t = static_cast<int>(t0);
       const int b = static_cast<int>(wk.b), h = static_cast<int>(wk.h);
       const int row0 = static_cast<int>(wk.flat0 + c * kChunk);
-      const bool with_w = wk.o != nullptr, with_v = wk.v != nullptr;
-      const int boxes = (want_q ? 6 : 4) + (with_w ? 1 : 0) + (with_v ? 1 : 0);
-      tma::mbar_expect_tx(tma_bar, static_cast<uint32_t>(boxes * kChunk * 64 * sizeof(T)));
+      tma::mbar_expect_tx(tma_bar, static_cast<uint32_t>(8 * kChunk * 64 * sizeof(T)));
 #pragma unroll
       for (int blk = 0; blk < 2; ++blk) {
         tma::load_box(S.k[blk], &cmaps->k, tma_bar, 64 * blk, hq, t, b);
-        if (want_q) tma::load_box(S.q[blk], &cmaps->q, tma_bar, 64 * blk, hq, t, b);
+        tma::load_box(S.q[blk], &cmaps->q, tma_bar, 64 * blk, hq, t, b);
         tma::load_box3(S.x[blk], &cmaps->x, tma_bar, 64 * blk, h, row0);
       }
-      if (with_w) tma::load_box3(S.w, &cmaps->w, tma_bar, 0, h, row0);
-      if (with_v) tma::load_box(S.v, &cmaps->v, tma_bar, static_cast<int>(wk.col0), h, t, b);
+      tma::load_box3(S.w, &cmaps->w, tma_bar, 0, h, row0);
+      tma::load_box(S.v, &cmaps->v, tma_bar, static_cast<int>(wk.col0), h, t, b);
     }
   }
   for (int i = tid; i < kChunk * kDimK / 8 && !kTmaQk && !tma_on; i += kAuxThreads) {
@@ -1041,7 +1041,7 @@ CUTLASS_DEVICE void aux_chunk(const flashqla_gdn_fwd_params_t& p, StageT& S, Ax&
       tma::mbar_wait(tma_bar, tma_parity);
       // rows past the chunk's end: zeros, as cp.async's zero fill (TMA brings the next packed sequence's tokens
       // and X / W rows the prep never wrote); K, Q, X (two blocks each), W and V, 128 bytes a row (a row's 16-byte
-      // pieces all zero, so the swizzle does not matter); V all zero where there is none (as the copies' fill)
+      // pieces all zero, so the swizzle does not matter)
       for (int i = tid; i < (kChunk - rows) * 8 * 8; i += kAuxThreads) {
         const int r = rows + i / 64, blk = (i / 8) % 8, piece = i & 7;
         char* tile = reinterpret_cast<char*>(blk < 2   ? S.k[blk]
@@ -1051,9 +1051,6 @@ CUTLASS_DEVICE void aux_chunk(const flashqla_gdn_fwd_params_t& p, StageT& S, Ax&
                                                        : S.v);
         *reinterpret_cast<uint4*>(tile + r * 128 + 16 * piece) = make_uint4(0u, 0u, 0u, 0u);
       }
-      if (wk.v == nullptr)
-        for (int i = tid; i < rows * 8; i += kAuxThreads)
-          *reinterpret_cast<uint4*>(reinterpret_cast<char*>(S.v) + i * 16) = make_uint4(0u, 0u, 0u, 0u);
     }
   }
   bar_sync(bar_aux, kAuxThreads);
