@@ -1794,16 +1794,21 @@ CUTLASS_DEVICE bool prep_tile(const flashqla_gdn_fwd_params_t& p, int64_t& seq_s
 
 // The prep kernel's X of value head h for the chunk's rows, from the stage (rows past the sequence's end are not
 // written: the recurrent kernel zero-fills them on load). Unrolled with the row bound as a predicate, so that each
-// thread's shared-memory reads issue back to back.
-template <typename T, typename Storage>
+// thread's shared-memory reads issue back to back. src(r, c8): the staged 16 bytes at row r, column c8 (by default
+// the stage's padded x).
+struct StagedX {
+  template <typename Storage>
+  CUTLASS_DEVICE auto operator()(const Storage& S, int r, int c8) const { return &S.x[r * kLdK + c8]; }
+};
+template <typename T, typename Storage, typename Src = StagedX>
 CUTLASS_DEVICE void store_prep_x(const flashqla_gdn_fwd_params_t& p, const PrepBuffers<T>& pb, const Storage& S,
-                                 int64_t row0, int rows, int64_t h, int tid) {
+                                 int64_t row0, int rows, int64_t h, int tid, Src src = Src{}) {
   T* xd = pb.x + row0 * p.heads_v * kDimK + h * kDimK;
 #pragma unroll
   for (int it = 0; it < kChunk * (kDimK / 8) / kPrepThreads; ++it) {
     const int i = tid + it * kPrepThreads, r = i >> 4, c8 = (i & 15) * 8;
     if (r < rows)
-      *reinterpret_cast<uint4*>(xd + int64_t(r) * p.heads_v * kDimK + c8) = *reinterpret_cast<const uint4*>(&S.x[r * kLdK + c8]);
+      *reinterpret_cast<uint4*>(xd + int64_t(r) * p.heads_v * kDimK + c8) = *reinterpret_cast<const uint4*>(src(S, r, c8));
   }
 }
 // W of value head h straight from warp w's fragments (rows 16 w .. + 15): a WSink of aux_mwx.
@@ -1878,13 +1883,10 @@ CUTLASS_DEVICE void prep_head_wg(const flashqla_gdn_fwd_params_t& p, const PrepB
         warp::bulk_commit();
         warp::bulk_wait_read();  // the tile lives until the boxes have been read
       }
-    } else {  // (rows past the sequence's end are not written, as store_prep_x)
-      T* const xd = pb.x + row0 * p.heads_v * kDimK + wk.h * kDimK;
-      for (int i = tid; i < rows * (kDimK / 8); i += kPrepThreads) {
-        const int r = i >> 4, c8 = (i & 15) * 8;
-        *reinterpret_cast<uint4*>(xd + int64_t(r) * p.heads_v * kDimK + c8) =
-            *reinterpret_cast<const uint4*>(tile16(sm.q[c8 >> 6], r, c8 & 63));
-      }
+    } else {  // the staged tile's rows (rows past the sequence's end are not written)
+      store_prep_x<T>(p, pb, sm, row0, rows, wk.h, tid, [](const PrepStorageWg<T>& S, int r, int c8) {
+        return tile16(S.q[c8 >> 6], r, c8 & 63);
+      });
     }
   } else {
     aux_mwx_wg<T>(sm, sm, tid, bar, t_mark, qk, w_out);
