@@ -274,10 +274,11 @@ if has ncuflow; then
   say "ncu: throughput of the split forward's two kernels (torch path, TP1 1 x 8192)"
   NCU=$(command -v ncu || echo /usr/local/cuda/bin/ncu)
   # (and the tensor pipe's busy share, NCUFLOW_METRICS: is the chain bound by its products' throughput? A metric
-  # name this ncu does not know fails the run: it is then repeated without it)
+  # name this ncu does not know fails the run: it is then repeated without it. NCUFLOW_EXTRA: more ncu options,
+  # e.g. "--section MemoryWorkloadAnalysis_Tables" for the shared-memory table in the text file)
   ncuflow_run() {
     timeout ${NCU_TIMEOUT:-240} "$NCU" --section SpeedOfLight --section MemoryWorkloadAnalysis --section ComputeWorkloadAnalysis \
-      "$@" -k regex:"gdn_fwd_mma_kernel|gdn_prep_kernel" --launch-skip 2 --launch-count 2 -f -o /tmp/fq_ncuflow \
+      ${NCUFLOW_EXTRA:-} "$@" -k regex:"gdn_fwd_mma_kernel|gdn_prep_kernel" --launch-skip 2 --launch-count 2 -f -o /tmp/fq_ncuflow \
       python3 -c "$(fwd_call_py 8192 16 64 3)" > /tmp/ncuflow-run.log 2>&1
   }
   ncuflow_run --metrics "${NCUFLOW_METRICS:-sm__pipe_tensor_cycles_active.avg.pct_of_peak_sustained_active}" ||
