@@ -111,6 +111,8 @@ if len(rows) >= 3:
     echo "-- SASS instructions with the most stall samples"
     "$ncu" -i "/tmp/$name.ncu-rep" --page source --csv --print-source sass > "/tmp/$name-sass.csv" 2> /dev/null
     python3 benchmarks/ncu_source_top.py "/tmp/$name-sass.csv" 50 2>&1 | head -60
+    echo "-- SASS instructions with the most shared-memory wavefronts lost to bank conflicts"
+    python3 benchmarks/ncu_source_top.py "/tmp/$name-sass.csv" 30 "Shared Excessive" 2>&1 | head -35
   } > "$OUT/$name.txt" 2>&1
   grep -E "Duration|Issued Warp|Eligible Warps|Active Warps|Warp Cycles Per Issued|Issue Slots Busy|Memory Throughput|^stall " \
     "$OUT/$name.txt" | tee -a "$LOG"
