@@ -106,11 +106,10 @@ if len(rows) >= 3:
         print('stall %-28s %s' % (h[len('smsp__average_warps_issue_stalled_'):-len('_per_issue_active.ratio')], v))"
     "$ncu" -i "/tmp/$name.ncu-rep" --page source --csv --print-source cuda > "/tmp/$name-source.csv" 2> "/tmp/$name-source.err"
     python3 benchmarks/ncu_source_top.py "/tmp/$name-source.csv" 2>&1 || cat "/tmp/$name-source.err"
-    echo "-- source lines with the most shared-memory wavefronts lost to bank conflicts"
-    python3 benchmarks/ncu_source_top.py "/tmp/$name-source.csv" 25 "Shared Excessive" 2>&1 | head -30
     echo "-- SASS instructions with the most stall samples"
     "$ncu" -i "/tmp/$name.ncu-rep" --page source --csv --print-source sass > "/tmp/$name-sass.csv" 2> /dev/null
     python3 benchmarks/ncu_source_top.py "/tmp/$name-sass.csv" 50 2>&1 | head -60
+    # (by SASS: the CUDA source page carried no metrics for the kernels' header, session 21)
     echo "-- SASS instructions with the most shared-memory wavefronts lost to bank conflicts"
     python3 benchmarks/ncu_source_top.py "/tmp/$name-sass.csv" 30 "Shared Excessive" 2>&1 | head -35
   } > "$OUT/$name.txt" 2>&1
