@@ -598,6 +598,7 @@ CUTLASS_DEVICE void aux_gram_inverse_wg(StageT& S, Ax& ax, int tid, uint32_t bar
   pin(k32);
   pin(q32);
   const AuxLane al(tid);
+  warp::bar_sync(bar_aux, kAuxThreads);  // every warp's products have read Q: L is written over it (PrepStorageWg)
   aux_gates_inverse<T>(ax, tid, bar_aux, t_mark, kk, al.w);
 #pragma unroll
   for (int nt = 0; nt < 8; ++nt) {  // P; tiles past the diagonal block zeroed (W = P M reads only up to it)
@@ -678,9 +679,7 @@ struct PrepStorage;
 template <typename T>
 constexpr bool kMSharesX<PrepStorage<T>> = true;
 template <typename T>
-struct PrepStorageWg;  // (the wgmma prep's, swizzled)
-template <typename T>
-constexpr bool kMSharesX<PrepStorageWg<T>> = true;
+struct PrepStorageWg;  // (the wgmma prep's, swizzled; its M has a space of its own)
 template <typename T>
 constexpr bool kSwizzledStage<PrepStorageWg<T>> = true;
 
@@ -804,6 +803,19 @@ CUTLASS_DEVICE void aux_mwx_wg(PrepStorageWg<T>& S, Ax& ax, int tid, uint32_t ba
   fence_async_smem();
   warp::bar_sync(bar_aux, kAuxThreads);  // M complete
   FLASHQLA_ROLE_PHASE(1, kAuxMX);
+  // X's A operand now, from A in la: X is staged over la (PrepStorageWg), after the barrier below
+  const float b0 = ax.beta[i0], b1 = ax.beta[i1];
+  uint32_t af[4][4];
+#pragma unroll
+  for (int ks = 0; ks < 4; ++ks) {  // A operand (i, m) = beta_i A[m][i]: zero where m < 16 w (A lower triangular)
+    const int m0 = 16 * ks + 2 * tq;
+    const float* A = ax.la;
+    const bool on = ks >= w;  // (the diagonal block's upper half holds zeros; the blocks above hold anything)
+    af[ks][0] = warp::pack2<T>(on ? b0 * A[m0 * kLdF + i0] : 0.f, on ? b0 * A[(m0 + 1) * kLdF + i0] : 0.f);
+    af[ks][1] = warp::pack2<T>(on ? b1 * A[m0 * kLdF + i1] : 0.f, on ? b1 * A[(m0 + 1) * kLdF + i1] : 0.f);
+    af[ks][2] = warp::pack2<T>(on ? b0 * A[(m0 + 8) * kLdF + i0] : 0.f, on ? b0 * A[(m0 + 9) * kLdF + i0] : 0.f);
+    af[ks][3] = warp::pack2<T>(on ? b1 * A[(m0 + 8) * kLdF + i1] : 0.f, on ? b1 * A[(m0 + 9) * kLdF + i1] : 0.f);
+  }
   {
     float wa[8][4];
     warp::zero_acc(wa);
@@ -820,19 +832,7 @@ CUTLASS_DEVICE void aux_mwx_wg(PrepStorageWg<T>& S, Ax& ax, int tid, uint32_t ba
     pin(w32);
     w_sink(S, w, wa, lane);
   }
-  warp::bar_sync(bar_aux, kAuxThreads);  // every warp's W has read M: X is staged over it
-  const float b0 = ax.beta[i0], b1 = ax.beta[i1];
-  uint32_t af[4][4];
-#pragma unroll
-  for (int ks = 0; ks < 4; ++ks) {  // A operand (i, m) = beta_i A[m][i]: zero where m < 16 w (A lower triangular)
-    const int m0 = 16 * ks + 2 * tq;
-    const float* A = ax.la;
-    const bool on = ks >= w;  // (the diagonal block's upper half holds zeros; the blocks above hold anything)
-    af[ks][0] = warp::pack2<T>(on ? b0 * A[m0 * kLdF + i0] : 0.f, on ? b0 * A[(m0 + 1) * kLdF + i0] : 0.f);
-    af[ks][1] = warp::pack2<T>(on ? b1 * A[m0 * kLdF + i1] : 0.f, on ? b1 * A[(m0 + 1) * kLdF + i1] : 0.f);
-    af[ks][2] = warp::pack2<T>(on ? b0 * A[(m0 + 8) * kLdF + i0] : 0.f, on ? b0 * A[(m0 + 9) * kLdF + i0] : 0.f);
-    af[ks][3] = warp::pack2<T>(on ? b1 * A[(m0 + 8) * kLdF + i1] : 0.f, on ? b1 * A[(m0 + 9) * kLdF + i1] : 0.f);
-  }
+  warp::bar_sync(bar_aux, kAuxThreads);  // every warp has read A (X's operand) and M (W): X is staged over A
 #pragma unroll 1
   for (int half = 0; half < 2; ++half) {
     float xa[8][4];
@@ -1660,6 +1660,7 @@ constexpr int kPrepThreads = kAuxThreads;
 // Latency-bound CTAs of 4 warps (104 registers): four share an SM (three before session 11, at ~75 KB of shared
 // memory each); the GVA-group kernel (168 registers) stays at three.
 constexpr int kPrepCtasPerSm = 4;
+constexpr int kPrepWgCtasPerSm = 5;  // (the wgmma prep: PrepStorageWg)
 constexpr int kPrepGroupCtasPerSm = 3;
 // The prep kernel's stage and scratch in one (~52 KB): no V; Q's space serves in turn Q, the inverse's merge
 // products (Q is dead once Q K^T is in registers), M, and X (written once every warp's W has read M); W goes to
@@ -1681,19 +1682,24 @@ struct alignas(128) PrepStorage {
 };
 
 // The wgmma prep's (prep_head_wg): K, Q and M 128-byte swizzled (two 64-column blocks, as
-// StageSw), Q's space shared as in PrepStorage; 1024-byte aligned (the launch adds the slack).
+// StageSw); 1024-byte aligned (the launch adds the slack). Sized for five CTAs an SM (kPrepWgCtasPerSm), where
+// PrepStorage's layout allows four: L / A lives in Q's space once the Gram products have read Q, and X is staged
+// over A once X's A operand is in registers (aux_gram_inverse_wg and aux_mwx_wg order those reuses); the
+// inverse's merge scratch and then M share a second space.
 template <typename T>
 struct alignas(1024) PrepStorageWg {
   T k[2][kChunk * 64];
   union {
     T q[2][kChunk * 64];
-    T x[kChunk * kLdK];
+    float la[kChunk * kLdF];  // L, then A = (I + L)^-1
+    T x[kChunk * kLdK];       // (XToStage, the workers' form; the prep kernel stages X in q)
+  };
+  union {
     float scratch[32 * kLdS];
     T m[kChunk * 64];  // M, 128-byte swizzled (W = P M reads it as wgmma's B)
   };
   float gamma[kChunk];
   float decay[kChunk];
-  alignas(16) float la[kChunk * kLdF];
   float G[kChunk], beta[kChunk];
   int64_t seq, chunk;
   uint64_t tma_bar;  // K and Q's arrival (the prep kernel with tensor maps)
@@ -1904,7 +1910,7 @@ CUTLASS_DEVICE void prep_head_wg(const flashqla_gdn_fwd_params_t& p, const PrepB
 // kWg (per-head form only; the default there, prep_wg): prep_head_wg, whose storage is 1024-byte aligned (the
 // launch adds the slack), K and Q by TMA on `maps` (the host takes the mma.sync form where it cannot make them).
 template <typename T, typename IndexT, bool kGroup, bool kStatesOnly = false, bool kWg = false>
-__global__ void __launch_bounds__(kPrepThreads, kGroup ? kPrepGroupCtasPerSm : kPrepCtasPerSm)
+__global__ void __launch_bounds__(kPrepThreads, kGroup ? kPrepGroupCtasPerSm : kWg ? kPrepWgCtasPerSm : kPrepCtasPerSm)
     gdn_prep_kernel(const __grid_constant__ flashqla_gdn_fwd_params_t p, const PrepBuffers<T> pb, int hpc,
                     const __grid_constant__ tma::QkMaps maps) {
   static_assert(!(kGroup && kStatesOnly), "the group form computes W");
@@ -1914,7 +1920,10 @@ __global__ void __launch_bounds__(kPrepThreads, kGroup ? kPrepGroupCtasPerSm : k
   unsigned char* base = smem_raw;
   if constexpr (kWg) base = gmma::align_smem_1024(smem_raw);
   auto& sm = *reinterpret_cast<Storage*>(base);
-  static_assert(kPrepCtasPerSm * (sizeof(Storage) + (kWg ? 2048 : 0)) <= 227 * 1024, "four prep CTAs per SM");
+  // (an SM's 228 KB hold per CTA its dynamic shared memory, the launch's 1024 bytes of alignment slack in the wgmma
+  // form, and 1 KB the system reserves)
+  static_assert((kWg ? kPrepWgCtasPerSm : kPrepCtasPerSm) * (sizeof(Storage) + (kWg ? 1024 : 0) + 1024) <= 228 * 1024,
+                "the prep CTAs an SM fit");
   const int tid = threadIdx.x;
   if constexpr (kWg) {
     if (tid == 0) tma::mbar_init(&sm.tma_bar);  // (before prep_tile's __syncthreads; kWg runs only with maps)
