@@ -11,6 +11,7 @@ The kernels are built for sm_90a only; any other device target is refused at
 compile time (csrc/flashqla/common.h).
 """
 import glob
+import importlib.util
 import os
 import shutil
 import sys
@@ -23,6 +24,23 @@ from cutlass import find_cutlass_include  # noqa: E402
 
 REQUIRE = os.environ.get("FLASHQLA_REQUIRE_CUDA") == "1"
 SKIP = os.environ.get("FLASHQLA_SKIP_CUDA") == "1"
+
+
+def _fingerprint_source():
+    """build/generated/flashqla_fingerprint.cpp: the digest of csrc/ compiled into the extension (benchmark
+    records carry it; flashqla/_fingerprint.py). Rewritten only when the digest changes, so that ninja rebuilds
+    this one file and nothing else."""
+    spec = importlib.util.spec_from_file_location("_fingerprint", os.path.join(ROOT, "flashqla", "_fingerprint.py"))
+    fp = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(fp)
+    rel = os.path.join("build", "generated", "flashqla_fingerprint.cpp")
+    path, text = os.path.join(ROOT, rel), fp.source_file(fp.tree_fingerprint(ROOT))
+    old = open(path).read() if os.path.exists(path) else None
+    if old != text:
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        with open(path, "w") as f:
+            f.write(text)
+    return rel
 
 
 def _find_cuda_home():
@@ -55,7 +73,7 @@ def _extensions():
     from torch.utils.cpp_extension import BuildExtension, CUDAExtension
 
     sources = sorted(glob.glob("csrc/flashqla/*.cu") + glob.glob("csrc/flashqla/*.cpp")
-                     + glob.glob("csrc/torch/*.cpp"))
+                     + glob.glob("csrc/torch/*.cpp")) + [_fingerprint_source()]
     nvcc = ["-O3", "-std=c++17", "-gencode=arch=compute_90a,code=sm_90a", "--expt-relaxed-constexpr",
             "--expt-extended-lambda", "-lineinfo", "-DNDEBUG", "-Xptxas=--warn-on-spills"]
     ext = CUDAExtension(

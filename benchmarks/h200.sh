@@ -150,6 +150,9 @@ if has build; then
   grep -iE "warning|spill" "$OUT/build.log" | grep -v "^W1" | head -20 | tee -a "$LOG"
   say "build took $(( $(date +%s) - t0 )) s"
   python3 -c "import flashqla, torch; assert flashqla.kernels_available(torch.device('cuda')), 'kernels unavailable'; print('flashqla kernels available on', torch.cuda.get_device_name())" 2>&1 | tee -a "$LOG"
+  # the digest of csrc/ compiled into the extension (records carry it as kernel_sources; compare it here with
+  # `python -m flashqla.bench fingerprint --rev <commit>` before trusting a record's commit)
+  say "kernel sources $(python3 -m flashqla.bench fingerprint --so flashqla/_C.cpython-312-x86_64-linux-gnu.so 2>&1 | tail -1)"
 fi
 
 if has test; then
@@ -324,7 +327,7 @@ if has variants; then
     cp "$vdir"/_C.cpython-312-*.so flashqla/
     # variants/<name>/ENV (optional): KEY=VALUE lines set for this variant only (e.g. FLASHQLA_FWD_SPLIT=0)
     venv=$( [ -f "$vdir/ENV" ] && grep -E '^[A-Z_][A-Z0-9_]*=' "$vdir/ENV" | tr '\n' ' ' )
-    { echo "== $name $(cat "$vdir/COMMIT") ${venv}"
+    { echo "== $name $(cat "$vdir/COMMIT") ${venv} kernel sources $(python3 -m flashqla.bench fingerprint --so "$vdir"/_C.cpython-312-*.so 2>&1 | tail -1)"
       [ -n "$venv" ] && export $venv
       # a variant that fails (or hangs in) the GPU tests is not timed: a hung kernel would eat the call
       steps=",${VARIANT_STEPS:-test,phases,bench},"

@@ -46,6 +46,8 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from . import _fingerprint
+
 SCHEMA_VERSION = 1
 CHUNK = 64
 HEAD_DIM = 128
@@ -259,6 +261,10 @@ def record_meta(device: str | None = None) -> dict:
         "flash_qla": _dist_version("flash-qla", "flash_qla"), "tilelang": _dist_version("tilelang"),
         "flashqla": getattr(fqla, "__version__", None) or _dist_version("flashqla"),
     }
+    # the digest of the kernel sources the timed extension was built from (flashqla/_fingerprint.py; None for the
+    # fallback or a build from before the mark): `python -m flashqla.bench fingerprint --record` checks it
+    ext = getattr(sys.modules.get("flashqla._C"), "__file__", None)
+    meta["kernel_sources"] = _fingerprint.extension_fingerprint(ext) if ext else None
     # switches that change what flashqla runs (context parallelism, kernel choice, fallback)
     meta["env"] = {k: v for k, v in sorted(os.environ.items())
                    if k.startswith("FLASHQLA_") and k not in ("FLASHQLA_COMMIT", "FLASHQLA_DIRTY")}
@@ -1084,9 +1090,30 @@ def _save(rec, args):
 
 def main(argv=None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
-    cmd = argv.pop(0) if argv and argv[0] in ("run", "readme", "merge", "anchors-check", "prewarm-worker") else "run"
+    cmd = (argv.pop(0) if argv and argv[0] in ("run", "readme", "merge", "anchors-check", "fingerprint", "prewarm-worker")
+           else "run")
     if cmd == "prewarm-worker":
         return prewarm_worker(argv[0])
+    if cmd == "fingerprint":
+        ap = argparse.ArgumentParser(prog="python -m flashqla.bench fingerprint",
+                                     description="The digest of the kernel sources (csrc/): of the working tree, a "
+                                                 "commit, a built extension, or a record checked against its commit.")
+        g = ap.add_mutually_exclusive_group()
+        g.add_argument("--rev", help="a commit (git)")
+        g.add_argument("--so", help="a built extension (flashqla/_C*.so)")
+        g.add_argument("--record", help="a record: exit 1 unless its kernel_sources match its commit's")
+        a = ap.parse_args(argv)
+        if a.record:
+            rec = json.loads(Path(a.record).read_text())
+            want, got = _fingerprint.commit_fingerprint(str(rec.get("commit")), REPO_ROOT), rec.get("kernel_sources")
+            ok = want is not None and got == want
+            print(f"{a.record}: commit {str(rec.get('commit'))[:12]} sources {want}, timed extension {got}: "
+                  + ("match" if ok else "MISMATCH (or unknown)"))
+            return 0 if ok else 1
+        fp = (_fingerprint.commit_fingerprint(a.rev, REPO_ROOT) if a.rev
+              else _fingerprint.extension_fingerprint(a.so) if a.so else _fingerprint.tree_fingerprint(REPO_ROOT))
+        print(fp)
+        return 0 if fp else 1
     if cmd == "anchors-check":
         ap = argparse.ArgumentParser(prog="python -m flashqla.bench anchors-check",
                                      description="Compare a record's FLA/FlashQLA times with the shared anchors.")
