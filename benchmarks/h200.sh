@@ -5,7 +5,8 @@
 # (h200.log, build.log, tests.log, the cumsum record, the bench record, table,
 # plot and log), the most the device tool brings back.
 #
-#   FLASHQLA_COMMIT=<40-hex sha> bash benchmarks/h200.sh        (carry .whl/build and .whl/fla[,qla])
+#   FLASHQLA_COMMIT=<40-hex sha> FLASHQLA_SOURCES=<digest> bash benchmarks/h200.sh   (carry .whl/build and .whl/fla[,qla];
+#   the digest: `python -m flashqla.bench fingerprint --rev <sha>` here)
 # Put the sha in the command literally (expand it on the machine that has the checkout): the H200's copy of
 # the tree can carry a stale .git whose HEAD is another commit. When that .git knows the commit, the tree is
 # checked against it here and a difference marks the record dirty.
@@ -152,7 +153,14 @@ if has build; then
   python3 -c "import flashqla, torch; assert flashqla.kernels_available(torch.device('cuda')), 'kernels unavailable'; print('flashqla kernels available on', torch.cuda.get_device_name())" 2>&1 | tee -a "$LOG"
   # the digest of csrc/ compiled into the extension (records carry it as kernel_sources; compare it here with
   # `python -m flashqla.bench fingerprint --rev <commit>` before trusting a record's commit)
-  say "kernel sources $(python3 -m flashqla.bench fingerprint --so flashqla/_C.cpython-312-x86_64-linux-gnu.so 2>&1 | tail -1)"
+  built=$(python3 -m flashqla.bench fingerprint --so flashqla/_C.cpython-312-*.so 2>&1 | tail -1)
+  say "kernel sources $built"
+  # FLASHQLA_SOURCES (`python -m flashqla.bench fingerprint --rev <sha>` of FLASHQLA_COMMIT, computed where the
+  # checkout is and written into the command): a build from other sources marks the records dirty, as the .git
+  # check above does where the copy's .git knows the commit
+  if [ -n "${FLASHQLA_SOURCES:-}" ] && [ "$built" != "$FLASHQLA_SOURCES" ]; then
+    export FLASHQLA_DIRTY=1; say "WARNING: built from sources $built, not FLASHQLA_SOURCES=$FLASHQLA_SOURCES: records marked dirty"
+  fi
 fi
 
 if has test; then
