@@ -658,6 +658,9 @@ struct XToStage {
     warp::store_c_tiles<T>(&S.x[16 * w * kLdK + 64 * half], kLdK, xa, lane);
   }
 };
+// Whether aux_mwx_wg hands W to its sink after the barrier that follows W's product (WToSwizzledM, below).
+template <typename Sink>
+constexpr bool kSinkAfterBarrier = false;
 struct XToSwizzledQ {
   template <typename StageT>
   CUTLASS_DEVICE void operator()(StageT& S, int w, int half, const float (&xa)[8][4], int lane) const {
@@ -830,9 +833,10 @@ CUTLASS_DEVICE void aux_mwx_wg(PrepStorageWg<T>& S, Ax& ax, int tid, uint32_t ba
     commit();
     wait_all();
     pin(w32);
-    w_sink(S, w, wa, lane);
+    if constexpr (!kSinkAfterBarrier<WSink>) w_sink(S, w, wa, lane);
+    warp::bar_sync(bar_aux, kAuxThreads);  // every warp has read A (X's operand) and M (W): X is staged over A
+    if constexpr (kSinkAfterBarrier<WSink>) w_sink(S, w, wa, lane);  // (over M)
   }
-  warp::bar_sync(bar_aux, kAuxThreads);  // every warp has read A (X's operand) and M (W): X is staged over A
 #pragma unroll 1
   for (int half = 0; half < 2; ++half) {
     float xa[8][4];
@@ -1837,6 +1841,26 @@ struct WToGlobal {
   }
 };
 
+// W = P M into M's space (the prep kernel's: dead once every warp's product has read it), 128-byte swizzled by
+// stmatrix, for one TMA store box; a chunk that ends early stores its rows straight from the fragments (a box
+// would write the next sequence's rows). aux_mwx_wg calls it after the barrier that follows W (kSinkAfterBarrier).
+template <typename T>
+struct WToSwizzledM {
+  WToGlobal<T> direct;
+  template <typename StageT>
+  CUTLASS_DEVICE void operator()(StageT& S, int w, const float (&wa)[8][4], int lane) const {
+    if (direct.rows < kChunk) return direct(S, w, wa, lane);
+    const warp::LdsmOffsets ld(lane);
+#pragma unroll
+    for (int kk = 0; kk < 4; ++kk) {
+      uint32_t a[4];
+      warp::c_to_a<T>(a, wa[2 * kk], wa[2 * kk + 1]);
+      warp::stsm_x4(tile16(S.m, 16 * w + ld.a_row, 16 * kk + ld.a_col), a);
+    }
+  }
+};
+template <typename T>
+constexpr bool kSinkAfterBarrier<WToSwizzledM<T>> = true;
 // The per-head prep of chunk c (wk: its sequence and value head) by one 128-thread unit whose named barrier is
 // bar: K, Q, the gates and l2norm, the products, W to global memory from the fragments, X through the stage.
 template <typename T>
@@ -1856,11 +1880,12 @@ CUTLASS_DEVICE void prep_head(const flashqla_gdn_fwd_params_t& p, const PrepBuff
 // as wgmma (aux_gram_inverse_wg, aux_mwx_wg), the inverse as there. Outputs that differ from prep_head's in
 // rounding only (the products' accumulation order). (A separate function: folded into prep_head by an
 // if constexpr on the storage, the mma.sync form's code changed.)
-// kKernel (the prep kernel's: one chunk per CTA, and no flag waits for its X; maps holds K's, Q's and X's tensor
-// maps): K and Q by TMA on the barrier's first phase, and X staged swizzled in Q's blocks and out as two TMA store
-// boxes from one thread, where 64 threads each issued a 256-byte bulk copy (~3k cycles a CTA: the copies issue one
-// at a time; session 20's phase table). A chunk that ends early (a sequence's last) stores its rows from the
-// staged tile instead: a box would write the next sequence's first rows. Otherwise (the workers beside the chain,
+// kKernel (the prep kernel's: one chunk per CTA, and no flag waits for its X; maps holds K's, Q's, X's and W's
+// tensor maps): K and Q by TMA on the barrier's first phase, X staged swizzled in Q's blocks and W in M's, out as
+// three TMA store boxes from one thread, where 64 threads each issued a 256-byte bulk copy for X (~3k cycles a
+// CTA: the copies issue one at a time; session 20's phase table) and every thread 16 4-byte stores for W. A chunk
+// that ends early (a sequence's last) stores its rows from the staged X tile and W's fragments instead: a box
+// would write the next sequence's first rows. Otherwise (the workers beside the chain,
 // which loop over chunks and release a flag once X is written): cp.async and stores.
 template <typename T, bool kKernel = false>
 CUTLASS_DEVICE void prep_head_wg(const flashqla_gdn_fwd_params_t& p, const PrepBuffers<T>& pb, PrepStorageWg<T>& sm,
@@ -1878,14 +1903,15 @@ CUTLASS_DEVICE void prep_head_wg(const flashqla_gdn_fwd_params_t& p, const PrepB
   aux_gram_inverse_wg<T>(sm, sm, tid, bar, t_mark, qk);
   const WToGlobal<T> w_out{pb.w + row0 * p.heads_v * kChunk + wk.h * kChunk, p.heads_v * kChunk, rows};
   if constexpr (kKernel) {
-    aux_mwx_wg<T>(sm, sm, tid, bar, t_mark, qk, w_out, XToSwizzledQ{});
-    warp::fence_async_smem();  // this thread's stores of X, before the TMA (the async proxy) reads them
+    aux_mwx_wg<T>(sm, sm, tid, bar, t_mark, qk, WToSwizzledM<T>{w_out}, XToSwizzledQ{});
+    warp::fence_async_smem();  // this thread's stores of X and W, before the TMA (the async proxy) reads them
     warp::bar_sync(bar, kPrepThreads);
     if (rows == kChunk) {
       if (tid == 0) {
 #pragma unroll
         for (int half = 0; half < 2; ++half)
           tma::store_box3(&maps->x, sm.q[half], 64 * half, static_cast<int>(wk.h), static_cast<int>(row0));
+        tma::store_box3(&maps->w, sm.m, 0, static_cast<int>(wk.h), static_cast<int>(row0));
         warp::bulk_commit();
         warp::bulk_wait_read();  // the tile lives until the boxes have been read
       }
@@ -2242,8 +2268,9 @@ cudaError_t launch(const flashqla_gdn_fwd_params_t& p, cudaStream_t stream) {
   // the state recompute's workspace then holds no W (a later prep_ready call with o needs a workspace filled by
   // a call with o)
   const int hpc = states_only(p) ? 1 : prep_heads_per_cta(p, chunks);
-  tma::QkMaps maps{};  // (the wgmma prep's K, Q and X by TMA: strides TMA can describe, else the mma.sync prep)
-  const bool wg = !states_only(p) && hpc == 1 && prep_wg(false) && kqx_maps(p, pb, maps.k, maps.q, maps.x);
+  tma::QkMaps maps{};  // (the wgmma prep's K, Q, X and W by TMA: strides TMA can describe, else the mma.sync prep)
+  const bool wg = !states_only(p) && hpc == 1 && prep_wg(false) && kqx_maps(p, pb, maps.k, maps.q, maps.x) &&
+                  tma::encode_rows(maps.w, pb.w, p.qkv_dtype, p.batch * p.seqlen, p.heads_v, kChunk);
   auto prep = states_only(p) ? (ix64 ? gdn_prep_kernel<T, int64_t, false, true> : gdn_prep_kernel<T, int32_t, false, true>)
               : hpc > 1   ? (ix64 ? gdn_prep_kernel<T, int64_t, true> : gdn_prep_kernel<T, int32_t, true>)
               : wg        ? (ix64 ? gdn_prep_kernel<T, int64_t, false, false, true> : gdn_prep_kernel<T, int32_t, false, false, true>)

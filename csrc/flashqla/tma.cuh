@@ -19,11 +19,13 @@ namespace flashqla {
 namespace tma {
 
 // The prep kernel's maps (a kernel parameter: unused by the prep forms that load by cp.async): K and Q, and X
-// ([rows, heads_v, 128] in 64 x 64 boxes, as ChainMaps' x) for its TMA stores.
+// ([rows, heads_v, 128] in 64 x 64 boxes, as ChainMaps' x) and W ([rows, heads_v, 64], as ChainMaps' w) for its
+// TMA stores.
 struct QkMaps {
   CUtensorMap k;
   CUtensorMap q;
   CUtensorMap x;
+  CUtensorMap w;
 };
 // The O-beside chain's (gdn_fwd_mma_kernel; a parameter of every form, read by its TMA instantiation only): K and
 // Q as QkMaps, the prep's X [rows, heads_v, 128] and W [rows, heads_v, 64] in 64 x 64 boxes (64 rows x 64
