@@ -2021,7 +2021,10 @@ CUTLASS_DEVICE void prep_worker(const flashqla_gdn_fwd_params_t& p, const PrepBu
       else
         prep_head<T>(p, pb, sm, make_work<T>(p, ct), sm.chunk, tid, bar, t_mark);
     }
-    __threadfence();                    // this thread's X and W stores, before the flag
+    // this thread's X and W stores, before the flag; the chain's TMA form reads them through the async proxy
+    // (it fences after its acquire too)
+    asm volatile("fence.proxy.async.global;\n" ::: "memory");
+    __threadfence();
     warp::bar_sync(bar, kPrepThreads);  // (also: all have read sm.seq / sm.chunk before the next item's)
     if (tid == 0) release_flag(pb.ready + int64_t(k) * heads + item % heads);
   }
