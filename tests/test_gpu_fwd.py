@@ -333,18 +333,20 @@ def test_split_and_fused_forward_agree_bitwise(monkeypatch, case, prep_heads):
     modes_agree_bitwise(monkeypatch, "FLASHQLA_FWD_SPLIT", ("0", "1"), d, kw)
 
 
+@pytest.mark.parametrize("overlap", ["0", "1"])
 @pytest.mark.parametrize("case", ["varlen", "dense", "l2norm_fp16"])
-def test_chain_loads_by_tma_are_the_copies_bitwise(monkeypatch, case):
+def test_chain_loads_by_tma_are_the_copies_bitwise(monkeypatch, case, overlap):
     # the O-beside chain's K, Q, X and W by TMA (the default where the tensor maps can be made) against its
     # cp.async loads (FLASHQLA_CHAIN_TMA=0): the same tiles, so the same bits. Packed sequences with empty and
     # partial chunks (rows past each end arrive holding the next sequence's data and are zeroed), dense batches,
-    # fp16 with l2norm. FLASHQLA_CHAIN_TMA=2 makes the launch fail where the maps cannot be made, so the TMA side
-    # cannot silently be the copies.
+    # fp16 with l2norm; on the separate prep kernel's X and W, and (overlap 1) with the prep beside the chain, whose
+    # X and W the TMA reads once each chunk's flag is set. FLASHQLA_CHAIN_TMA=2 makes the launch fail where the
+    # maps cannot be made, so the TMA side cannot silently be the copies.
     for name in ("FLASHQLA_KSPLIT", "FLASHQLA_PREP_HEADS", "FLASHQLA_PREP_WG", "FLASHQLA_FWD_SPLIT"):
         monkeypatch.delenv(name, raising=False)
     monkeypatch.setenv("FLASHQLA_WGMMA", "2")    # the O-beside chain, whatever the rule would pick here
     monkeypatch.setenv("FLASHQLA_CP", "0")
-    monkeypatch.setenv("FLASHQLA_OVERLAP", "0")  # (the workers beside the chain keep cp.async)
+    monkeypatch.setenv("FLASHQLA_OVERLAP", overlap)
     d, kw = three_forms(case, 31)
     modes_agree_bitwise(monkeypatch, "FLASHQLA_CHAIN_TMA", ("0", "2"), d, kw)
 

@@ -966,7 +966,7 @@ CUTLASS_DEVICE void aux_chunk(const flashqla_gdn_fwd_params_t& p, StageT& S, Ax&
   // without o (summaries: the CP passes, the backward's states) reads Q only for Q S^T and O: not loaded
   const bool want_q = !(kMode == AuxMode::kLoadPrepared && wk.o == nullptr) && kMode != AuxMode::kPrepStates;
   static_assert(!kTmaQk || kMode == AuxMode::kInputsOnly, "TMA: the prep's K and Q");
-  static_assert(!kTmaChain || (kMode == AuxMode::kLoadPrepared && !kReady && kSwizzledStage<StageT>),
+  static_assert(!kTmaChain || (kMode == AuxMode::kLoadPrepared && kSwizzledStage<StageT>),
                 "TMA: the O-beside chain's stage");
   constexpr bool tma_on = kTmaChain;  // (the copy loops below compile away: the cp.async form is main's code)
   if constexpr (kTmaChain) {
@@ -983,10 +983,16 @@ CUTLASS_DEVICE void aux_chunk(const flashqla_gdn_fwd_params_t& p, StageT& S, Ax&
       for (int blk = 0; blk < 2; ++blk) {
         tma::load_box(S.k[blk], &cmaps->k, tma_bar, 64 * blk, hq, t, b);
         tma::load_box(S.q[blk], &cmaps->q, tma_bar, 64 * blk, hq, t, b);
-        tma::load_box3(S.x[blk], &cmaps->x, tma_bar, 64 * blk, h, row0);
       }
-      tma::load_box3(S.w, &cmaps->w, tma_bar, 0, h, row0);
       tma::load_box(S.v, &cmaps->v, tma_bar, static_cast<int>(wk.col0), h, t, b);
+      if constexpr (kReady) {  // prep beside the chain: X and W once the workers' flag says they are written
+        if (wk.chunk0 + c < pb.ready_chunks) wait_flag(pb.ready + (wk.chunk0 + c) * p.heads_v + wk.h);
+        // (the workers wrote them through the generic proxy; the TMA reads through the async one)
+        asm volatile("fence.proxy.async.global;\n" ::: "memory");
+      }
+#pragma unroll
+      for (int blk = 0; blk < 2; ++blk) tma::load_box3(S.x[blk], &cmaps->x, tma_bar, 64 * blk, h, row0);
+      tma::load_box3(S.w, &cmaps->w, tma_bar, 0, h, row0);
     }
   }
   for (int i = tid; i < kChunk * kDimK / 8 && !kTmaQk && !tma_on; i += kAuxThreads) {
@@ -1006,7 +1012,7 @@ CUTLASS_DEVICE void aux_chunk(const flashqla_gdn_fwd_params_t& p, StageT& S, Ax&
     // from the prep kernel: X (forward) or W' (backward), 128 wide, into x; W (forward, 64 wide) or this CTA's
     // 64 columns of U (backward, rows 128 wide) into w
     const int64_t row0 = wk.flat0 + c * kChunk;
-    if constexpr (kReady) {  // prep beside the chain: X, W may be on the way
+    if constexpr (kReady && !kTmaChain) {  // prep beside the chain: X, W may be on the way (TMA: waited above)
       if (tid == 0 && wk.chunk0 + c < pb.ready_chunks) wait_flag(pb.ready + (wk.chunk0 + c) * p.heads_v + wk.h);
       bar_sync(bar_aux, kAuxThreads);
     }
@@ -1106,7 +1112,8 @@ CUTLASS_DEVICE void aux_chunk(const flashqla_gdn_fwd_params_t& p, StageT& S, Ax&
 }
 
 // kOb: the O-beside kernel's pipeline (three stages, its barrier ids; see ob::Barrier).
-// kTmaChain (with kOb, kLoadPrepared, !kReady): the stages' K, Q, X, W by TMA on cmaps' maps (aux_chunk).
+// kTmaChain (with kOb, kLoadPrepared): the stages' K, Q, X, W and V by TMA on cmaps' maps (aux_chunk; with kReady,
+// X and W after the chunk's ready flag).
 template <typename T, AuxMode kMode, int kBV = kBlockV, bool kOb = false, bool kReady = false,
           bool kTmaChain = false, typename Storage>
 CUTLASS_DEVICE void aux_role(const flashqla_gdn_fwd_params_t& p, Storage& sm, const Work<T>& wk, int group,
@@ -1612,7 +1619,7 @@ __global__ void __launch_bounds__(kOb ? kObThreads : kThreads, 1)
   constexpr int kVB = kKSplit ? kVBlocksK : kVBlocks, kBV = kKSplit ? kBlockVK : kBlockV;
   constexpr int kCtaThreads = kOb ? kObThreads : kThreads;
   // the O-beside chain's loads by TMA (where the host made the maps)
-  constexpr bool kTmaChain = kTma && kOb && kMode == AuxMode::kLoadPrepared && !kOverlap;
+  constexpr bool kTmaChain = kTma && kOb && kMode == AuxMode::kLoadPrepared;
   using ObStorage = std::conditional_t<kTmaChain, SharedStorageObTma<T>, SharedStorageOb<T>>;
   using Storage = std::conditional_t<kOb, ObStorage, std::conditional_t<kWg, SharedStorageSw<T>, SharedStorage<T>>>;
   extern __shared__ __align__(128) unsigned char smem_raw[];
@@ -2040,7 +2047,10 @@ CUTLASS_DEVICE void prep_worker(const flashqla_gdn_fwd_params_t& p, const PrepBu
       else
         prep_head<T>(p, pb, sm, make_work<T>(p, ct), sm.chunk, tid, bar, t_mark);
     }
-    __threadfence();                    // this thread's X and W stores, before the flag
+    // this thread's X and W stores, before the flag; the chain's TMA form reads them through the async proxy
+    // (it fences after its acquire too)
+    asm volatile("fence.proxy.async.global;\n" ::: "memory");
+    __threadfence();
     warp::bar_sync(bar, kPrepThreads);  // (also: all have read sm.seq / sm.chunk before the next item's)
     if (tid == 0) release_flag(pb.ready + int64_t(k) * heads + item % heads);
   }
@@ -2154,7 +2164,7 @@ cudaError_t launch_recurrent(const flashqla_gdn_fwd_params_t& p, const PrepBuffe
                          (p.cu_seqlens != nullptr ? kTailBlocks : 0) + (kOverlap ? pb.prep_ctas : 0);
   if (blocks == 0) return cudaSuccess;
   // the O-beside chain's TMA loads: their own instantiation (the copy form stays the code it was)
-  constexpr bool kTmaForm = kOb && kMode == AuxMode::kLoadPrepared && !kOverlap;
+  constexpr bool kTmaForm = kOb && kMode == AuxMode::kLoadPrepared;
   tma::ChainMaps cmaps{};
   bool use_tma = false;
   if constexpr (kTmaForm) {
