@@ -48,7 +48,7 @@
 #             (ab-<n>.json, the variant in its env field), e.g. AB_ENVS="FLASHQLA_BWD_GRAD=0;FLASHQLA_BWD_GRAD=1"
 #   variants  for each prebuilt variants/<name>/ (benchmarks/build_variants.sh; carry `variants`): swap its
 #             _C into flashqla/, run the forward GPU tests, its phase profiler and the benchmark with
-#             $VARIANT_BENCH_ARGS (VARIANT_STEPS picks among test,digest,phases,bench,racecheck; the test step
+#             $VARIANT_BENCH_ARGS (VARIANT_STEPS picks among test,digest,phases,bench,memcheck,racecheck; the test step
 #             runs $VARIANT_TEST_PATHS, default tests/test_gpu_fwd.py; digest prints benchmarks/bwd_digest.py's
 #             bit-exact fingerprints, to compare builds that should agree); one record per variant, one log
 #             (variants.log) for all (not in the default stages)
@@ -339,9 +339,10 @@ if has variants; then
       [ -n "$venv" ] && export $venv
       # a variant that fails (or hangs in) the GPU tests is not timed: a hung kernel would eat the call
       steps=",${VARIANT_STEPS:-test,phases,bench},"
-      if [[ $steps == *,racecheck,* ]]; then
-        timeout ${SAN_TIMEOUT:-120} compute-sanitizer --tool racecheck --error-exitcode 3 python3 benchmarks/sanitize_cases.py 2>&1 | tail -12
-      fi
+      for tool in memcheck racecheck; do
+        [[ $steps == *,$tool,* ]] && timeout ${SAN_TIMEOUT:-120} compute-sanitizer --tool $tool --print-limit 12 --error-exitcode 3 \
+          python3 benchmarks/sanitize_cases.py 2>&1 | tail -12
+      done
       # (without the test step the others run untested; a variant tested and failed runs nothing more)
       if [[ $steps != *,test,* ]] || { timeout ${VARIANT_TEST_TIMEOUT:-90} python3 -m pytest ${VARIANT_TEST_PATHS:-tests/test_gpu_fwd.py} \
            -q -x -p no:cacheprovider -s 2>&1 | tail -15; [ "${PIPESTATUS[0]}" -eq 0 ]; }; then

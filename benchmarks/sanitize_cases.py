@@ -97,3 +97,15 @@ for cu in ([0, 0, 65, 65, 200, 260], [0, 900, 20, 300], [-5, 3, 1 << 30]):
     print("bwd_grad with the inverse rows ran", cu, flush=True)
 torch.cuda.synchronize()
 print("backward sanitize cases ran")
+
+# the backward's wgmma chains (at this size the rule picks the K split), whose chunk states and dS' leave by TMA
+# stores, on the same malformed cu_seqlens values
+os.environ["FLASHQLA_WGMMA"] = "1"
+for cu in ([0, 0, 65, 65, 200, 260], [0, 900, 20, 300], [-5, 3, 1 << 30]):
+    cut = torch.tensor(cu, device=dev, dtype=torch.int32)
+    dht = torch.randn(len(cu) - 1, 2, D, D, device=dev)
+    torch.ops.flashqla.chunk_gdn_bwd_chains(q, k, v, g, beta, do, dht, 0.088, None, cut, True, True, True)
+    torch.cuda.synchronize()
+    print("bwd_chains (wgmma) ran", cu, flush=True)
+del os.environ["FLASHQLA_WGMMA"]
+print("wgmma chains sanitize cases ran")

@@ -88,14 +88,9 @@ def test_state_grad_kernel_deterministic_and_graph_capturable():
     assert torch.equal(out[0][: d["chunks"]], a[0]) and torch.equal(out[1], a[1])
 
 
-@pytest.mark.parametrize("case", ["varlen_l2norm", "dense_gva4_fp16", "varlen_int64", "fused_forward"])
-def test_shared_prep_chains_equal_the_two_ops_bitwise(monkeypatch, case):
-    # chunk_gdn_bwd_chains (one prep for both chains, the state recompute on a side stream) against
-    # chunk_gdn_fwd_states + chunk_gdn_bwd_dh, each with its own prep: the same Gram products, inverse and X, so
-    # the four outputs agree bit for bit; then the same op captured in a CUDA graph. fused_forward: with
-    # FLASHQLA_FWD_SPLIT=0 the recompute computes its own products (no second workspace is shared)
-    if case == "fused_forward":
-        monkeypatch.setenv("FLASHQLA_FWD_SPLIT", "0")
+def chains_case(case):
+    """Inputs of the backward's two chains (chunk_gdn_bwd_chains): packed sequences with empty and partial chunks
+    and l2norm, a dense fp16 batch with GVA 4, or int64 cu_seqlens; with v and an initial state."""
     if case == "dense_gva4_fp16":
         d = make([300], 2, 8, dtype=torch.float16, dense_B=2, seed=41)
     elif case == "varlen_l2norm":
@@ -107,6 +102,18 @@ def test_shared_prep_chains_equal_the_two_ops_bitwise(monkeypatch, case):
     v = torch.randn(d["do"].shape, device=DEV, generator=gen).to(d["do"].dtype)
     N = d["dht"].shape[0]
     h0 = torch.randn(N, d["do"].shape[2], D, D, device=DEV, generator=gen) / 8
+    return d, v, h0
+
+
+@pytest.mark.parametrize("case", ["varlen_l2norm", "dense_gva4_fp16", "varlen_int64", "fused_forward"])
+def test_shared_prep_chains_equal_the_two_ops_bitwise(monkeypatch, case):
+    # chunk_gdn_bwd_chains (one prep for both chains, the state recompute on a side stream) against
+    # chunk_gdn_fwd_states + chunk_gdn_bwd_dh, each with its own prep: the same Gram products, inverse and X, so
+    # the four outputs agree bit for bit; then the same op captured in a CUDA graph. fused_forward: with
+    # FLASHQLA_FWD_SPLIT=0 the recompute computes its own products (no second workspace is shared)
+    if case == "fused_forward":
+        monkeypatch.setenv("FLASHQLA_FWD_SPLIT", "0")
+    d, v, h0 = chains_case(case)
     sc, ops, n = D ** -0.5, torch.ops.flashqla, d["chunks"]
     states = ops.chunk_gdn_fwd_states(d["q"], d["k"], v, d["g"], d["beta"], sc, h0, d["cu"], d["l2"])
     dh, dh0, a = ops.chunk_gdn_bwd_dh(d["q"], d["k"], d["g"], d["beta"], d["do"], d["dht"], sc, d["cu"], d["l2"], True,
@@ -129,6 +136,27 @@ def test_shared_prep_chains_equal_the_two_ops_bitwise(monkeypatch, case):
     torch.cuda.synchronize()
     for name, x, y in zip(("states", "dh", "dh0", "a"), (out[0][:n], out[1][:n], out[2], out[3]), want):
         assert torch.equal(x, y), name + " (graph)"
+
+
+@pytest.mark.parametrize("case", ["varlen_l2norm", "dense_gva4_fp16", "varlen_int64"])
+def test_chain_states_by_tma_are_the_stores_bitwise(monkeypatch, case):
+    # the wgmma chains' per-chunk states by TMA (the state recompute's 16-bit states, the dS chain's fp32 dS'; the
+    # default where the maps can be made) against the state warps' own stores (FLASHQLA_STATES_TMA=0): the same
+    # values to the same places, so the same bits. FLASHQLA_STATES_TMA=2 fails the launch where a map cannot be
+    # made, so the TMA side cannot silently be the stores.
+    monkeypatch.setenv("FLASHQLA_WGMMA", "1")  # the wgmma chains (at these sizes the rule picks the K split)
+    d, v, h0 = chains_case(case)
+    sc, ops, n = D ** -0.5, torch.ops.flashqla, d["chunks"]
+    args = (d["q"], d["k"], v, d["g"], d["beta"], d["do"], d["dht"], sc, h0, d["cu"], d["l2"], True, True)
+    outs = []
+    for mode in ("0", "2"):
+        monkeypatch.setenv("FLASHQLA_STATES_TMA", mode)
+        out = ops.chunk_gdn_bwd_chains(*args)
+        torch.cuda.synchronize()
+        outs.append((out[0][:n].clone(), out[1][:n].clone(), out[2].clone(), out[3].clone()))
+    for name, x, y in zip(("states", "dh", "dh0", "a"), *outs):
+        assert torch.isfinite(x.float()).all() and torch.equal(x, y), name
+    assert outs[0][0].abs().sum() > 0 and outs[0][1].abs().sum() > 0  # (not two sets of zeros)
 
 
 def test_forward_chunk_states_match_float64():

@@ -167,8 +167,10 @@ __global__ void __launch_bounds__(kAuxThreads, kBwdPrepCtasPerSm)
 // groups' product scratch (unused here), and each updates its own K half (dO^T Q and Z^T W' on that half of
 // Q's and W''s columns): ~160 mma per warp a chunk instead of ~320.
 // kWg: the products as wgmma on the swizzled stage (StageSwBwd; unsplit only), as the forward's state_role.
+// kStatesByTma<Storage> (SharedStorageSwBwdSt, with kWg): dS' leaves by TMA on ds_map (state_map of dh).
 template <typename T, bool kKSplit, bool kWg = false, typename Storage>
-CUTLASS_DEVICE void dh_state_role(const flashqla_gdn_fwd_params_t& p, Storage& sm, const Work<T>& wk, float* dh) {
+CUTLASS_DEVICE void dh_state_role(const flashqla_gdn_fwd_params_t& p, Storage& sm, const Work<T>& wk, float* dh,
+                                  const CUtensorMap* ds_map) {
   static_assert(!(kWg && kKSplit), "the wgmma chain is unsplit");
   using namespace warp;
   constexpr int kNT = kKSplit ? kDimK / 16 : kDimK / 8;  // C tiles of dS^T per warp
@@ -184,7 +186,9 @@ CUTLASS_DEVICE void dh_state_role(const flashqla_gdn_fwd_params_t& p, Storage& s
 
   float sacc[kNT][4];  // dS^T, starting from dht
   load_state_tile(sacc, p.initial_state != nullptr ? p.initial_state + wk.state_off + koff : nullptr, tq, v0);
-  const PairShares pair(sm.aux[vg].la, kh);  // (the K split)
+  float* pair_scratch = nullptr;  // (the K split)
+  if constexpr (kKSplit) pair_scratch = sm.aux[vg].la;
+  const PairShares pair(pair_scratch, kh);
 
   for (int64_t it = 0; it < wk.num_chunks; ++it) {
     const int64_t c = wk.num_chunks - 1 - it;
@@ -212,7 +216,13 @@ CUTLASS_DEVICE void dh_state_role(const flashqla_gdn_fwd_params_t& p, Storage& s
       gmma::pin(k32);
       wg_issue_rows64<T>(kd, sa, S.k);
       gmma::commit();
-      if (store_ds) store_state_tile(ds_dst, sacc, tq, v0);
+      if constexpr (kStatesByTma<Storage>) {
+        if (store_ds)
+          store_state_by_tma(ds_map, sm.st_box[it & 1], sacc, (wk.chunk0 + c) * p.heads_v + wk.h,
+                             static_cast<int>(wk.col0), kBarState, tid);
+      } else if (store_ds) {
+        store_state_tile(ds_dst, sacc, tq, v0);
+      }
       gmma::wait_all();
       gmma::pin(k32);
     } else {
@@ -267,13 +277,20 @@ CUTLASS_DEVICE void dh_state_role(const flashqla_gdn_fwd_params_t& p, Storage& s
   }
 
   if (p.final_state != nullptr) store_state_tile(p.final_state + wk.state_off + koff, sacc, tq, v0);  // dh0
+  if constexpr (kStatesByTma<Storage>) {
+    if (tid == 0) bulk_wait();  // (the boxes must outlive their stores' reads)
+  }
 }
 
-template <typename T, typename IndexT, bool kKSplit = false, bool kWg = false>
+// kTma (with kWg): dS' by TMA on ds_map (state_map of dh), else ds_map is unused.
+template <typename T, typename IndexT, bool kKSplit = false, bool kWg = false, bool kTma = false>
 __global__ void __launch_bounds__(kThreads, 1) gdn_bwd_dh_kernel(const __grid_constant__ flashqla_gdn_fwd_params_t p,
-                                                                 const PrepBuffers<T> pb, float* dh) {
+                                                                 const PrepBuffers<T> pb, float* dh,
+                                                                 const __grid_constant__ CUtensorMap ds_map) {
+  static_assert(!kTma || kWg, "dS' by TMA: the wgmma chain");
   constexpr int kVB = kKSplit ? kVBlocksK : kVBlocks, kBV = kKSplit ? kBlockVK : kBlockV;
-  using Storage = std::conditional_t<kWg, SharedStorageSwBwd<T>, SharedStorage<T>>;
+  using SwStorage = std::conditional_t<kTma, SharedStorageSwBwdSt<T>, SharedStorageSwBwd<T>>;
+  using Storage = std::conditional_t<kWg, SwStorage, SharedStorage<T>>;
   extern __shared__ __align__(128) unsigned char smem_raw[];
   unsigned char* base = smem_raw;
   if constexpr (kWg) base = gmma::align_smem_1024(smem_raw);
@@ -287,7 +304,7 @@ __global__ void __launch_bounds__(kThreads, 1) gdn_bwd_dh_kernel(const __grid_co
   if (state_warps) {
     cutlass::arch::warpgroup_reg_alloc<kStateRegs>();
     wk.chunk0 = chunk_offset<IndexT>(p, ct.n, threadIdx.x & 31);
-    dh_state_role<T, kKSplit, kWg>(p, sm, wk, dh);
+    dh_state_role<T, kKSplit, kWg>(p, sm, wk, dh, &ds_map);
   } else {
     cutlass::arch::warpgroup_reg_dealloc<kAuxRegs>();
     aux_role<T, AuxMode::kLoadBwd, kBV>(p, sm, wk, (threadIdx.x - kStateThreads) / kAuxThreads, pb);
@@ -344,13 +361,20 @@ cudaError_t launch(const flashqla_gdn_fwd_params_t& p, float* dh, float* a, cuda
     if (!(p.prep_ready && !ws.owned)) err = launch_prep<T>(p, ws.ptr, a, nullptr, stream);
   }
   if (err == cudaSuccess) {
-    auto kernel = wg       ? (ix64 ? gdn_bwd_dh_kernel<T, int64_t, false, true> : gdn_bwd_dh_kernel<T, int32_t, false, true>)
+    // dS' by TMA (FLASHQLA_STATES_TMA: states_tma_mode)
+    CUtensorMap ds_map{};
+    const int mode = states_tma_mode();
+    const bool tma = wg && mode != 0 && state_map(p, dh, true, ds_map);
+    if (wg && !tma && mode == 2) return ws.release(cudaErrorNotSupported, stream);
+    auto kernel = tma      ? (ix64 ? gdn_bwd_dh_kernel<T, int64_t, false, true, true> : gdn_bwd_dh_kernel<T, int32_t, false, true, true>)
+                  : wg     ? (ix64 ? gdn_bwd_dh_kernel<T, int64_t, false, true> : gdn_bwd_dh_kernel<T, int32_t, false, true>)
                   : ksplit ? (ix64 ? gdn_bwd_dh_kernel<T, int64_t, true> : gdn_bwd_dh_kernel<T, int32_t, true>)
                            : (ix64 ? gdn_bwd_dh_kernel<T, int64_t> : gdn_bwd_dh_kernel<T, int32_t>);
-    const size_t smem = wg ? sizeof(SharedStorageSwBwd<T>) + 1024 : sizeof(SharedStorage<T>);
+    const size_t smem = tma  ? sizeof(SharedStorageSwBwdSt<T>) + 1024
+                        : wg ? sizeof(SharedStorageSwBwd<T>) + 1024 : sizeof(SharedStorage<T>);
     err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem));
     if (err == cudaSuccess) {
-      kernel<<<static_cast<unsigned>(ctas), kThreads, smem, stream>>>(p, pb, dh);
+      kernel<<<static_cast<unsigned>(ctas), kThreads, smem, stream>>>(p, pb, dh, ds_map);
       err = cudaGetLastError();
     }
   }

@@ -241,6 +241,32 @@ template <typename T>
 using SharedStorageOb = SharedStorageObOf<T, StageSw<T>>;   // (the copy forms)
 template <typename T>
 using SharedStorageObTma = SharedStorageObOf<T, StageSwV<T>>;  // (the TMA form)
+// The chains whose per-chunk states leave by TMA (tma::encode_state_rows; launched where the map exists): the
+// loaders compute no products, so of their scratch only the gates, and no O tiles; instead two state boxes, one
+// being stored while the next chunk's is written. The state recompute's (the wgmma chain on prepared chunks
+// without o): its 16-bit states, one 128 K x 64 V box a chunk. The dS chain's (gdn_bwd_dh.cuh): dS' in fp32, two
+// 128 K x 32 V boxes a chunk.
+template <typename T>
+struct SharedStorageSwSt {
+  StageSw<T> stage[kStages];
+  GateScratch aux[kAuxGroups];
+  alignas(1024) T st_box[2][kDimK * 64];
+};
+template <typename T>
+struct SharedStorageSwBwdSt {
+  StageSwBwd<T> stage[kStages];
+  GateScratch aux[kAuxGroups];
+  alignas(1024) float st_box[2][kDimK * 64];
+};
+template <typename Storage>
+constexpr bool kStatesByTma = false;
+template <typename T>
+constexpr bool kStatesByTma<SharedStorageSwSt<T>> = true;
+template <typename T>
+constexpr bool kStatesByTma<SharedStorageSwBwdSt<T>> = true;
+static_assert(sizeof(SharedStorageSwSt<__nv_bfloat16>) + 1024 <= 227 * 1024 &&
+                  sizeof(SharedStorageSwBwdSt<__nv_bfloat16>) + 1024 <= 227 * 1024,
+              "the state-box storages, aligned, fit");
 // The O warps start Q S^T when S^T is published (ob::kPubS), not with Z^T: in the TMA form only (session 20:
 // -0.4..-3% there with its loads; +1.5..+2.3% in the prep-beside-chain kernel, whose loaders bind first).
 template <typename Storage>
@@ -383,6 +409,56 @@ CUTLASS_DEVICE void store_state_tile(T* dst, const uint32_t (&sa)[8][4], T* stag
   for (int half = 0; half < 2; ++half)
     store_state_rows64(dst + int64_t(64 * half) * kDimV, reinterpret_cast<const uint32_t(&)[4][4]>(sa[4 * half]), stage,
                        lane);
+}
+
+// A chain CTA's state tile into the box(es) of a state-rows map (tma::encode_state_rows: rows of 128 bytes, the
+// 16-byte piece p of K row k at piece p ^ (k % 8)), for one thread's TMA store: through the copy engine the
+// 64 x 128 tile of a step costs the state warps a few shared-memory writes, where their scattered global stores
+// (32 bytes of a K row per warp and instruction) took ~1.5k cycles of the step (session 22's phase tables).
+// 16-bit, from the A fragments of S^T (sa, as store_state_rows64 reads them): one box of 64 V columns; warp s
+// writes its 16 columns, pieces 2 s and 2 s + 1 of every row, stmatrix rows on 8 distinct pieces.
+template <typename T>
+CUTLASS_DEVICE void stage_state_box(T* box, const uint32_t (&sa)[8][4], int s, int lane) {
+  const int m = lane >> 3;  // the stmatrix matrix whose row this lane addresses
+#pragma unroll
+  for (int kq = 0; kq < 8; ++kq) {
+    const int k = 16 * kq + 8 * (m >> 1) + (lane & 7);
+    warp::stsm_x4_trans(box + k * 64 + 8 * ((2 * s + (m & 1)) ^ (k & 7)), sa[kq]);
+  }
+}
+// fp32, from the accumulators of S^T (element e of C tile j: V column v0 + 8 (e / 2), K row 8 j + 2 tq + e % 2):
+// two boxes of 32 V columns, warp s writing into box s / 2; a store's 32 lanes hit 32 distinct banks.
+CUTLASS_DEVICE void stage_state_box(float* boxes, const float (&acc)[16][4], int s, int lane) {
+  float* box = boxes + (s >> 1) * (kDimK * 32);
+  const int gq = lane >> 2, tq = lane & 3;
+#pragma unroll
+  for (int j = 0; j < 16; ++j)
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+      const int k = 8 * j + 2 * tq + (e & 1), vl = 16 * (s & 1) + gq + 8 * (e >> 1);
+      box[k * 32 + 4 * ((vl >> 2) ^ (k & 7)) + (vl & 3)] = acc[j][e];
+    }
+}
+// One chunk's state out by TMA from box (of a SharedStorage*St's two, alternating by chunk): thread 0 waits until
+// the box's previous store (two chunks back) has read it, the state warps write it, and thread 0 stores it to the
+// rows of slot `slot` (chunk and value head), V columns col0 .. col0 + 63. The caller waits for every store
+// (bulk_wait) before the CTA exits.
+template <typename E, typename Frag>
+CUTLASS_DEVICE void store_state_by_tma(const CUtensorMap* map, E* box, const Frag& frag, int64_t slot, int col0,
+                                       uint32_t bar, int tid) {
+  const int s = tid >> 5, lane = tid & 31;
+  if (tid == 0) warp::bulk_wait_read<1>();
+  warp::bar_sync(bar, kStateThreads);
+  stage_state_box(box, frag, s, lane);
+  warp::fence_async_smem();  // (the writes, then the async proxy's read)
+  warp::bar_sync(bar, kStateThreads);
+  if (tid == 0) {
+    constexpr int kBoxCols = 128 / static_cast<int>(sizeof(E));
+    const int row = static_cast<int>(slot * kDimK);
+#pragma unroll
+    for (int b = 0; b < kBlockV / kBoxCols; ++b) tma::store_box2(map, box + b * (kDimK * kBoxCols), col0 + b * kBoxCols, row);
+    warp::bulk_commit();
+  }
 }
 
 // Per-lane fragment indices of an aux warp w (16 chunk rows each): the two rows of its C fragments.
@@ -1311,8 +1387,10 @@ CUTLASS_DEVICE void update_hi_lo(const Tile& tile, int kcol, const warp::LdsmOff
 // 128 K columns of S^T. kKSplit true (above): V rows 16 (s / 2) .. of 32 columns and one K half. kWg: the
 // products as wgmma on the swizzled stage (unsplit only). kOb (with kWg): O beside the chain: the state warps
 // publish S^T and Z^T for the O warps (o_role) and form no O themselves.
+// kStatesByTma<Storage> (the state recompute, SharedStorageSwSt): the chunk states by TMA on cmaps->states.
 template <typename T, bool kKSplit, bool kWg = false, bool kOb = false, typename Storage>
-CUTLASS_DEVICE void state_role(const flashqla_gdn_fwd_params_t& p, Storage& sm, const Work<T>& wk) {
+CUTLASS_DEVICE void state_role(const flashqla_gdn_fwd_params_t& p, Storage& sm, const Work<T>& wk,
+                               const tma::ChainMaps* cmaps = nullptr) {
   static_assert(!(kWg && kKSplit), "the wgmma chain is unsplit");
   static_assert(!kOb || kWg, "O beside the wgmma chain");
   using namespace warp;
@@ -1363,7 +1441,11 @@ CUTLASS_DEVICE void state_role(const flashqla_gdn_fwd_params_t& p, Storage& sm, 
         bar_arrive(ob::kPubS, ob::kPubThreads);
       }
     }
-    if constexpr (!kOb) {
+    if constexpr (kStatesByTma<Storage>) {  // (launched only with chunk states and without o)
+      if (uniform<true>(wk.chunk0 + c < chunk_bound(p)))
+        store_state_by_tma(&cmaps->states, sm.st_box[c & 1], sa, (wk.chunk0 + c) * p.heads_v + wk.h,
+                           static_cast<int>(wk.col0), kBarState, tid);
+    } else if constexpr (!kOb) {
       if (p.chunk_states != nullptr && wk.chunk0 + c < chunk_bound(p)) {  // the state at the chunk's start, in T
         // staged in the O buffer chunk c does not use (chunk c - 1's tile went out before this chunk's full barrier)
         T* const dst = static_cast<T*>(p.chunk_states) + ((wk.chunk0 + c) * p.heads_v + wk.h) * int64_t(kDimK) * kDimV +
@@ -1460,7 +1542,7 @@ CUTLASS_DEVICE void state_role(const flashqla_gdn_fwd_params_t& p, Storage& sm, 
     FLASHQLA_ROLE_PHASE(0, kStUpdate);
 
 #if FLASHQLA_V2_EXPERIMENT != 2
-    if constexpr (!kOb) {  // (else the O warps store O)
+    if constexpr (!kOb && !kStatesByTma<Storage>) {  // (else the O warps store O, or there is none)
       if (want_o) {
         // O tile: this warp's rows transposed through shared memory, then 16-byte pieces of the rows to global
         T* ot = sm.o[c & 1];
@@ -1487,6 +1569,9 @@ CUTLASS_DEVICE void state_role(const flashqla_gdn_fwd_params_t& p, Storage& sm, 
   }
 
   if (p.final_state != nullptr) store_state_tile(p.final_state + wk.state_off + int64_t(kcol) * kDimV, sacc, tq, v0);
+  if constexpr (kStatesByTma<Storage>) {
+    if (tid == 0) bulk_wait();  // (the boxes must outlive their stores' reads)
+  }
 }
 
 // The O warps of the O-beside kernel: per chunk, once the state warps have published S^T (the state at the chunk's
@@ -1620,8 +1705,11 @@ __global__ void __launch_bounds__(kOb ? kObThreads : kThreads, 1)
   constexpr int kCtaThreads = kOb ? kObThreads : kThreads;
   // the O-beside chain's loads by TMA (where the host made the maps)
   constexpr bool kTmaChain = kTma && kOb && kMode == AuxMode::kLoadPrepared;
+  // the state recompute's chunk states by TMA (the wgmma chain without O; where the host made the map)
+  constexpr bool kTmaStates = kTma && kWg && !kOb;
   using ObStorage = std::conditional_t<kTmaChain, SharedStorageObTma<T>, SharedStorageOb<T>>;
-  using Storage = std::conditional_t<kOb, ObStorage, std::conditional_t<kWg, SharedStorageSw<T>, SharedStorage<T>>>;
+  using SwStorage = std::conditional_t<kTmaStates, SharedStorageSwSt<T>, SharedStorageSw<T>>;
+  using Storage = std::conditional_t<kOb, ObStorage, std::conditional_t<kWg, SwStorage, SharedStorage<T>>>;
   extern __shared__ __align__(128) unsigned char smem_raw[];
   unsigned char* base = smem_raw;
   if constexpr (kWg || kOb) base = gmma::align_smem_1024(smem_raw);
@@ -1654,7 +1742,7 @@ __global__ void __launch_bounds__(kOb ? kObThreads : kThreads, 1)
   if (role == 0) {
     cutlass::arch::warpgroup_reg_alloc<kOb ? kObStateRegs : kStateRegs>();
     if (p.chunk_states != nullptr) wk.chunk0 = chunk_offset<IndexT>(p, ct.n, threadIdx.x & 31);
-    state_role<T, kKSplit, kWg, kOb>(p, sm, wk);
+    state_role<T, kKSplit, kWg, kOb>(p, sm, wk, &cmaps);
   } else if (kOb && role == 1) {
     cutlass::arch::warpgroup_reg_dealloc<kObORegs>();
     if constexpr (kOb) o_role<T>(p, sm, wk);
@@ -2134,6 +2222,28 @@ inline int chain_tma_mode() {
   return e != nullptr && (e[0] == '0' || e[0] == '2') ? e[0] - '0' : 1;
 }
 
+// Chunk states without o: the backward's state recompute (its prep computes X alone, and it runs beside the
+// dS chain).
+inline bool states_only(const flashqla_gdn_fwd_params_t& p) { return p.o == nullptr && p.chunk_states != nullptr; }
+
+// FLASHQLA_STATES_TMA=0: the wgmma chains' per-chunk states (the state recompute's, the dS chain's dS') by the
+// state warps' own global stores, as before session 23; 2 (tests) by TMA or the launch fails
+// (cudaErrorNotSupported); else (1, unset) by TMA where the map can be made.
+inline int states_tma_mode() {
+  const char* e = std::getenv("FLASHQLA_STATES_TMA");
+  return e != nullptr && (e[0] == '0' || e[0] == '2') ? e[0] - '0' : 1;
+}
+// The state-rows map of a chain's per-chunk states at base, [chunk_bound(p), heads_v, 128, 128] in the inputs'
+// 16-bit type or fp32 (tma::encode_state_rows); false where it cannot be made.
+inline bool state_map(const flashqla_gdn_fwd_params_t& p, const void* base, bool fp32, CUtensorMap& map) {
+  const CUtensorMapDataType dt = fp32                              ? CU_TENSOR_MAP_DATA_TYPE_FLOAT32
+                                 : p.qkv_dtype == FLASHQLA_FLOAT16 ? CU_TENSOR_MAP_DATA_TYPE_FLOAT16
+                                                                   : CU_TENSOR_MAP_DATA_TYPE_BFLOAT16;
+  const int64_t slots = chunk_bound(p) * p.heads_v;
+  return base != nullptr && slots > 0 && slots < (int64_t(1) << 24) &&
+         tma::encode_state_rows(map, base, dt, fp32 ? 4 : 2, slots * kDimK);
+}
+
 // The maps of K, Q and the prep's X ([rows, heads_v, 128]) that the prep kernel and the O-beside chain both use;
 // false where one cannot be made.
 template <typename T>
@@ -2172,10 +2282,17 @@ cudaError_t launch_recurrent(const flashqla_gdn_fwd_params_t& p, const PrepBuffe
     use_tma = mode != 0 && chain_maps(p, pb, cmaps);
     if (!use_tma && mode == 2) return cudaErrorNotSupported;
   }
+  // the state recompute's chunk states by TMA: the wgmma chain without O (FLASHQLA_STATES_TMA=0: its stores)
+  constexpr bool kStatesForm = kWg && !kOb && kMode == AuxMode::kLoadPrepared;
+  if constexpr (kStatesForm) {
+    const int mode = states_tma_mode();
+    use_tma = mode != 0 && states_only(p) && state_map(p, p.chunk_states, false, cmaps.states);
+    if (!use_tma && mode == 2 && states_only(p)) return cudaErrorNotSupported;
+  }
   const bool ix64 = p.cu_seqlens != nullptr && p.cu_seqlens_dtype == FLASHQLA_INT64;
   auto kernel = ix64 ? gdn_fwd_mma_kernel<T, int64_t, kMode, kKSplit, kWg, kOb, kOverlap, kPrepWg>
                      : gdn_fwd_mma_kernel<T, int32_t, kMode, kKSplit, kWg, kOb, kOverlap, kPrepWg>;
-  if constexpr (kTmaForm) {
+  if constexpr (kTmaForm || kStatesForm) {
     if (use_tma)
       kernel = ix64 ? gdn_fwd_mma_kernel<T, int64_t, kMode, kKSplit, kWg, kOb, kOverlap, kPrepWg, true>
                     : gdn_fwd_mma_kernel<T, int32_t, kMode, kKSplit, kWg, kOb, kOverlap, kPrepWg, true>;
@@ -2183,16 +2300,14 @@ cudaError_t launch_recurrent(const flashqla_gdn_fwd_params_t& p, const PrepBuffe
   constexpr size_t kPrepUnitsBytes =
       kPrepUnits * (kPrepWg ? sizeof(PrepStorageWg<T>) : sizeof(PrepStorage<T>)) + 1024;
   const size_t smem = kOb ? std::max(sizeof(SharedStorageOb<T>) + 1024, kOverlap ? kPrepUnitsBytes : size_t(0))
-                      : kWg ? sizeof(SharedStorageSw<T>) + 1024 : sizeof(SharedStorage<T>);
+                      : kWg ? (use_tma ? sizeof(SharedStorageSwSt<T>) : sizeof(SharedStorageSw<T>)) + 1024
+                            : sizeof(SharedStorage<T>);
   cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem));
   if (err != cudaSuccess) return err;
   kernel<<<static_cast<unsigned>(blocks), kOb ? kObThreads : kThreads, smem, stream>>>(p, pb, cmaps);
   return cudaGetLastError();
 }
 
-// Chunk states without o: the backward's state recompute (its prep computes X alone, and it runs beside the
-// dS chain).
-inline bool states_only(const flashqla_gdn_fwd_params_t& p) { return p.o == nullptr && p.chunk_states != nullptr; }
 
 // Which chain runs on prepared chunks: p's (the forward's passes, the backward's state recompute), or with
 // ds_chain the backward's dS chain on p. FLASHQLA_WGMMA: 0 = mma.sync (K-split or not, as use_ksplit says), 1 = the

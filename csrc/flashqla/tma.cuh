@@ -36,6 +36,7 @@ struct ChainMaps {
   CUtensorMap x;
   CUtensorMap w;
   CUtensorMap v;
+  CUtensorMap states;  // the state recompute's chunk states (encode_state_rows), for its TMA stores
 };
 
 CUTLASS_DEVICE void mbar_init(uint64_t* bar) {
@@ -67,6 +68,14 @@ CUTLASS_DEVICE void load_box(void* dst, const CUtensorMap* map, uint64_t* bar, i
 CUTLASS_DEVICE void store_box3(const CUtensorMap* map, const void* src, int c0, int head, int row) {
   asm volatile("cp.async.bulk.tensor.3d.global.shared::cta.bulk_group [%0, {%2, %3, %4}], [%1];\n" ::"l"(map),
                "r"(warp::smem_addr(src)), "r"(c0), "r"(head), "r"(row)
+               : "memory");
+}
+
+// One box of a state-rows map (encode_state_rows: 128 K rows x 128 bytes of V) from src (1024-byte aligned, in the
+// map's 128-byte swizzle) to (V column c0, row) of the [rows, 128] buffer, in the issuing thread's bulk group.
+CUTLASS_DEVICE void store_box2(const CUtensorMap* map, const void* src, int c0, int row) {
+  asm volatile("cp.async.bulk.tensor.2d.global.shared::cta.bulk_group [%0, {%2, %3}], [%1];\n" ::"l"(map),
+               "r"(warp::smem_addr(src)), "r"(c0), "r"(row)
                : "memory");
 }
 
@@ -139,6 +148,24 @@ inline bool encode_rows(CUtensorMap& map, const void* base, flashqla_dtype_t dty
   const cuuint64_t dims[3] = {cuuint64_t(cols), cuuint64_t(heads), cuuint64_t(rows)};
   const cuuint64_t strides[2] = {cuuint64_t(2 * cols), cuuint64_t(2 * cols * heads)};
   return encode_boxes(map, base, dtype, 3, dims, strides);
+}
+
+// The map of a chain's per-chunk states, [slots, heads_v, 128 K, 128 V] in 16-bit or fp32 elements, as [rows, 128]
+// with rows = slots * heads_v * 128, in boxes of 128 rows x 128 bytes with the 128-byte swizzle (64 V columns of a
+// 16-bit state, 32 of an fp32 one): a chain CTA's 64-column block of one chunk's state is one box or two. False
+// where TMA cannot describe it (row coordinates are 32-bit).
+inline bool encode_state_rows(CUtensorMap& map, const void* base, CUtensorMapDataType dtype, int elem_bytes,
+                              int64_t rows) {
+  const PFN_cuTensorMapEncodeTiled_v12000 enc = encode_fn();
+  if (enc == nullptr || reinterpret_cast<uintptr_t>(base) % 16 != 0 || rows <= 0 || rows >= (int64_t(1) << 31) ||
+      (elem_bytes != 2 && elem_bytes != 4))
+    return false;
+  const cuuint64_t dims[2] = {128, cuuint64_t(rows)};
+  const cuuint64_t strides[1] = {cuuint64_t(128 * elem_bytes)};
+  const cuuint32_t box[2] = {cuuint32_t(128 / elem_bytes), 128}, estr[2] = {1, 1};
+  return enc(&map, dtype, 2, const_cast<void*>(base), dims, strides, box, estr, CU_TENSOR_MAP_INTERLEAVE_NONE,
+             CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_NONE, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) ==
+         CUDA_SUCCESS;
 }
 
 }  // namespace tma

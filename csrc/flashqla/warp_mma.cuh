@@ -240,8 +240,12 @@ CUTLASS_DEVICE void bulk_store(void* dst, const void* src, uint32_t bytes) {
                : "memory");
 }
 CUTLASS_DEVICE void bulk_commit() { asm volatile("cp.async.bulk.commit_group;\n" ::: "memory"); }
-// this thread's bulk copies have read their sources (the shared memory may be rewritten)
-CUTLASS_DEVICE void bulk_wait_read() { asm volatile("cp.async.bulk.wait_group.read 0;\n" ::: "memory"); }
+// this thread's bulk copies have read their sources (the shared memory may be rewritten), all but its
+// kPending most recent commit groups
+template <int kPending = 0>
+CUTLASS_DEVICE void bulk_wait_read() {
+  asm volatile("cp.async.bulk.wait_group.read %0;\n" ::"n"(kPending) : "memory");
+}
 // this thread's bulk copies are complete (their global writes performed)
 CUTLASS_DEVICE void bulk_wait() { asm volatile("cp.async.bulk.wait_group 0;\n" ::: "memory"); }
 CUTLASS_DEVICE void fence_async_smem() { asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory"); }
