@@ -1349,20 +1349,27 @@ CUTLASS_DEVICE void wg_o(const StageT& S, const uint32_t (&za)[4][4], float (&os
 // sacc (64 rows x 128 K) += (hi + lo) B: 4 k16 steps over the chunk, B = a [tokens][K dim] tile MN-major
 // (transpose-B; two 64-column blocks kChunk * 64 elements apart, a k16 step = two 1024-byte atoms): the
 // forward's S^T += Y^T X, the dS chain's dO^T Q and Z^T W'.
+// Issue only: the caller fences, commits and waits.
+template <typename T>
+CUTLASS_DEVICE void wg_issue_update(const T (&tile)[2][kChunk * 64], const uint32_t (&hi)[4][4],
+                                    const uint32_t (&lo)[4][4], float (&sacc)[16][4]) {
+  auto& s64 = reinterpret_cast<float(&)[64]>(sacc);
+  constexpr int kBlockBytes = kChunk * 64 * sizeof(T);
+#pragma unroll
+  for (int kb = 0; kb < 4; ++kb) {
+    const uint64_t d = gmma::make_desc_sw128(reinterpret_cast<const char*>(tile[0]) + 2048 * kb, kBlockBytes, 1024);
+    gmma::wgmma_rs<128, T, 1>(s64, hi[kb], d);
+    gmma::wgmma_rs<128, T, 1>(s64, lo[kb], d);
+  }
+}
 template <typename T>
 CUTLASS_DEVICE void wg_update(const T (&tile)[2][kChunk * 64], const uint32_t (&hi)[4][4], const uint32_t (&lo)[4][4],
                               float (&sacc)[16][4]) {
   using namespace gmma;
   auto& s64 = reinterpret_cast<float(&)[64]>(sacc);
-  constexpr int kBlockBytes = kChunk * 64 * sizeof(T);
   fence();
   pin(s64);
-#pragma unroll
-  for (int kb = 0; kb < 4; ++kb) {
-    const uint64_t d = make_desc_sw128(reinterpret_cast<const char*>(tile[0]) + 2048 * kb, kBlockBytes, 1024);
-    wgmma_rs<128, T, 1>(s64, hi[kb], d);
-    wgmma_rs<128, T, 1>(s64, lo[kb], d);
-  }
+  wg_issue_update<T>(tile, hi, lo, sacc);
   commit();
   wait_all();
   pin(s64);
