@@ -135,8 +135,10 @@ int main() {
     rs.chunk_states = states;
     const char* rs_names[fm::kStPhases] = {"wait full", "KS^T", "gates, V^T, Z, Y", "(no O)",
                                            "S^T update (hi + lo)", "(no O store)", "S->bf16 + state store"};
-    const char* dh_names[fm::kStPhases] = {"wait full", "dS' store, K dS'^T", "dO^T Q (hi + lo)", "Z^T W' (hi + lo)",
-                                           "release the stage", "-", "-"};
+    // (the wgmma chain: dS' out and the dO operand, all three products issued / KdS^T waited for, Z formed /
+    // Z^T W' issued and every product waited for)
+    const char* dh_names[fm::kStPhases] = {"wait full", "dS' store, K dS'^T | +issues", "dO^T Q | KdS^T wait, Z",
+                                           "Z^T W' | wait all", "release the stage", "-", "-"};
     std::swap(p, b);  // roles() prints p's heads
     // each chain alone with the K split, then without (the backward runs them side by side: unsplit there at
     // 16/32 heads, since two chains of 32 heads x 4 CTAs would not fit on the GPU together)

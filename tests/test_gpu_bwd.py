@@ -141,8 +141,8 @@ def test_shared_prep_chains_equal_the_two_ops_bitwise(monkeypatch, case):
 @pytest.mark.parametrize("case", ["varlen_l2norm", "dense_gva4_fp16", "varlen_int64"])
 def test_chain_states_by_tma_are_the_stores_bitwise(monkeypatch, case):
     # the wgmma chains' per-chunk states by TMA (the state recompute's 16-bit states, the dS chain's fp32 dS'; the
-    # default where the maps can be made) against the state warps' own stores (FLASHQLA_STATES_TMA=0): the same
-    # values to the same places, so the same bits. FLASHQLA_STATES_TMA=2 fails the launch where a map cannot be
+    # default where the maps can be made; the recompute's K, X and V loads by TMA too) against the state warps' own
+    # stores and the loaders' copies (FLASHQLA_STATES_TMA=0): the same values to the same places, so the same bits. FLASHQLA_STATES_TMA=2 fails the launch where a map cannot be
     # made, so the TMA side cannot silently be the stores.
     monkeypatch.setenv("FLASHQLA_WGMMA", "1")  # the wgmma chains (at these sizes the rule picks the K split)
     d, v, h0 = chains_case(case)

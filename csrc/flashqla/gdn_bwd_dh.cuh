@@ -209,13 +209,38 @@ CUTLASS_DEVICE void dh_state_role(const flashqla_gdn_fwd_params_t& p, Storage& s
     for (int kk = 0; kk < kKS; ++kk) c_to_a<T>(sa[kk], sacc[2 * kk], sacc[2 * kk + 1]);
     float kd[8][4];  // KdS^T, 16 V rows x 64 chunk columns (K-split: this K half's share)
     zero_acc(kd);
+    const float gamma_c = S.gamma[kChunk - 1];
+    // dS^T += (scale dO^T diag(gamma)) Q, the A operand as hi + lo: one bf16 rounding of it costs ~1.6e-3 of
+    // dh0 (the term dominates it), twice FLA's error, which multiplies in tf32
+    uint32_t dh_[4][4], dl[4][4];
+    const auto form_do = [&] {
+      for_vt_pairs<T>(S.v, vg, tq, ld, [&](int kb, int r, int, int, int col, float2 dd) {
+        const float2 gm = *reinterpret_cast<const float2*>(&S.gamma[col]);
+        split_hi_lo<T>(p.scale * gm.x * dd.x, p.scale * gm.y * dd.y, dh_[kb][r], dl[kb][r]);
+      });
+    };
+    // dS^T -= Z^T W',  Z^T = KdS^T diag(rho) + U^T (hi + lo)
+    uint32_t zh[4][4], zl[4][4];
+    const auto form_z = [&] {
+      for_vt_pairs<T>(S.w, vg, tq, ld, [&](int kb, int r, int nt, int e, int col, float2 uu) {
+        const float2 rho = *reinterpret_cast<const float2*>(&S.decay[col]);
+        split_hi_lo<T>(-(rho.x * kd[nt][e] + uu.x), -(rho.y * kd[nt][e + 1] + uu.y), zh[kb][r], zl[kb][r]);
+      });
+    };
+    const auto scale_ds = [&] {
+#pragma unroll
+      for (int j = 0; j < kNT; ++j)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) sacc[j][e] *= gamma_c;
+    };
     if constexpr (kWg) {
-      // the products issued, dS' goes out while they run (they read sa, not sacc)
+      // dS' out first, the dO operand formed and dS^T scaled, then the products in three commit groups that the
+      // tensor pipe runs back to back: KdS^T; dO^T Q into dS^T; and, once KdS^T is waited for and Z formed (while
+      // dO^T Q runs), Z^T W' behind it into the same accumulators. dS^T takes gamma_C, dO^T Q and Z^T W' in that
+      // order, as with one product at a time, so the bits are the same. (Staged while KdS^T ran, dS' cost a wait
+      // that ptxas injected at its first read of dS^T: C7517.)
       auto& k32 = reinterpret_cast<float(&)[32]>(kd);
-      gmma::fence();
-      gmma::pin(k32);
-      wg_issue_rows64<T>(kd, sa, S.k);
-      gmma::commit();
+      auto& s64 = reinterpret_cast<float(&)[64]>(sacc);
       if constexpr (kStatesByTma<Storage>) {
         if (store_ds)
           store_state_by_tma(ds_map, sm.st_box[it & 1], sacc, (wk.chunk0 + c) * p.heads_v + wk.h,
@@ -223,8 +248,26 @@ CUTLASS_DEVICE void dh_state_role(const flashqla_gdn_fwd_params_t& p, Storage& s
       } else if (store_ds) {
         store_state_tile(ds_dst, sacc, tq, v0);
       }
-      gmma::wait_all();
+      form_do();
+      scale_ds();
+      gmma::pin(s64);  // (the scaling before the fence, not sunk past it)
+      gmma::fence();
       gmma::pin(k32);
+      gmma::pin(s64);
+      wg_issue_rows64<T>(kd, sa, S.k);
+      gmma::commit();
+      wg_issue_update<T>(S.q, dh_, dl, sacc);
+      gmma::commit();
+      FLASHQLA_ROLE_PHASE(0, kStKsQs);
+      gmma::wait<1>();
+      gmma::pin(k32);
+      form_z();
+      FLASHQLA_ROLE_PHASE(0, kStZY);
+      gmma::fence();
+      wg_issue_update<T>(S.x, zh, zl, sacc);
+      gmma::commit();
+      gmma::wait_all();
+      gmma::pin(s64);
     } else {
       for_b_fragments<kKS, 4, false>(S.k + kcol, kLdK, ld, [&](int kk, int np, const uint32_t (&b)[4]) {
         mma_pair<T>(kd, np, sa[kk], b);
@@ -234,37 +277,19 @@ CUTLASS_DEVICE void dh_state_role(const flashqla_gdn_fwd_params_t& p, Storage& s
         // staging the step was slower (5.8k -> 6.2k cycles).
         if (np == 3 && store_ds) store_state_tiles(ds_dst, sacc, 2 * kk, tq, v0);
       });
-    }
-    if constexpr (kKSplit) {  // the pair adds its shares
-      pair.put(kd, 0, lane);
-      bar_sync(kBarPair + vg, 64);
-      pair.add(kd, 0, lane);
-    }
-    FLASHQLA_ROLE_PHASE(0, kStKsQs);
-
-    const float gamma_c = S.gamma[kChunk - 1];
-#pragma unroll
-    for (int j = 0; j < kNT; ++j)
-#pragma unroll
-      for (int e = 0; e < 4; ++e) sacc[j][e] *= gamma_c;
-    // dS^T += (scale dO^T diag(gamma)) Q, the A operand as hi + lo: one bf16 rounding of it costs ~1.6e-3 of
-    // dh0 (the term dominates it), twice FLA's error, which multiplies in tf32
-    {
-      uint32_t dh_[4][4], dl[4][4];
-      for_vt_pairs<T>(S.v, vg, tq, ld, [&](int kb, int r, int, int, int col, float2 dd) {
-        const float2 gm = *reinterpret_cast<const float2*>(&S.gamma[col]);
-        split_hi_lo<T>(p.scale * gm.x * dd.x, p.scale * gm.y * dd.y, dh_[kb][r], dl[kb][r]);
-      });
+      if constexpr (kKSplit) {  // the pair adds its shares
+        pair.put(kd, 0, lane);
+        bar_sync(kBarPair + vg, 64);
+        pair.add(kd, 0, lane);
+      }
+      FLASHQLA_ROLE_PHASE(0, kStKsQs);
+      scale_ds();
+      form_do();
       update_hi_lo<T, kWg>(S.q, kcol, ld, dh_, dl, sacc);
+      FLASHQLA_ROLE_PHASE(0, kStZY);
+      form_z();
+      update_hi_lo<T, kWg>(S.x, kcol, ld, zh, zl, sacc);
     }
-    FLASHQLA_ROLE_PHASE(0, kStZY);
-    // dS^T -= Z^T W',  Z^T = KdS^T diag(rho) + U^T (hi + lo)
-    uint32_t zh[4][4], zl[4][4];
-    for_vt_pairs<T>(S.w, vg, tq, ld, [&](int kb, int r, int nt, int e, int col, float2 uu) {
-      const float2 rho = *reinterpret_cast<const float2*>(&S.decay[col]);
-      split_hi_lo<T>(-(rho.x * kd[nt][e] + uu.x), -(rho.y * kd[nt][e + 1] + uu.y), zh[kb][r], zl[kb][r]);
-    });
-    update_hi_lo<T, kWg>(S.x, kcol, ld, zh, zl, sacc);
     FLASHQLA_ROLE_PHASE(0, kStO);
     if (it + kStages < wk.num_chunks) {
       // the stage's last reads are consumed by the mma's above, so bar.arrive alone releases it; the state

@@ -248,9 +248,10 @@ using SharedStorageObTma = SharedStorageObOf<T, StageSwV<T>>;  // (the TMA form)
 // 128 K x 32 V boxes a chunk.
 template <typename T>
 struct SharedStorageSwSt {
-  StageSw<T> stage[kStages];
+  StageSwV<T> stage[kStages];  // (K, X and V by TMA: V swizzled too)
   GateScratch aux[kAuxGroups];
   alignas(1024) T st_box[2][kDimK * 64];
+  uint64_t tma_bar[kStages];  // a stage's K, X and V, one phase per fill
 };
 template <typename T>
 struct SharedStorageSwBwdSt {
@@ -1022,11 +1023,13 @@ struct NoHook {
   CUTLASS_DEVICE void operator()() const {}
 };
 // kTmaQk (the wgmma prep kernel's; PrepStorageWg): K and Q arrive by TMA, issued by the caller on S.tma_bar.
-// kTmaChain (the O-beside chain's TMA instantiation, launched where the maps exist): K, Q, X and W by TMA on tma_bar
-// (phase tma_parity), issued by the group's warp 1 (lane 0): one instruction a 64 x 64 box, where 128 threads issued
-// 3584 16-byte copies (the chain's state warps waited ~1k cycles a chunk for them: session 18's phase table).
+// kTmaChain (the O-beside chain's TMA instantiation and the state recompute's, launched where the maps exist): K, Q,
+// X, W and V by TMA on tma_bar (phase tma_parity; without o only K, X and V), issued by the group's warp 1 (lane 0):
+// one instruction a 64 x 64 box, where 128 threads issued 3584 16-byte copies (the chain's state warps waited ~1k
+// cycles a chunk for them: session 18's phase table).
+// kNoO (with kTmaChain: the state recompute's): K, X and V only.
 template <typename T, AuxMode kMode, int kBV = kBlockV, bool kReady = false, bool kTmaQk = false,
-          bool kTmaChain = false, typename StageT, typename Ax, typename Issued = NoHook>
+          bool kTmaChain = false, bool kNoO = false, typename StageT, typename Ax, typename Issued = NoHook>
 CUTLASS_DEVICE void aux_chunk(const flashqla_gdn_fwd_params_t& p, StageT& S, Ax& ax, const Work<T>& wk,
                               int64_t c, int tid, uint32_t bar_aux, const PrepBuffers<T>& pb, long long& t_mark,
                               Issued issued = Issued{}, const tma::ChainMaps* cmaps = nullptr,
@@ -1050,15 +1053,17 @@ CUTLASS_DEVICE void aux_chunk(const flashqla_gdn_fwd_params_t& p, StageT& S, Ax&
     // before them: session 19's phase table). All eight boxes, V's too (the TMA form's stage holds it swizzled):
     // the O-beside chain runs only with o (chain_form), so Q and W are always wanted, and its TMA form only
     // with v (chain_maps)
+    // (kNoO, the state recompute: K, X and V only, five boxes)
     if (tid == 32) {
       const int hq = static_cast<int>(wk.h / (p.heads_v / p.heads_qk)), t = static_cast<int>(t0);
       const int b = static_cast<int>(wk.b), h = static_cast<int>(wk.h);
       const int row0 = static_cast<int>(wk.flat0 + c * kChunk);
-      tma::mbar_expect_tx(tma_bar, static_cast<uint32_t>(8 * kChunk * 64 * sizeof(T)));
+      constexpr bool with_o = !kNoO;
+      tma::mbar_expect_tx(tma_bar, static_cast<uint32_t>((with_o ? 8 : 5) * kChunk * 64 * sizeof(T)));
 #pragma unroll
       for (int blk = 0; blk < 2; ++blk) {
         tma::load_box(S.k[blk], &cmaps->k, tma_bar, 64 * blk, hq, t, b);
-        tma::load_box(S.q[blk], &cmaps->q, tma_bar, 64 * blk, hq, t, b);
+        if constexpr (with_o) tma::load_box(S.q[blk], &cmaps->q, tma_bar, 64 * blk, hq, t, b);
       }
       tma::load_box(S.v, &cmaps->v, tma_bar, static_cast<int>(wk.col0), h, t, b);
       if constexpr (kReady) {  // prep beside the chain: X and W once the workers' flag says they are written
@@ -1068,7 +1073,7 @@ CUTLASS_DEVICE void aux_chunk(const flashqla_gdn_fwd_params_t& p, StageT& S, Ax&
       }
 #pragma unroll
       for (int blk = 0; blk < 2; ++blk) tma::load_box3(S.x[blk], &cmaps->x, tma_bar, 64 * blk, h, row0);
-      tma::load_box3(S.w, &cmaps->w, tma_bar, 0, h, row0);
+      if constexpr (with_o) tma::load_box3(S.w, &cmaps->w, tma_bar, 0, h, row0);
     }
   }
   for (int i = tid; i < kChunk * kDimK / 8 && !kTmaQk && !tma_on; i += kAuxThreads) {
@@ -1188,8 +1193,8 @@ CUTLASS_DEVICE void aux_chunk(const flashqla_gdn_fwd_params_t& p, StageT& S, Ax&
 }
 
 // kOb: the O-beside kernel's pipeline (three stages, its barrier ids; see ob::Barrier).
-// kTmaChain (with kOb, kLoadPrepared): the stages' K, Q, X, W and V by TMA on cmaps' maps (aux_chunk; with kReady,
-// X and W after the chunk's ready flag).
+// kTmaChain (kLoadPrepared; with kOb, or the state recompute's wgmma chain): the stages' K, Q, X, W and V by TMA on
+// cmaps' maps (aux_chunk; with kReady, X and W after the chunk's ready flag).
 template <typename T, AuxMode kMode, int kBV = kBlockV, bool kOb = false, bool kReady = false,
           bool kTmaChain = false, typename Storage>
 CUTLASS_DEVICE void aux_role(const flashqla_gdn_fwd_params_t& p, Storage& sm, const Work<T>& wk, int group,
@@ -1216,9 +1221,10 @@ CUTLASS_DEVICE void aux_role(const flashqla_gdn_fwd_params_t& p, Storage& sm, co
       if (it >= kStages) bar_sync(kBarEmpty + st, kHandoffThreads);
     }
     FLASHQLA_ROLE_PHASE(1, kAuxWaitEmpty);
-    if constexpr (kTmaChain)  // (stage st's barrier completes once a fill: its it / kObStages-th phase)
-      aux_chunk<T, kMode, kBV, kReady, false, true>(p, S, ax, wk, c, tid, bar_aux, pb, t_mark, NoHook{}, cmaps,
-                                                    &sm.tma_bar[st], static_cast<uint32_t>((it / kObStages) & 1));
+    if constexpr (kTmaChain)  // (stage st's barrier completes once a fill: its (it / stages)-th phase)
+      aux_chunk<T, kMode, kBV, kReady, false, true, !kOb>(p, S, ax, wk, c, tid, bar_aux, pb, t_mark, NoHook{}, cmaps,
+                                                    &sm.tma_bar[st],
+                                                    static_cast<uint32_t>((it / (kOb ? kObStages : kStages)) & 1));
     else
       aux_chunk<T, kMode, kBV, kReady>(p, S, ax, wk, c, tid, bar_aux, pb, t_mark);
     // the wgmma chain reads the tiles through the async proxy: this thread's copies and l2norm stores first
@@ -1349,20 +1355,27 @@ CUTLASS_DEVICE void wg_o(const StageT& S, const uint32_t (&za)[4][4], float (&os
 // sacc (64 rows x 128 K) += (hi + lo) B: 4 k16 steps over the chunk, B = a [tokens][K dim] tile MN-major
 // (transpose-B; two 64-column blocks kChunk * 64 elements apart, a k16 step = two 1024-byte atoms): the
 // forward's S^T += Y^T X, the dS chain's dO^T Q and Z^T W'.
+// Issue only: the caller fences, commits and waits.
+template <typename T>
+CUTLASS_DEVICE void wg_issue_update(const T (&tile)[2][kChunk * 64], const uint32_t (&hi)[4][4],
+                                    const uint32_t (&lo)[4][4], float (&sacc)[16][4]) {
+  auto& s64 = reinterpret_cast<float(&)[64]>(sacc);
+  constexpr int kBlockBytes = kChunk * 64 * sizeof(T);
+#pragma unroll
+  for (int kb = 0; kb < 4; ++kb) {
+    const uint64_t d = gmma::make_desc_sw128(reinterpret_cast<const char*>(tile[0]) + 2048 * kb, kBlockBytes, 1024);
+    gmma::wgmma_rs<128, T, 1>(s64, hi[kb], d);
+    gmma::wgmma_rs<128, T, 1>(s64, lo[kb], d);
+  }
+}
 template <typename T>
 CUTLASS_DEVICE void wg_update(const T (&tile)[2][kChunk * 64], const uint32_t (&hi)[4][4], const uint32_t (&lo)[4][4],
                               float (&sacc)[16][4]) {
   using namespace gmma;
   auto& s64 = reinterpret_cast<float(&)[64]>(sacc);
-  constexpr int kBlockBytes = kChunk * 64 * sizeof(T);
   fence();
   pin(s64);
-#pragma unroll
-  for (int kb = 0; kb < 4; ++kb) {
-    const uint64_t d = make_desc_sw128(reinterpret_cast<const char*>(tile[0]) + 2048 * kb, kBlockBytes, 1024);
-    wgmma_rs<128, T, 1>(s64, hi[kb], d);
-    wgmma_rs<128, T, 1>(s64, lo[kb], d);
-  }
+  wg_issue_update<T>(tile, hi, lo, sacc);
   commit();
   wait_all();
   pin(s64);
@@ -1705,7 +1718,8 @@ __global__ void __launch_bounds__(kOb ? kObThreads : kThreads, 1)
   constexpr int kCtaThreads = kOb ? kObThreads : kThreads;
   // the O-beside chain's loads by TMA (where the host made the maps)
   constexpr bool kTmaChain = kTma && kOb && kMode == AuxMode::kLoadPrepared;
-  // the state recompute's chunk states by TMA (the wgmma chain without O; where the host made the map)
+  // the state recompute's chunk states by TMA stores and its loads by TMA (the wgmma chain without O; where the
+  // host made the maps)
   constexpr bool kTmaStates = kTma && kWg && !kOb;
   using ObStorage = std::conditional_t<kTmaChain, SharedStorageObTma<T>, SharedStorageOb<T>>;
   using SwStorage = std::conditional_t<kTmaStates, SharedStorageSwSt<T>, SharedStorageSw<T>>;
@@ -1731,9 +1745,9 @@ __global__ void __launch_bounds__(kOb ? kObThreads : kThreads, 1)
   }
   const CtaTile ct = decode_cta<IndexT>(p, block, kVB, kBV);
   Work<T> wk = make_work<T>(p, ct);
-  // the TMA form's stage barriers, before any role runs
-  if constexpr (kTmaChain) {
-    if (threadIdx.x < kObStages) tma::mbar_init(&sm.tma_bar[threadIdx.x]);
+  // the TMA forms' stage barriers, before any role runs
+  if constexpr (kTmaChain || kTmaStates) {
+    if (threadIdx.x < (kOb ? kObStages : kStages)) tma::mbar_init(&sm.tma_bar[threadIdx.x]);
     __syncthreads();
   }
 
@@ -1750,7 +1764,8 @@ __global__ void __launch_bounds__(kOb ? kObThreads : kThreads, 1)
     constexpr int kFirstLoader = kCtaThreads - kAuxGroups * kAuxThreads;
     cutlass::arch::warpgroup_reg_dealloc<kOb ? kObLoadRegs : kAuxRegs>();
     if (kOverlap) wk.chunk0 = chunk_offset<IndexT>(p, ct.n, threadIdx.x & 31);  // (the ready flags' index)
-    aux_role<T, kMode, kBV, kOb, kOverlap, kTmaChain>(p, sm, wk, (threadIdx.x - kFirstLoader) / kAuxThreads, pb, &cmaps);
+    aux_role<T, kMode, kBV, kOb, kOverlap, kTmaChain || kTmaStates>(p, sm, wk, (threadIdx.x - kFirstLoader) / kAuxThreads,
+                                                                     pb, &cmaps);
   }
 }
 
@@ -2267,6 +2282,15 @@ inline bool chain_maps(const flashqla_gdn_fwd_params_t& p, const PrepBuffers<T>&
                         p.v_stride_head);
 }
 
+// The state recompute's (states_only; the TMA form of the wgmma chain without O): K, Q (unused), the prep's X, V
+// and the chunk states.
+template <typename T>
+inline bool states_chain_maps(const flashqla_gdn_fwd_params_t& p, const PrepBuffers<T>& pb, tma::ChainMaps& m) {
+  return p.v != nullptr && state_map(p, p.chunk_states, false, m.states) && kqx_maps(p, pb, m.k, m.q, m.x) &&
+         tma::encode_qk(m.v, p.v, p.qkv_dtype, p.batch, p.seqlen, p.heads_v, p.v_stride_batch, p.v_stride_time,
+                        p.v_stride_head);
+}
+
 template <typename T, AuxMode kMode, bool kKSplit = false, bool kWg = false, bool kOb = false, bool kOverlap = false,
           bool kPrepWg = false>
 cudaError_t launch_recurrent(const flashqla_gdn_fwd_params_t& p, const PrepBuffers<T>& pb, cudaStream_t stream) {
@@ -2286,7 +2310,7 @@ cudaError_t launch_recurrent(const flashqla_gdn_fwd_params_t& p, const PrepBuffe
   constexpr bool kStatesForm = kWg && !kOb && kMode == AuxMode::kLoadPrepared;
   if constexpr (kStatesForm) {
     const int mode = states_tma_mode();
-    use_tma = mode != 0 && states_only(p) && state_map(p, p.chunk_states, false, cmaps.states);
+    use_tma = mode != 0 && states_only(p) && states_chain_maps(p, pb, cmaps);
     if (!use_tma && mode == 2 && states_only(p)) return cudaErrorNotSupported;
   }
   const bool ix64 = p.cu_seqlens != nullptr && p.cu_seqlens_dtype == FLASHQLA_INT64;
