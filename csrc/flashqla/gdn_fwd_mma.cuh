@@ -2271,24 +2271,29 @@ inline bool kqx_maps(const flashqla_gdn_fwd_params_t& p, const PrepBuffers<T>& p
                         p.q_stride_head) &&
          tma::encode_rows(x, pb.x, p.qkv_dtype, p.batch * p.seqlen, p.heads_v, kDimK);
 }
+// The prep's W ([rows, heads_v, 64], as X's); false where it cannot be made.
+template <typename T>
+inline bool w_map(const flashqla_gdn_fwd_params_t& p, const PrepBuffers<T>& pb, CUtensorMap& w) {
+  return pb.w != nullptr && tma::encode_rows(w, pb.w, p.qkv_dtype, p.batch * p.seqlen, p.heads_v, kChunk);
+}
+// V's map ([batch, seqlen, heads_v, 128], as K's); false without v or where it cannot be made.
+inline bool v_map(const flashqla_gdn_fwd_params_t& p, CUtensorMap& v) {
+  return p.v != nullptr && tma::encode_qk(v, p.v, p.qkv_dtype, p.batch, p.seqlen, p.heads_v, p.v_stride_batch,
+                                          p.v_stride_time, p.v_stride_head);
+}
 
 // The O-beside chain's tensor maps (tma::ChainMaps) of K, Q, the prep's X, W and V; false where one cannot be made
 // (its TMA form loads all of them: it runs with o and v only).
 template <typename T>
 inline bool chain_maps(const flashqla_gdn_fwd_params_t& p, const PrepBuffers<T>& pb, tma::ChainMaps& m) {
-  return pb.w != nullptr && p.o != nullptr && p.v != nullptr && kqx_maps(p, pb, m.k, m.q, m.x) &&
-         tma::encode_rows(m.w, pb.w, p.qkv_dtype, p.batch * p.seqlen, p.heads_v, kChunk) &&
-         tma::encode_qk(m.v, p.v, p.qkv_dtype, p.batch, p.seqlen, p.heads_v, p.v_stride_batch, p.v_stride_time,
-                        p.v_stride_head);
+  return p.o != nullptr && kqx_maps(p, pb, m.k, m.q, m.x) && w_map(p, pb, m.w) && v_map(p, m.v);
 }
 
 // The state recompute's (states_only; the TMA form of the wgmma chain without O): K, Q (unused), the prep's X, V
 // and the chunk states.
 template <typename T>
 inline bool states_chain_maps(const flashqla_gdn_fwd_params_t& p, const PrepBuffers<T>& pb, tma::ChainMaps& m) {
-  return p.v != nullptr && state_map(p, p.chunk_states, false, m.states) && kqx_maps(p, pb, m.k, m.q, m.x) &&
-         tma::encode_qk(m.v, p.v, p.qkv_dtype, p.batch, p.seqlen, p.heads_v, p.v_stride_batch, p.v_stride_time,
-                        p.v_stride_head);
+  return state_map(p, p.chunk_states, false, m.states) && kqx_maps(p, pb, m.k, m.q, m.x) && v_map(p, m.v);
 }
 
 template <typename T, AuxMode kMode, bool kKSplit = false, bool kWg = false, bool kOb = false, bool kOverlap = false,
@@ -2331,7 +2336,6 @@ cudaError_t launch_recurrent(const flashqla_gdn_fwd_params_t& p, const PrepBuffe
   kernel<<<static_cast<unsigned>(blocks), kOb ? kObThreads : kThreads, smem, stream>>>(p, pb, cmaps);
   return cudaGetLastError();
 }
-
 
 // Which chain runs on prepared chunks: p's (the forward's passes, the backward's state recompute), or with
 // ds_chain the backward's dS chain on p. FLASHQLA_WGMMA: 0 = mma.sync (K-split or not, as use_ksplit says), 1 = the
@@ -2419,7 +2423,7 @@ cudaError_t launch(const flashqla_gdn_fwd_params_t& p, cudaStream_t stream) {
   const int hpc = states_only(p) ? 1 : prep_heads_per_cta(p, chunks);
   tma::QkMaps maps{};  // (the wgmma prep's K, Q, X and W by TMA: strides TMA can describe, else the mma.sync prep)
   const bool wg = !states_only(p) && hpc == 1 && prep_wg(false) && kqx_maps(p, pb, maps.k, maps.q, maps.x) &&
-                  tma::encode_rows(maps.w, pb.w, p.qkv_dtype, p.batch * p.seqlen, p.heads_v, kChunk);
+                  w_map(p, pb, maps.w);
   auto prep = states_only(p) ? (ix64 ? gdn_prep_kernel<T, int64_t, false, true> : gdn_prep_kernel<T, int32_t, false, true>)
               : hpc > 1   ? (ix64 ? gdn_prep_kernel<T, int64_t, true> : gdn_prep_kernel<T, int32_t, true>)
               : wg        ? (ix64 ? gdn_prep_kernel<T, int64_t, false, false, true> : gdn_prep_kernel<T, int32_t, false, false, true>)

@@ -110,17 +110,25 @@ inline PFN_cuTensorMapEncodeTiled_v12000 encode_fn() {
   return fn;
 }
 
-// A 16-bit map of rank 3 or 4 in 64 x 1 x 64 (x 1) boxes with the 128-byte swizzle (dims innermost first, byte
-// strides of dims 1..rank-1); false where the driver refuses it.
+// A tiled map of rank <= 4 with the 128-byte swizzle and unit element strides (dims and box innermost first, byte
+// strides of dims 1..rank-1); false where the driver entry point is missing or refuses it.
+inline bool encode_tiled(CUtensorMap& map, const void* base, CUtensorMapDataType dtype, cuuint32_t rank,
+                         const cuuint64_t* dims, const cuuint64_t* strides, const cuuint32_t* box,
+                         CUtensorMapL2promotion l2) {
+  const PFN_cuTensorMapEncodeTiled_v12000 enc = encode_fn();
+  const cuuint32_t estr[4] = {1, 1, 1, 1};
+  return enc != nullptr && enc(&map, dtype, rank, const_cast<void*>(base), dims, strides, box, estr,
+                               CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B, l2,
+                               CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS;
+}
+
+// A 16-bit map of rank 3 or 4 in 64 x 1 x 64 (x 1) boxes (encode_tiled); false where the driver refuses it.
 inline bool encode_boxes(CUtensorMap& map, const void* base, flashqla_dtype_t dtype, cuuint32_t rank,
                          const cuuint64_t* dims, const cuuint64_t* strides) {
-  const PFN_cuTensorMapEncodeTiled_v12000 enc = encode_fn();
-  const cuuint32_t box[4] = {64, 1, 64, 1}, estr[4] = {1, 1, 1, 1};
-  return enc != nullptr &&
-         enc(&map, dtype == FLASHQLA_FLOAT16 ? CU_TENSOR_MAP_DATA_TYPE_FLOAT16 : CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, rank,
-             const_cast<void*>(base), dims, strides, box, estr, CU_TENSOR_MAP_INTERLEAVE_NONE,
-             CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_128B,
-             CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS;
+  const cuuint32_t box[4] = {64, 1, 64, 1};
+  return encode_tiled(map, base,
+                      dtype == FLASHQLA_FLOAT16 ? CU_TENSOR_MAP_DATA_TYPE_FLOAT16 : CU_TENSOR_MAP_DATA_TYPE_BFLOAT16,
+                      rank, dims, strides, box, CU_TENSOR_MAP_L2_PROMOTION_L2_128B);
 }
 
 // The map of a q or k tensor ([batch, seqlen, heads, 128], 16-bit, element strides); false where TMA cannot
@@ -156,16 +164,13 @@ inline bool encode_rows(CUtensorMap& map, const void* base, flashqla_dtype_t dty
 // where TMA cannot describe it (row coordinates are 32-bit).
 inline bool encode_state_rows(CUtensorMap& map, const void* base, CUtensorMapDataType dtype, int elem_bytes,
                               int64_t rows) {
-  const PFN_cuTensorMapEncodeTiled_v12000 enc = encode_fn();
-  if (enc == nullptr || reinterpret_cast<uintptr_t>(base) % 16 != 0 || rows <= 0 || rows >= (int64_t(1) << 31) ||
+  if (reinterpret_cast<uintptr_t>(base) % 16 != 0 || rows <= 0 || rows >= (int64_t(1) << 31) ||
       (elem_bytes != 2 && elem_bytes != 4))
     return false;
   const cuuint64_t dims[2] = {128, cuuint64_t(rows)};
   const cuuint64_t strides[1] = {cuuint64_t(128 * elem_bytes)};
-  const cuuint32_t box[2] = {cuuint32_t(128 / elem_bytes), 128}, estr[2] = {1, 1};
-  return enc(&map, dtype, 2, const_cast<void*>(base), dims, strides, box, estr, CU_TENSOR_MAP_INTERLEAVE_NONE,
-             CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_NONE, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) ==
-         CUDA_SUCCESS;
+  const cuuint32_t box[2] = {cuuint32_t(128 / elem_bytes), 128};
+  return encode_tiled(map, base, dtype, 2, dims, strides, box, CU_TENSOR_MAP_L2_PROMOTION_NONE);
 }
 
 }  // namespace tma

@@ -81,12 +81,12 @@ CUTLASS_DEVICE uint64_t make_desc_sw128(const void* smem, int lbo, int sbo) {
 
 CUTLASS_DEVICE void fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
 CUTLASS_DEVICE void commit() { asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory"); }
-CUTLASS_DEVICE void wait_all() { asm volatile("wgmma.wait_group.sync.aligned 0;\n" ::: "memory"); }
 // all but the kPending most recent commit groups complete
 template <int kPending>
 CUTLASS_DEVICE void wait() {
   asm volatile("wgmma.wait_group.sync.aligned %0;\n" ::"n"(kPending) : "memory");
 }
+CUTLASS_DEVICE void wait_all() { wait<0>(); }
 // Generic-proxy shared-memory writes (st.shared, cp.async) -> visible to wgmma (async proxy).
 using warp::fence_async_smem;
 // Keeps the compiler from moving accumulator reads/writes across fence / wait.
