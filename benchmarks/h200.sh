@@ -48,7 +48,7 @@
 #             (ab-<n>.json, the variant in its env field), e.g. AB_ENVS="FLASHQLA_BWD_GRAD=0;FLASHQLA_BWD_GRAD=1"
 #   variants  for each prebuilt variants/<name>/ (benchmarks/build_variants.sh; carry `variants`): swap its
 #             _C into flashqla/, run the forward GPU tests, its phase profiler and the benchmark with
-#             $VARIANT_BENCH_ARGS (VARIANT_STEPS picks among test,digest,phases,bench,memcheck,racecheck; the test step
+#             $VARIANT_BENCH_ARGS (VARIANT_STEPS picks among test,digest,phases,ktimes,bench,memcheck,racecheck; the test step
 #             runs $VARIANT_TEST_PATHS, default tests/test_gpu_fwd.py; digest prints benchmarks/bwd_digest.py's
 #             bit-exact fingerprints, to compare builds that should agree); one record per variant, one log
 #             (variants.log) for all (not in the default stages)
@@ -348,6 +348,7 @@ if has variants; then
            -q -x -p no:cacheprovider -s 2>&1 | tail -15; [ "${PIPESTATUS[0]}" -eq 0 ]; }; then
         [[ $steps == *,digest,* ]] && timeout 120 python3 benchmarks/bwd_digest.py 2>&1 | grep -E "^digest|Error"
         [[ $steps == *,phases,* ]] && timeout 60 "$vdir/fq_phases" 2>&1
+        [[ $steps == *,ktimes,* ]] && timeout ${KTIMES_TIMEOUT:-120} python3 benchmarks/kernel_times.py ${KTIMES_ARGS:-} 2>&1
         [[ $steps == *,bench,* ]] && OUT= FLASHQLA_COMMIT=$(cat "$vdir/COMMIT") FLASHQLA_DIRTY=0 timeout ${BENCH_TIMEOUT:-300} python3 -m flashqla.bench \
           run --cases "$CASES" --prewarm ${PREWARM:-16} ${VARIANT_BENCH_ARGS:---fwd-only --libs flashqla,fla_triton --no-accuracy} \
           --out "$OUT/variant-$name.json" --table /tmp/variant-$name.md --plot /tmp/variant-$name.png 2>&1 | tail -40

@@ -23,6 +23,7 @@ capture an uncached plan falls back to the unsegmented call.
 """
 from __future__ import annotations
 
+import functools
 import os
 from dataclasses import dataclass
 
@@ -74,8 +75,16 @@ def _waves(ctas: int, sms: int) -> int:
 
 
 def plan(lengths, heads_v: int, sms: int, chunk: int = CHUNK):
-    """A Plan, or None when segments would not help. lengths: host ints (tokens per sequence)."""
-    lengths = [int(x) for x in lengths]
+    """A Plan, or None when segments would not help. lengths: host ints (tokens per sequence). Cached per
+    arguments: an eager call's host time before its first launch is exposed on the GPU (the planning loop
+    was ~30 us of it)."""
+    if len(lengths) * heads_v * V_BLOCKS * 2 > sms:  # (before the O(N) key: thousands of short sequences)
+        return None
+    return _plan(tuple(int(x) for x in lengths), int(heads_v), int(sms), int(chunk), _rank_step())
+
+
+@functools.lru_cache(maxsize=256)
+def _plan(lengths: tuple, heads_v: int, sms: int, chunk: int, rank_step: float):
     chunks = [-(-n // chunk) for n in lengths]
     longest = max(chunks, default=0)
     per_seq = heads_v * V_BLOCKS
@@ -84,7 +93,6 @@ def plan(lengths, heads_v: int, sms: int, chunk: int = CHUNK):
     plain = longest * _waves(len(lengths) * per_seq, sms)
     best = None
     seg = MIN_SEGMENT_CHUNKS
-    rank_step = _rank_step()
     while seg < longest:
         segs = sum(max(1, -(-c // seg)) for c in chunks)
         # B and Phi: two summaries-only calls of `segs` segments; then one full call; the scan per rank
@@ -143,6 +151,13 @@ def _cached(key, make, device):
     return hit
 
 
+def _zero_v(v):
+    """The transition pass's v: one zero row broadcast to v's shape (stride 0), the view itself cached (its expand
+    cost a few us of every call)."""
+    key = ("zero_v", tuple(v.shape), v.dtype, str(v.device))
+    return _cached(key, lambda: v.new_zeros(v.shape[3]).expand(v.shape), v.device)
+
+
 def _plan_tensors(key, device, make):
     """Device index tensors of a plan, made once (make() -> a tuple of them) and cached. During CUDA-graph
     capture only a cached copy can be used (a copy from the host cannot be captured): None when there is none;
@@ -187,8 +202,7 @@ def _initial_states(fwd, q, k, v, g, beta, scale, initial_state, p: Plan, l2norm
     NS = p.segments
     # v = 0 for the transition pass: one zero row broadcast over tokens and heads (stride 0; the kernels' pass
     # op reads none of it)
-    V = v.shape[3]
-    zero_v = _cached(("zero_v", V, v.dtype, str(v.device)), lambda: v.new_zeros(V), v.device).expand(v.shape)
+    zero_v = _zero_v(v)
     if fwd_pass is not None:
         from ._library import fwd_workspace_bytes
         ws = torch.empty(fwd_workspace_bytes(q.shape[0], q.shape[1], H), dtype=torch.uint8, device=q.device)
@@ -208,16 +222,24 @@ def _initial_states(fwd, q, k, v, g, beta, scale, initial_state, p: Plan, l2norm
     return torch.ops.flashqla.chunk_gdn_cp_scan(phi, b_end, h0, last), run
 
 
+_CP_OP = []  # the op once found (the dispatcher query cost ~10 us a call)
+
+
 def _cp_op():
     """torch.ops.flashqla.chunk_gdn_cp_fwd where the built extension provides it (the passes and the scan
     issued from C++), else None; FLASHQLA_CP_CPP=0 keeps the steps in Python."""
     if os.environ.get("FLASHQLA_CP_CPP", "1").strip() == "0":
         return None
-    try:
-        has = torch._C._dispatch_has_kernel_for_dispatch_key("flashqla::chunk_gdn_cp_fwd", "CompositeExplicitAutograd")
-    except (AttributeError, RuntimeError):
-        has = False
-    return torch.ops.flashqla.chunk_gdn_cp_fwd if has else None
+    if not _CP_OP:
+        try:
+            has = torch._C._dispatch_has_kernel_for_dispatch_key("flashqla::chunk_gdn_cp_fwd",
+                                                                 "CompositeExplicitAutograd")
+        except (AttributeError, RuntimeError):
+            has = False
+        if not has:
+            return None  # (not remembered: the extension may load later)
+        _CP_OP.append(torch.ops.flashqla.chunk_gdn_cp_fwd)
+    return _CP_OP[0]
 
 
 def forward(fwd, q, k, v, g, beta, scale, initial_state, p: Plan, l2norm: bool, index_dtype=torch.int32,
@@ -234,9 +256,9 @@ def forward(fwd, q, k, v, g, beta, scale, initial_state, p: Plan, l2norm: bool, 
         if dp is None:
             return None
         from ._library import _state_dtype, fwd_workspace_bytes
-        H, K, V = v.shape[2], k.shape[3], v.shape[3]
+        H, K = v.shape[2], k.shape[3]
         sd = _state_dtype(q)
-        zero_v = _cached(("zero_v", V, v.dtype, str(v.device)), lambda: v.new_zeros(V), v.device).expand(v.shape)
+        zero_v = _zero_v(v)
         eye = _cached(("eye", p.segments, H, K, sd, str(q.device)),
                       lambda: torch.eye(K, dtype=sd, device=q.device).expand(p.segments, H, K, K).contiguous(),
                       q.device)
