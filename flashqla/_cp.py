@@ -78,8 +78,8 @@ def plan(lengths, heads_v: int, sms: int, chunk: int = CHUNK):
     """A Plan, or None when segments would not help. lengths: host ints (tokens per sequence). Cached per
     arguments: an eager call's host time before its first launch is exposed on the GPU (the planning loop
     was ~30 us of it)."""
-    if len(lengths) * heads_v * V_BLOCKS * 2 > sms:  # (before the O(N) key: thousands of short sequences)
-        return None
+    if len(lengths) * heads_v * V_BLOCKS * 2 > sms:  # the sequences alone fill the GPU (checked before the O(N)
+        return None                                   # key: thousands of short sequences)
     return _plan(tuple(int(x) for x in lengths), int(heads_v), int(sms), int(chunk), _rank_step())
 
 
@@ -88,7 +88,7 @@ def _plan(lengths: tuple, heads_v: int, sms: int, chunk: int, rank_step: float):
     chunks = [-(-n // chunk) for n in lengths]
     longest = max(chunks, default=0)
     per_seq = heads_v * V_BLOCKS
-    if longest < 2 * MIN_SEGMENT_CHUNKS or len(lengths) * per_seq * 2 > sms:
+    if longest < 2 * MIN_SEGMENT_CHUNKS:
         return None
     plain = longest * _waves(len(lengths) * per_seq, sms)
     best = None
@@ -222,7 +222,7 @@ def _initial_states(fwd, q, k, v, g, beta, scale, initial_state, p: Plan, l2norm
     return torch.ops.flashqla.chunk_gdn_cp_scan(phi, b_end, h0, last), run
 
 
-_CP_OP = []  # the op once found (the dispatcher query cost ~10 us a call)
+_cp_fwd_op = None  # the op once found (the dispatcher query cost ~10 us a call)
 
 
 def _cp_op():
@@ -230,16 +230,16 @@ def _cp_op():
     issued from C++), else None; FLASHQLA_CP_CPP=0 keeps the steps in Python."""
     if os.environ.get("FLASHQLA_CP_CPP", "1").strip() == "0":
         return None
-    if not _CP_OP:
+    global _cp_fwd_op
+    if _cp_fwd_op is None:
         try:
             has = torch._C._dispatch_has_kernel_for_dispatch_key("flashqla::chunk_gdn_cp_fwd",
                                                                  "CompositeExplicitAutograd")
         except (AttributeError, RuntimeError):
             has = False
-        if not has:
-            return None  # (not remembered: the extension may load later)
-        _CP_OP.append(torch.ops.flashqla.chunk_gdn_cp_fwd)
-    return _CP_OP[0]
+        if has:  # (a miss is not remembered: the extension may load later)
+            _cp_fwd_op = torch.ops.flashqla.chunk_gdn_cp_fwd
+    return _cp_fwd_op
 
 
 def forward(fwd, q, k, v, g, beta, scale, initial_state, p: Plan, l2norm: bool, index_dtype=torch.int32,
