@@ -351,6 +351,23 @@ def test_chain_loads_by_tma_are_the_copies_bitwise(monkeypatch, case, overlap):
     modes_agree_bitwise(monkeypatch, "FLASHQLA_CHAIN_TMA", ("0", "2"), d, kw)
 
 
+@pytest.mark.parametrize("case", ["varlen", "dense", "l2norm_fp16"])
+def test_gates_from_the_prep_are_the_chains_bitwise(monkeypatch, case):
+    # FLASHQLA_GATES_FROM_PREP (on by default): the wgmma prep kernel writes each chunk's gamma and decay and the
+    # O-beside chain's TMA loader copies them instead of computing them (the same function on the same inputs),
+    # so o and the final state are bitwise those of =0. Packed sequences with empty and partial chunks (the
+    # padding rows' gates), dense batches, fp16 with l2norm and fp32 gates. =2 makes the launch fail where the
+    # gates cannot come from the prep, so that side cannot silently compute them.
+    for name in ("FLASHQLA_KSPLIT", "FLASHQLA_PREP_HEADS", "FLASHQLA_PREP_WG", "FLASHQLA_FWD_SPLIT"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("FLASHQLA_WGMMA", "2")      # the O-beside chain
+    monkeypatch.setenv("FLASHQLA_CHAIN_TMA", "2")  # its TMA form
+    monkeypatch.setenv("FLASHQLA_OVERLAP", "0")    # on the prep kernel (the prep beside the chain has no copy)
+    monkeypatch.setenv("FLASHQLA_CP", "0")
+    d, kw = three_forms(case, 51)
+    modes_agree_bitwise(monkeypatch, "FLASHQLA_GATES_FROM_PREP", ("0", "2"), d, kw)
+
+
 def gpu_kernel_names(fn):
     """The names of the GPU kernels fn launches (torch.profiler)."""
     with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:

@@ -339,6 +339,11 @@ struct PrepBuffers {
   int* ready = nullptr;
   int64_t ready_chunks = 0;
   int prep_ctas = 0;
+  // Not null (gates_from_prep): the wgmma prep kernel also writes each chunk's gamma and decay here, [chunk of all
+  // sequences, heads_v, 128] fp32 (gamma's 64 then decay's 64, as a stage holds them), and the O-beside chain's
+  // TMA loader brings them with one 512-byte copy instead of computing them (compute_gates: ~2k cycles of its
+  // warp 0 a chunk, mostly the latency of g's and beta's strided loads)
+  float* gates = nullptr;
 };
 // The ready flags' two sides: the writer's threads each fence their X / W stores and meet at a barrier before one
 // of them releases the flag; the reader acquires it and its group meets at a barrier before copying. A wait that
@@ -1059,7 +1064,15 @@ CUTLASS_DEVICE void aux_chunk(const flashqla_gdn_fwd_params_t& p, StageT& S, Ax&
       const int b = static_cast<int>(wk.b), h = static_cast<int>(wk.h);
       const int row0 = static_cast<int>(wk.flat0 + c * kChunk);
       constexpr bool with_o = !kNoO;
-      tma::mbar_expect_tx(tma_bar, static_cast<uint32_t>((with_o ? 8 : 5) * kChunk * 64 * sizeof(T)));
+      // (gates_from_prep, the O-beside chain on the prep kernel's output: gamma and decay as 512 bytes more)
+      const bool gates = with_o && !kReady && pb.gates != nullptr;
+      tma::mbar_expect_tx(tma_bar, static_cast<uint32_t>((with_o ? 8 : 5) * kChunk * 64 * sizeof(T) +
+                                                         (gates ? 2 * kChunk * sizeof(float) : 0)));
+      if (gates) {
+        static_assert(offsetof(StageT, decay) == offsetof(StageT, gamma) + kChunk * sizeof(float), "gamma, decay");
+        tma::load_bulk(S.gamma, pb.gates + ((wk.chunk0 + c) * p.heads_v + wk.h) * 2 * kChunk,
+                       2 * kChunk * sizeof(float), tma_bar);
+      }
 #pragma unroll
       for (int blk = 0; blk < 2; ++blk) {
         tma::load_box(S.k[blk], &cmaps->k, tma_bar, 64 * blk, hq, t, b);
@@ -1118,7 +1131,9 @@ CUTLASS_DEVICE void aux_chunk(const flashqla_gdn_fwd_params_t& p, StageT& S, Ax&
   constexpr bool kLoaderOnly = kMode == AuxMode::kLoadPrepared || kMode == AuxMode::kLoadBwd;
   if constexpr (kLoaderOnly) FLASHQLA_ROLE_PHASE(1, kAuxGram);
   constexpr bool kAhead = kGatesAhead<kMode, kReady>;
-  if (w == 0) {
+  // (gates_from_prep: they come with the TMA above)
+  const bool gates_copied = kTmaChain && !kNoO && !kReady && pb.gates != nullptr;
+  if (w == 0 && !gates_copied) {
     if constexpr (kAhead)
       unpark_gates(S, ax, lane);  // (aux_role parked them)
     else
@@ -1763,7 +1778,8 @@ __global__ void __launch_bounds__(kOb ? kObThreads : kThreads, 1)
   } else {
     constexpr int kFirstLoader = kCtaThreads - kAuxGroups * kAuxThreads;
     cutlass::arch::warpgroup_reg_dealloc<kOb ? kObLoadRegs : kAuxRegs>();
-    if (kOverlap) wk.chunk0 = chunk_offset<IndexT>(p, ct.n, threadIdx.x & 31);  // (the ready flags' index)
+    // (the ready flags' index; gates_from_prep's)
+    if (kOverlap || (kTmaChain && pb.gates != nullptr)) wk.chunk0 = chunk_offset<IndexT>(p, ct.n, threadIdx.x & 31);
     aux_role<T, kMode, kBV, kOb, kOverlap, kTmaChain || kTmaStates>(p, sm, wk, (threadIdx.x - kFirstLoader) / kAuxThreads,
                                                                      pb, &cmaps);
   }
@@ -2007,6 +2023,12 @@ CUTLASS_DEVICE void prep_head_wg(const flashqla_gdn_fwd_params_t& p, const PrepB
     if (tid == 0) tma_qk_issue<T>(p, *maps, sm, wk, c);
   }
   aux_chunk<T, AuxMode::kInputsOnly, kBlockV, false, kKernel>(p, sm, sm, wk, c, tid, bar, pb, t_mark);  // K, Q, gates, l2norm
+  if constexpr (kKernel) {  // (the chunk's gates for the chain's loader: the prep kernel's chunk is blockIdx.x)
+    static_assert(kPrepThreads == 2 * kChunk, "a thread a gate value");
+    if (pb.gates != nullptr)
+      pb.gates[(static_cast<int64_t>(blockIdx.x) * p.heads_v + wk.h) * 2 * kChunk + tid] =
+          tid < kChunk ? sm.gamma[tid] : sm.decay[tid - kChunk];
+  }
   warp::fence_async_smem();  // the copies and l2norm's stores, before the wgmma read the tiles
   warp::bar_sync(bar, kPrepThreads);
   float qk[8][4];
@@ -2358,6 +2380,14 @@ inline ChainForm chain_form(const flashqla_gdn_fwd_params_t& p, bool ds_chain = 
   return mode == 0 ? ChainForm::kMma : ChainForm::kWgmma;
 }
 
+// FLASHQLA_GATES_FROM_PREP=0: the chain's loaders compute the gates; else (1, unset) where the wgmma prep kernel
+// feeds the O-beside chain's TMA form, the prep writes them and the loaders copy them (PrepBuffers::gates; the same
+// compute_gates on the same inputs, so the same bits); 2 (tests): there, or the launch fails.
+inline int gates_from_prep_mode() {
+  const char* e = std::getenv("FLASHQLA_GATES_FROM_PREP");
+  return e != nullptr && (e[0] == '0' || e[0] == '2') ? e[0] - '0' : 1;
+}
+
 // The split mode's chain on prepared X and W (chain_form).
 template <typename T>
 cudaError_t launch_prepared(const flashqla_gdn_fwd_params_t& p, const PrepBuffers<T>& pb, cudaStream_t stream) {
@@ -2396,8 +2426,16 @@ cudaError_t launch(const flashqla_gdn_fwd_params_t& p, cudaStream_t stream) {
   if (!fwd_split_mode() || chunks == 0 || p.num_seqs == 0)
     return launch_recurrent<T, AuxMode::kFused>(p, PrepBuffers<T>{nullptr, nullptr}, stream);
   static_assert(kFwdPrepCols == kDimK + kChunk && sizeof(T) == 2, "workspace layout");
-  Workspace ws;  // X and W for every token row
-  cudaError_t err = ws.acquire(p, prep_workspace_bytes(p, kFwdPrepCols), stream);
+  Workspace ws;  // X and W for every token row (and with gates_from_prep the chunks' gates after them)
+  const size_t xw_bytes = prep_workspace_bytes(p, kFwdPrepCols);
+  const size_t gate_bytes = static_cast<size_t>(chunks) * static_cast<size_t>(p.heads_v) * 2 * kChunk * sizeof(float);
+  const int gmode = gates_from_prep_mode();
+  // (the plain forward on the prep kernel: not CP's prepared passes nor the prep beside the chain; a caller's
+  // workspace sized for X and W alone keeps the gates in the chain)
+  const bool gates_wanted = gmode != 0 && !p.prep_ready && !states_only(p) && overlap_prep_ctas(p) == 0 &&
+                            chain_form(p) == ChainForm::kWgmmaOb && chain_tma_mode() != 0 &&
+                            (p.workspace == nullptr || p.workspace_bytes >= xw_bytes + gate_bytes);
+  cudaError_t err = ws.acquire(p, xw_bytes + (gates_wanted ? gate_bytes : 0), stream);
   if (err != cudaSuccess) return err;
   const size_t rows = static_cast<size_t>(p.batch) * static_cast<size_t>(p.seqlen);
   PrepBuffers<T> pb{static_cast<T*>(ws.ptr), static_cast<T*>(ws.ptr) + rows * p.heads_v * kDimK};
@@ -2424,6 +2462,11 @@ cudaError_t launch(const flashqla_gdn_fwd_params_t& p, cudaStream_t stream) {
   tma::QkMaps maps{};  // (the wgmma prep's K, Q, X and W by TMA: strides TMA can describe, else the mma.sync prep)
   const bool wg = !states_only(p) && hpc == 1 && prep_wg(false) && kqx_maps(p, pb, maps.k, maps.q, maps.x) &&
                   w_map(p, pb, maps.w);
+  if (gates_wanted && wg) {  // (the chain's TMA form must run too: its maps, made as launch_recurrent will)
+    tma::ChainMaps probe{};
+    if (chain_maps(p, pb, probe)) pb.gates = reinterpret_cast<float*>(static_cast<char*>(ws.ptr) + xw_bytes);
+  }
+  if (gmode == 2 && pb.gates == nullptr) return ws.release(cudaErrorNotSupported, stream);
   auto prep = states_only(p) ? (ix64 ? gdn_prep_kernel<T, int64_t, false, true> : gdn_prep_kernel<T, int32_t, false, true>)
               : hpc > 1   ? (ix64 ? gdn_prep_kernel<T, int64_t, true> : gdn_prep_kernel<T, int32_t, true>)
               : wg        ? (ix64 ? gdn_prep_kernel<T, int64_t, false, false, true> : gdn_prep_kernel<T, int32_t, false, false, true>)
