@@ -144,7 +144,9 @@ typedef struct flashqla_gdn_fwd_params {
 } flashqla_gdn_fwd_params_t;
 
 FLASHQLA_API flashqla_status_t flashqla_gdn_fwd(const flashqla_gdn_fwd_params_t* params, cudaStream_t stream);
-/* Device workspace flashqla_gdn_fwd needs for these shapes (0: none), for params->workspace. */
+/* Device workspace flashqla_gdn_fwd needs for these shapes (0: none), for params->workspace. With
+   flashqla_gdn_chunk_bound * heads_v * 512 bytes more, the forward's prep also hands its chain each chunk's gates
+   (FLASHQLA_GATES_FROM_PREP). */
 FLASHQLA_API size_t flashqla_gdn_fwd_workspace_bytes(const flashqla_gdn_fwd_params_t* params);
 
 /*
