@@ -1064,8 +1064,9 @@ CUTLASS_DEVICE void aux_chunk(const flashqla_gdn_fwd_params_t& p, StageT& S, Ax&
       const int b = static_cast<int>(wk.b), h = static_cast<int>(wk.h);
       const int row0 = static_cast<int>(wk.flat0 + c * kChunk);
       constexpr bool with_o = !kNoO;
-      // (gates_from_prep, the O-beside chain on the prep kernel's output: gamma and decay as 512 bytes more)
-      const bool gates = with_o && !kReady && pb.gates != nullptr;
+      // (gates_from_prep, the O-beside chain on the prep kernel's output: gamma and decay as 512 bytes more; the
+      // prep wrote chunk_bound's chunks: malformed cu_seqlens can name more, whose gates warp 0 computes)
+      const bool gates = with_o && !kReady && pb.gates != nullptr && wk.chunk0 + c < chunk_bound(p);
       tma::mbar_expect_tx(tma_bar, static_cast<uint32_t>((with_o ? 8 : 5) * kChunk * 64 * sizeof(T) +
                                                          (gates ? 2 * kChunk * sizeof(float) : 0)));
       if (gates) {
@@ -1132,7 +1133,7 @@ CUTLASS_DEVICE void aux_chunk(const flashqla_gdn_fwd_params_t& p, StageT& S, Ax&
   if constexpr (kLoaderOnly) FLASHQLA_ROLE_PHASE(1, kAuxGram);
   constexpr bool kAhead = kGatesAhead<kMode, kReady>;
   // (gates_from_prep: they come with the TMA above)
-  const bool gates_copied = kTmaChain && !kNoO && !kReady && pb.gates != nullptr;
+  const bool gates_copied = kTmaChain && !kNoO && !kReady && pb.gates != nullptr && wk.chunk0 + c < chunk_bound(p);
   if (w == 0 && !gates_copied) {
     if constexpr (kAhead)
       unpark_gates(S, ax, lane);  // (aux_role parked them)
