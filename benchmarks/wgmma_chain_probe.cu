@@ -80,10 +80,11 @@ __device__ void load_slots(SlotSw* sl, const bf16* K, const bf16* XT, const floa
 }
 
 // What both variants share. Each warp holds 16 V rows of S^T (and of KS^T, Y^T) as mma C tiles: the
-// wgmma accumulator of a warpgroup is the four warps' mma.sync tiles, so only the two products differ.
+// wgmma accumulator of a warpgroup is the four warps' mma.sync tiles, so only the two products differ. (A
+// second warpgroup, chain_sw2, runs the same chain on the same tiles: warp w & 3's rows.)
 struct Lane {
   int w, g, t;
-  __device__ Lane() : w(threadIdx.x >> 5), g((threadIdx.x & 31) >> 2), t(threadIdx.x & 3) {}
+  __device__ Lane() : w((threadIdx.x >> 5) & 3), g((threadIdx.x & 31) >> 2), t(threadIdx.x & 3) {}
   __device__ int row(int e) const { return 16 * w + g + 8 * (e >> 1); }   // V row of element e of a tile
   __device__ int col(int j, int e) const { return 8 * j + 2 * t + (e & 1); }
 };
@@ -259,6 +260,16 @@ __global__ void __launch_bounds__(128, 1) chain_sw(const bf16* K, const bf16* XT
   run_chain(K, XT, VT, S0, S_out, cycles, chunks, Products{});
 }
 
+// Two warpgroups in one CTA, each its own chain on the same K and X tiles (the question for a chain CTA holding
+// both V halves of a head: does a second chain's latency hide under the first's on one SM, or do they queue on
+// the tensor pipe and shared memory?). Each warpgroup's products are its own wgmmas (warpgroup-scoped); the
+// second's results are the first's (same inputs), so the check and the timing are warpgroup 0's.
+template <class Products>
+__global__ void __launch_bounds__(256, 1) chain_sw2(const bf16* K, const bf16* XT, const float* VT, const float* S0,
+                                                    float* S_out, long long* cycles, int chunks) {
+  run_chain(K, XT, VT, S0, S_out, cycles, chunks, Products{});
+}
+
 template <bool kSwap>
 __global__ void __launch_bounds__(128, 1) chain_wgmma(const bf16* K, const bf16* XT, const float* VT, const float* S0,
                                                       float* S_out, long long* cycles, int chunks) {
@@ -344,20 +355,23 @@ int main() {
   int clk_khz = 0;
   CUDA_OK(cudaDeviceGetAttribute(&clk_khz, cudaDevAttrClockRate, 0));
   using Kern = void (*)(const bf16*, const bf16*, const float*, const float*, float*, long long*, int);
-  constexpr int kVariants = 6;
+  constexpr int kVariants = 8;
   const Kern kerns[kVariants] = {chain_mma, chain_wgmma<false>, chain_wgmma<true>, chain_sw<MmaSwProducts>,
-                                 chain_sw<WgmmaSwProducts<false>>, chain_sw<WgmmaSwProducts<true>>};
-  const size_t smems[kVariants] = {smem_plain, smem_plain, smem_plain, smem_sw, smem_sw, smem_sw};
+                                 chain_sw<WgmmaSwProducts<false>>, chain_sw<WgmmaSwProducts<true>>,
+                                 chain_sw2<WgmmaSwProducts<false>>, chain_sw2<WgmmaSwProducts<true>>};
+  const size_t smems[kVariants] = {smem_plain, smem_plain, smem_plain, smem_sw, smem_sw, smem_sw, smem_sw, smem_sw};
+  const int threads[kVariants] = {128, 128, 128, 128, 128, 128, 256, 256};
   const char* names[kVariants] = {"mma.sync (4 warps x 16 V rows)", "wgmma, LBO = k-direction stride",
                                   "wgmma, LBO/SBO swapped", "mma.sync, 128-byte swizzle",
-                                  "wgmma, 128B swizzle (X: LBO = blocks)", "wgmma, 128B swizzle (X: swapped)"};
+                                  "wgmma, 128B swizzle (X: LBO = blocks)", "wgmma, 128B swizzle (X: swapped)",
+                                  "two warpgroups (X: LBO = blocks)", "two warpgroups (X: swapped)"};
   for (int v = 0; v < kVariants; ++v)
     CUDA_OK(cudaFuncSetAttribute(kerns[v], cudaFuncAttributeMaxDynamicSharedMemorySize, int(smems[v])));
   std::printf("state chain per chunk: KS^T = S^T K^T (64x64x128), Y^T = V^T - KS^T, S^T = 0.95 S^T + Y^T X (64x128x64)\n");
   for (int v = 0; v < kVariants; ++v) {
     const size_t smem = smems[v];
     CUDA_OK(cudaMemset(S_out, 0, hs0.size() * 4));
-    kerns[v]<<<1, 128, smem>>>(K, XT, VT, S0, S_out, cyc, kCheckChunks);
+    kerns[v]<<<1, threads[v], smem>>>(K, XT, VT, S0, S_out, cyc, kCheckChunks);
     cudaError_t e = cudaDeviceSynchronize();
     if (e != cudaSuccess) {
       std::printf("%-34s launch failed: %s\n", names[v], cudaGetErrorString(e));
@@ -366,10 +380,10 @@ int main() {
     CUDA_OK(cudaMemcpy(out.data(), S_out, out.size() * 4, cudaMemcpyDeviceToHost));
     const double err = rel_l2(out, ref);
     long long c1 = 0, cn[132];
-    kerns[v]<<<1, 128, smem>>>(K, XT, VT, S0, S_out, cyc, kTimeChunks);
+    kerns[v]<<<1, threads[v], smem>>>(K, XT, VT, S0, S_out, cyc, kTimeChunks);
     CUDA_OK(cudaDeviceSynchronize());
     CUDA_OK(cudaMemcpy(&c1, cyc, sizeof(c1), cudaMemcpyDeviceToHost));
-    kerns[v]<<<sms, 128, smem>>>(K, XT, VT, S0, S_out, cyc, kTimeChunks);
+    kerns[v]<<<sms, threads[v], smem>>>(K, XT, VT, S0, S_out, cyc, kTimeChunks);
     CUDA_OK(cudaDeviceSynchronize());
     CUDA_OK(cudaMemcpy(cn, cyc, sizeof(cn), cudaMemcpyDeviceToHost));
     long long mx = 0;
