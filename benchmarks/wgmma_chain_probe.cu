@@ -152,6 +152,61 @@ __device__ void run_chain(const bf16* K, const bf16* XT, const float* VT, const 
   if (blockIdx.x == 0) store_state(s, S_out, L);
 }
 
+// The O-beside chain's whole step for one V half, as one warpgroup would run it with O formed by itself (the
+// design of two state warpgroups a CTA, NOTES session 25): KS^T and Q S^T from the same S^T operand in one batch
+// (K's tile stands in for Q's), Y^T = V^T - KS^T, then the update in two products (Y's bf16 high and low parts,
+// as update_hi_lo) and the intra-chunk O product (Y^T times a 64 x 64 tile: X's first block stands in for the
+// masked W) in a second batch. O is folded into a checksum (not stored). S^T is the core's up to the low part.
+template <class Products>
+__device__ void run_full(const bf16* K, const bf16* XT, const float* VT, const float* S0, float* S_out,
+                         long long* cycles, int chunks, const Products& prod) {
+  using SlotT = typename Products::SlotT;
+  extern __shared__ __align__(128) unsigned char smem_raw[];
+  SlotT* sl = reinterpret_cast<SlotT*>(flashqla::gmma::align_smem_1024(smem_raw));
+  load_slots(sl, K, XT, VT);
+  const Lane L;
+  float s[16][4];
+  load_state(s, S0, L);
+  float sum = 0.f;
+  const long long t_start = clock64();
+  for (int c = 0; c < chunks; ++c) {
+    const SlotT& S = sl[c % kSlots];
+    uint32_t sa[8][4];
+#pragma unroll
+    for (int kk = 0; kk < 8; ++kk) flashqla::warp::c_to_a<bf16>(sa[kk], s[2 * kk], s[2 * kk + 1]);
+    float ks[8][4], os[8][4];
+    flashqla::warp::zero_acc(ks);
+    flashqla::warp::zero_acc(os);
+    prod.ks_qs(ks, os, sa, S);
+    uint32_t yh[4][4], yl[4][4];
+    float y[8][4];
+#pragma unroll
+    for (int j = 0; j < 8; ++j)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) y[j][e] = S.vt[L.row(e) * kLdVt + L.col(j, e)] - ks[j][e];
+#pragma unroll
+    for (int kk = 0; kk < 4; ++kk) {
+      flashqla::warp::c_to_a<bf16>(yh[kk], y[2 * kk], y[2 * kk + 1]);
+      float lo[2][4];
+#pragma unroll
+      for (int h = 0; h < 2; ++h)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) lo[h][e] = y[2 * kk + h][e] - __bfloat162float(__float2bfloat16_rn(y[2 * kk + h][e]));
+      flashqla::warp::c_to_a<bf16>(yl[kk], lo[0], lo[1]);
+    }
+#pragma unroll
+    for (int j = 0; j < 16; ++j)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) s[j][e] *= kDecay;
+    prod.update_o(s, os, yh, yl, S);
+    sum += os[c & 7][c & 3];
+  }
+  const long long t_end = clock64();
+  if (threadIdx.x == 0) cycles[blockIdx.x] = t_end - t_start;
+  if (blockIdx.x == 0) store_state(s, S_out, L);
+  if (sum == 12345.f) S_out[0] = sum;  // (keeps O)
+}
+
 // acc (a warpgroup's 64 x N accumulator, the four warps' mma.sync C tiles) += a B by wgmma with the register A
 // operand over KS k16 steps, desc(kk) giving B's descriptor of step kk; waits for the products.
 template <int N, int kTransB, int KS, class Desc>
@@ -239,6 +294,56 @@ struct WgmmaSwProducts {
   }
 };
 
+// The full step's products on the swizzled tiles (kSwapX as WgmmaSwProducts): two batches of wgmma, each
+// committed once and waited for once.
+template <bool kSwapX>
+struct FullSwProducts {
+  using SlotT = SlotSw;
+  static constexpr int kBlockBytes = kC * 64 * 2;
+  static constexpr int kLbo = kSwapX ? 1024 : kBlockBytes, kSbo = kSwapX ? kBlockBytes : 1024;
+  __device__ static uint64_t kdesc(const SlotSw& S, int kk) {
+    return flashqla::gmma::make_desc_sw128(reinterpret_cast<const char*>(S.k[kk / 4]) + 32 * (kk % 4), 16, 1024);
+  }
+  __device__ static uint64_t xdesc(const SlotSw& S, int kk) {
+    return flashqla::gmma::make_desc_sw128(reinterpret_cast<const char*>(S.x[0]) + 2048 * kk, kLbo, kSbo);
+  }
+  __device__ void ks_qs(float (&ks)[8][4], float (&os)[8][4], const uint32_t (&sa)[8][4], const SlotSw& S) const {
+    using namespace flashqla::gmma;
+    auto& dk = reinterpret_cast<float(&)[32]>(ks);
+    auto& dq = reinterpret_cast<float(&)[32]>(os);
+    fence();
+    pin(dk);
+    pin(dq);
+#pragma unroll
+    for (int kk = 0; kk < 8; ++kk) wgmma_rs<64, bf16, 0>(dk, sa[kk], kdesc(S, kk));
+#pragma unroll
+    for (int kk = 0; kk < 8; ++kk) wgmma_rs<64, bf16, 0>(dq, sa[kk], kdesc(S, kk));  // (Q's tile: K's)
+    commit();
+    wait_all();
+    pin(dk);
+    pin(dq);
+  }
+  __device__ void update_o(float (&s)[16][4], float (&os)[8][4], const uint32_t (&yh)[4][4],
+                           const uint32_t (&yl)[4][4], const SlotSw& S) const {
+    using namespace flashqla::gmma;
+    auto& d = reinterpret_cast<float(&)[64]>(s);
+    auto& dq = reinterpret_cast<float(&)[32]>(os);
+    fence();
+    pin(d);
+    pin(dq);
+#pragma unroll
+    for (int kk = 0; kk < 4; ++kk) wgmma_rs<128, bf16, 1>(d, yh[kk], xdesc(S, kk));
+#pragma unroll
+    for (int kk = 0; kk < 4; ++kk) wgmma_rs<128, bf16, 1>(d, yl[kk], xdesc(S, kk));
+#pragma unroll
+    for (int kk = 0; kk < 4; ++kk) wgmma_rs<64, bf16, 1>(dq, yh[kk], xdesc(S, kk));  // (X's first block)
+    commit();
+    wait_all();
+    pin(d);
+    pin(dq);
+  }
+};
+
 // mma.sync on the swizzled tiles: ldmatrix row addresses through the swizzle (K as [n][k], X as [k][n]).
 struct MmaSwProducts {
   using SlotT = SlotSw;
@@ -268,6 +373,18 @@ template <class Products>
 __global__ void __launch_bounds__(256, 1) chain_sw2(const bf16* K, const bf16* XT, const float* VT, const float* S0,
                                                     float* S_out, long long* cycles, int chunks) {
   run_chain(K, XT, VT, S0, S_out, cycles, chunks, Products{});
+}
+
+// The whole step (run_full), one warpgroup a CTA or two.
+template <class Products>
+__global__ void __launch_bounds__(128, 1) full_sw(const bf16* K, const bf16* XT, const float* VT, const float* S0,
+                                                  float* S_out, long long* cycles, int chunks) {
+  run_full(K, XT, VT, S0, S_out, cycles, chunks, Products{});
+}
+template <class Products>
+__global__ void __launch_bounds__(256, 1) full_sw2(const bf16* K, const bf16* XT, const float* VT, const float* S0,
+                                                   float* S_out, long long* cycles, int chunks) {
+  run_full(K, XT, VT, S0, S_out, cycles, chunks, Products{});
 }
 
 template <bool kSwap>
@@ -355,16 +472,19 @@ int main() {
   int clk_khz = 0;
   CUDA_OK(cudaDeviceGetAttribute(&clk_khz, cudaDevAttrClockRate, 0));
   using Kern = void (*)(const bf16*, const bf16*, const float*, const float*, float*, long long*, int);
-  constexpr int kVariants = 8;
+  constexpr int kVariants = 10;
   const Kern kerns[kVariants] = {chain_mma, chain_wgmma<false>, chain_wgmma<true>, chain_sw<MmaSwProducts>,
                                  chain_sw<WgmmaSwProducts<false>>, chain_sw<WgmmaSwProducts<true>>,
-                                 chain_sw2<WgmmaSwProducts<false>>, chain_sw2<WgmmaSwProducts<true>>};
-  const size_t smems[kVariants] = {smem_plain, smem_plain, smem_plain, smem_sw, smem_sw, smem_sw, smem_sw, smem_sw};
-  const int threads[kVariants] = {128, 128, 128, 128, 128, 128, 256, 256};
+                                 chain_sw2<WgmmaSwProducts<false>>, chain_sw2<WgmmaSwProducts<true>>,
+                                 full_sw<FullSwProducts<false>>, full_sw2<FullSwProducts<false>>};
+  const size_t smems[kVariants] = {smem_plain, smem_plain, smem_plain, smem_sw, smem_sw,
+                                   smem_sw,    smem_sw,    smem_sw,    smem_sw, smem_sw};
+  const int threads[kVariants] = {128, 128, 128, 128, 128, 128, 256, 256, 128, 256};
   const char* names[kVariants] = {"mma.sync (4 warps x 16 V rows)", "wgmma, LBO = k-direction stride",
                                   "wgmma, LBO/SBO swapped", "mma.sync, 128-byte swizzle",
                                   "wgmma, 128B swizzle (X: LBO = blocks)", "wgmma, 128B swizzle (X: swapped)",
-                                  "two warpgroups (X: LBO = blocks)", "two warpgroups (X: swapped)"};
+                                  "two warpgroups (X: LBO = blocks)", "two warpgroups (X: swapped)",
+                                  "whole step (hi/lo, O), one warpgroup", "whole step, two warpgroups"};
   for (int v = 0; v < kVariants; ++v)
     CUDA_OK(cudaFuncSetAttribute(kerns[v], cudaFuncAttributeMaxDynamicSharedMemorySize, int(smems[v])));
   std::printf("state chain per chunk: KS^T = S^T K^T (64x64x128), Y^T = V^T - KS^T, S^T = 0.95 S^T + Y^T X (64x128x64)\n");
