@@ -368,6 +368,42 @@ def test_gates_from_the_prep_are_the_chains_bitwise(monkeypatch, case):
     modes_agree_bitwise(monkeypatch, "FLASHQLA_GATES_FROM_PREP", ("0", "2"), d, kw)
 
 
+@pytest.mark.parametrize("case", ["varlen", "dense"])
+def test_paired_chain_is_the_wgmma_chains_bitwise(monkeypatch, case):
+    # FLASHQLA_CHAIN_PAIR (off by default until measured): one CTA per (sequence, value head), its two state
+    # warpgroups each running the wgmma chain with O (FLASHQLA_WGMMA=1's state role) on one of the V halves of a
+    # shared stage that a TMA producer fills, with the gates the prep kernel wrote. The same products in the same
+    # order on the same operands: o and the final state bitwise those of FLASHQLA_WGMMA=1 (two CTAs a head, its
+    # loaders computing the gates and copying the tiles). Packed sequences with empty and partial chunks (the zeroed
+    # rows past a sequence's end) and a dense batch. =2 makes the launch fail where the paired chain cannot run.
+    for name in ("FLASHQLA_KSPLIT", "FLASHQLA_PREP_HEADS", "FLASHQLA_PREP_WG", "FLASHQLA_FWD_SPLIT",
+                 "FLASHQLA_CHAIN_TMA", "FLASHQLA_GATES_FROM_PREP"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("FLASHQLA_OVERLAP", "0")  # (on the prep kernel: the prep beside the chain has no gates copy)
+    monkeypatch.setenv("FLASHQLA_CP", "0")
+    d, kw = three_forms(case, 61)
+    monkeypatch.setenv("FLASHQLA_WGMMA", "1")
+    monkeypatch.setenv("FLASHQLA_CHAIN_PAIR", "0")
+    o1, s1 = run_ours(d, **kw)
+    monkeypatch.delenv("FLASHQLA_WGMMA")
+    monkeypatch.setenv("FLASHQLA_CHAIN_PAIR", "2")
+    o2, s2 = run_ours(d, **kw)
+    assert torch.equal(o1, o2) and torch.equal(s1, s2)
+    x = {k: (v.double() if isinstance(v, torch.Tensor) and v.is_floating_point() else v) for k, v in d.items()}
+    ro, rs = chunk_gdn_torch(**x, output_final_state=True, **kw)
+    assert rel_l2(o2, ro) < 5e-3 and rel_l2(s2, rs) < 5e-3
+
+
+def test_paired_chain_names_its_kernel(monkeypatch):
+    # the switch reaches the kernel (a test above that compared a form with itself would pass)
+    monkeypatch.setenv("FLASHQLA_OVERLAP", "0")
+    monkeypatch.setenv("FLASHQLA_CP", "0")
+    monkeypatch.setenv("FLASHQLA_CHAIN_PAIR", "2")
+    d, kw = three_forms("varlen", 62)
+    names = gpu_kernel_names(lambda: run_ours(d, **kw))
+    assert any("gdn_fwd_pair_kernel" in n for n in names), names
+
+
 def gpu_kernel_names(fn):
     """The names of the GPU kernels fn launches (torch.profiler)."""
     with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:

@@ -241,6 +241,46 @@ template <typename T>
 using SharedStorageOb = SharedStorageObOf<T, StageSw<T>>;   // (the copy forms)
 template <typename T>
 using SharedStorageObTma = SharedStorageObOf<T, StageSwV<T>>;  // (the TMA form)
+// The paired chain (FLASHQLA_CHAIN_PAIR; gdn_fwd_pair_kernel): one CTA a (sequence, value head), two state
+// warpgroups each forming its V half's chain and O (state_role as FLASHQLA_WGMMA=1 runs it) on one stage they share,
+// filled by one producer warpgroup by TMA (both V halves; the gates copied from the prep). Two stages: a stage
+// holds K, Q, X (two blocks each), W and V (two blocks), 72 KB.
+template <typename T>
+struct alignas(1024) StagePairSw {
+  T k[2][kChunk * 64];
+  T q[2][kChunk * 64];
+  T x[2][kChunk * 64];
+  T w[kChunk * 64];
+  T v[2][kChunk * 64];  // (V's 128 columns as two swizzled blocks: warpgroup h reads block h)
+  float gamma[kChunk];
+  float decay[kChunk];
+};
+template <typename T>
+struct SharedStoragePair {
+  StagePairSw<T> stage[kStages];
+  alignas(16) T o[2][2][kChunk * kLdC];  // each half's O tiles (state_role's sm.o)
+  uint64_t tma_bar[kStages];            // a stage's boxes, one phase per fill
+};
+template <typename Storage>
+constexpr bool kPairStorage = false;
+template <typename T>
+constexpr bool kPairStorage<SharedStoragePair<T>> = true;
+static_assert(sizeof(SharedStoragePair<__nv_bfloat16>) + 1024 <= 227 * 1024, "the paired chain's storage, aligned, fits");
+constexpr int kPairThreads = 2 * kStateThreads + kAuxThreads;
+// Registers: each state warpgroup as the wgmma chain with O (kStateRegs); the producer only issues boxes, zeroes
+// rows past a sequence's end and releases stages.
+constexpr int kPairProdRegs = 40;
+static_assert(2 * kStateRegs * kStateThreads + kPairProdRegs * kAuxThreads <= 64 * 1024, "the paired chain's registers");
+namespace pr {
+enum Barrier : uint32_t {
+  kFull = 1,                 // + stage: producer -> both state warpgroups
+  kEmpty = kFull + kStages,  // + stage: both state warpgroups -> producer
+  kState = kEmpty + kStages, // + half: among one state warpgroup
+  kProd = kState + 2,        // among the producer's warps
+};
+constexpr int kHandoffThreads = kPairThreads;
+}  // namespace pr
+
 // The chains whose per-chunk states leave by TMA (tma::encode_state_rows; launched where the map exists): the
 // loaders compute no products, so of their scratch only the gates, and no O tiles; instead two state boxes, one
 // being stored while the next chunk's is written. The state recompute's (the wgmma chain on prepared chunks
@@ -1417,16 +1457,24 @@ CUTLASS_DEVICE void update_hi_lo(const Tile& tile, int kcol, const warp::LdsmOff
 // products as wgmma on the swizzled stage (unsplit only). kOb (with kWg): O beside the chain: the state warps
 // publish S^T and Z^T for the O warps (o_role) and form no O themselves.
 // kStatesByTma<Storage> (the state recompute, SharedStorageSwSt): the chunk states by TMA on cmaps->states.
+// kPairStorage<Storage> (the paired chain, with kWg): warpgroup `half` of the two, its V half's columns of the
+// shared stage (V block half), its own O tiles and barrier, the producer's handoff.
 template <typename T, bool kKSplit, bool kWg = false, bool kOb = false, typename Storage>
 CUTLASS_DEVICE void state_role(const flashqla_gdn_fwd_params_t& p, Storage& sm, const Work<T>& wk,
-                               const tma::ChainMaps* cmaps = nullptr) {
+                               const tma::ChainMaps* cmaps = nullptr, int half = 0) {
   static_assert(!(kWg && kKSplit), "the wgmma chain is unsplit");
   static_assert(!kOb || kWg, "O beside the wgmma chain");
+  constexpr bool kPair = kPairStorage<Storage>;
+  static_assert(!kPair || (kWg && !kOb), "the paired chain: two wgmma chains with O");
   using namespace warp;
   constexpr int kNT = kKSplit ? kDimK / 16 : kDimK / 8;  // C tiles of S^T per warp (8 K columns each)
   constexpr int kKS = kNT / 2;                            // k16 steps over this warp's K columns
   constexpr int kOShift = kKSplit ? 2 : 3;                // log2 of the 16-byte pieces in an O tile row
-  const int tid = threadIdx.x, s = tid >> 5, lane = tid & 31;
+  constexpr uint32_t kFullBar = kPair ? pr::kFull : kOb ? ob::kFull : kBarFull;
+  constexpr uint32_t kEmptyBar = kPair ? pr::kEmpty : kBarEmpty;
+  constexpr int kHandoff = kPair ? pr::kHandoffThreads : kHandoffThreads;
+  const uint32_t state_bar = kPair ? pr::kState + half : kBarState;
+  const int tid = threadIdx.x - (kPair ? kStateThreads * half : 0), s = tid >> 5, lane = tid & 31;
   const int gq = lane >> 2, tq = lane & 3;
   const int vg = kKSplit ? s >> 1 : s, kh = kKSplit ? s & 1 : 0;
   const int kcol = kKHalf * kh;  // this warp's first K column
@@ -1452,7 +1500,7 @@ CUTLASS_DEVICE void state_role(const flashqla_gdn_fwd_params_t& p, Storage& sm, 
     const int st = static_cast<int>(c % kSt);
     const auto& S = sm.stage[st];
     const int rows = static_cast<int>(wk.len - c * kChunk < kChunk ? wk.len - c * kChunk : kChunk);
-    bar_sync((kOb ? ob::kFull : kBarFull) + st, kHandoffThreads);
+    bar_sync(kFullBar + st, kHandoff);
     FLASHQLA_ROLE_PHASE(0, kStWaitFull);
 
 #if FLASHQLA_V2_EXPERIMENT != 2
@@ -1474,7 +1522,7 @@ CUTLASS_DEVICE void state_role(const flashqla_gdn_fwd_params_t& p, Storage& sm, 
       if (uniform<true>(wk.chunk0 + c < chunk_bound(p)))
         store_state_by_tma(&cmaps->states, sm.st_box[c & 1], sa, (wk.chunk0 + c) * p.heads_v + wk.h,
                            static_cast<int>(wk.col0), kBarState, tid);
-    } else if constexpr (!kOb) {
+    } else if constexpr (!kOb && !kPair) {  // (the paired chain runs without chunk states)
       if (p.chunk_states != nullptr && wk.chunk0 + c < chunk_bound(p)) {  // the state at the chunk's start, in T
         // staged in the O buffer chunk c does not use (chunk c - 1's tile went out before this chunk's full barrier)
         T* const dst = static_cast<T*>(p.chunk_states) + ((wk.chunk0 + c) * p.heads_v + wk.h) * int64_t(kDimK) * kDimV +
@@ -1516,7 +1564,7 @@ CUTLASS_DEVICE void state_role(const flashqla_gdn_fwd_params_t& p, Storage& sm, 
     // Z^T = V^T - KS^T diag(gamma), Y^T = V^T diag(decay) - gamma_C KS^T, O^T = QS^T diag(gamma)
     const float gamma_c = S.gamma[kChunk - 1];
     uint32_t za[4][4], yh[4][4], yl[4][4];
-    for_vt_pairs<T>(S.v, vg, tq, ld, [&](int kb, int r, int nt, int e, int col, float2 vv) {
+    for_vt_pairs<T>(S.v, vg + (kPair ? 4 * half : 0), tq, ld, [&](int kb, int r, int nt, int e, int col, float2 vv) {
       const float2 gm = *reinterpret_cast<const float2*>(&S.gamma[col]);
       const float2 dc = *reinterpret_cast<const float2*>(&S.decay[col]);
       const float z0 = vv.x - gm.x * ks[nt][e], z1 = vv.y - gm.y * ks[nt][e + 1];
@@ -1564,8 +1612,8 @@ CUTLASS_DEVICE void state_role(const flashqla_gdn_fwd_params_t& p, Storage& sm, 
         bar_sync(ob::kState, kStateThreads);
         bar_arrive(ob::kEmpty + c % 6, ob::kEmptyThreads);
       } else {
-        bar_sync(kBarState, kStateThreads);
-        bar_arrive(kBarEmpty + st, kHandoffThreads);
+        bar_sync(state_bar, kStateThreads);
+        bar_arrive(kEmptyBar + st, kHandoff);
       }
     }
     FLASHQLA_ROLE_PHASE(0, kStUpdate);
@@ -1574,7 +1622,11 @@ CUTLASS_DEVICE void state_role(const flashqla_gdn_fwd_params_t& p, Storage& sm, 
     if constexpr (!kOb && !kStatesByTma<Storage>) {  // (else the O warps store O, or there is none)
       if (want_o) {
         // O tile: this warp's rows transposed through shared memory, then 16-byte pieces of the rows to global
-        T* ot = sm.o[c & 1];
+        T* ot = nullptr;
+        if constexpr (kPair)
+          ot = sm.o[half][c & 1];
+        else
+          ot = sm.o[c & 1];
 #pragma unroll
         for (int nt = 0; nt < 8; ++nt) {
           if (!own_np(nt >> 1)) continue;
@@ -1582,7 +1634,7 @@ CUTLASS_DEVICE void state_role(const flashqla_gdn_fwd_params_t& p, Storage& sm, 
           for (int e = 0; e < 4; ++e)
             ot[(8 * nt + 2 * tq + (e & 1)) * kLdC + v0 + 8 * (e >> 1)] = from_f<T>(p.scale * os[nt][e]);
         }
-        bar_sync(kBarState, kStateThreads);
+        bar_sync(state_bar, kStateThreads);
         const int64_t t0 = c * kChunk;
 #pragma unroll
         for (int it = 0; it < (kChunk << kOShift) / kStateThreads; ++it) {
@@ -2360,6 +2412,123 @@ cudaError_t launch_recurrent(const flashqla_gdn_fwd_params_t& p, const PrepBuffe
   return cudaGetLastError();
 }
 
+// ---- The paired chain (FLASHQLA_CHAIN_PAIR): both V halves of a (sequence, value head) in one CTA, so that the
+// two chains' latencies hide under each other on one SM (NOTES, session 25: the whole step's products at two
+// warpgroups a CTA take 1.37x one's, against 2x as two CTAs on two SMs).
+
+// The producer warpgroup: per chunk, once both state warpgroups released the stage, thread 0 brings K, Q, X, W and
+// V's two blocks by TMA and the chunk's gates from the prep kernel's copy (chunks the prep never saw, past
+// chunk_bound on malformed cu_seqlens, get unit gates: any finite values; such a call's output is not defined);
+// then all zero the rows past the sequence's end (TMA brings the next packed sequence's tokens there) and hand
+// the stage over.
+template <typename T>
+CUTLASS_DEVICE void pair_producer(const flashqla_gdn_fwd_params_t& p, SharedStoragePair<T>& sm, const Work<T>& wk,
+                                  const PrepBuffers<T>& pb, const tma::ChainMaps& cm) {
+  using namespace warp;
+  const int tid = threadIdx.x - 2 * kStateThreads;
+  const int hq = static_cast<int>(wk.h / (p.heads_v / p.heads_qk)), h = static_cast<int>(wk.h);
+  const int b = static_cast<int>(wk.b);
+  constexpr uint32_t kBoxBytes = kChunk * 64 * sizeof(T);
+  for (int64_t c = 0; c < wk.num_chunks; ++c) {
+    const int st = static_cast<int>(c % kStages);
+    auto& S = sm.stage[st];
+    uint64_t* bar = &sm.tma_bar[st];
+    if (c >= kStages) bar_sync(pr::kEmpty + st, pr::kHandoffThreads);
+    const int rows = static_cast<int>(wk.len - c * kChunk < kChunk ? wk.len - c * kChunk : kChunk);
+    const bool gates = wk.chunk0 + c < chunk_bound(p);
+    if (tid == 0) {
+      const int t = static_cast<int>(wk.t0 + c * kChunk), row0 = static_cast<int>(wk.flat0 + c * kChunk);
+      tma::mbar_expect_tx(bar, 9 * kBoxBytes + (gates ? 2 * kChunk * sizeof(float) : 0));
+      if (gates) {
+        static_assert(offsetof(StagePairSw<T>, decay) == offsetof(StagePairSw<T>, gamma) + kChunk * sizeof(float),
+                      "gamma, decay");
+        tma::load_bulk(S.gamma, pb.gates + ((wk.chunk0 + c) * p.heads_v + wk.h) * 2 * kChunk,
+                       2 * kChunk * sizeof(float), bar);
+      }
+#pragma unroll
+      for (int blk = 0; blk < 2; ++blk) {
+        tma::load_box(S.k[blk], &cm.k, bar, 64 * blk, hq, t, b);
+        tma::load_box(S.q[blk], &cm.q, bar, 64 * blk, hq, t, b);
+        tma::load_box(S.v[blk], &cm.v, bar, 64 * blk, h, t, b);
+        tma::load_box3(S.x[blk], &cm.x, bar, 64 * blk, h, row0);
+      }
+      tma::load_box3(S.w, &cm.w, bar, 0, h, row0);
+    }
+    if (!gates && tid < kChunk) {  // (generic stores, read by the state warps' generic loads after the handoff)
+      S.gamma[tid] = 1.f;
+      S.decay[tid] = 1.f;
+    }
+    tma::mbar_wait(bar, static_cast<uint32_t>((c / kStages) & 1));
+    // rows past the chunk's end: zeros (K, Q, X, V two blocks each, W one; 128 bytes a row, so the swizzle does
+    // not matter)
+    for (int i = tid; i < (kChunk - rows) * 9 * 8; i += kAuxThreads) {
+      const int r = rows + i / 72, blk = (i / 8) % 9, piece = i & 7;
+      char* tile = reinterpret_cast<char*>(blk < 2   ? S.k[blk]
+                                           : blk < 4 ? S.q[blk - 2]
+                                           : blk < 6 ? S.x[blk - 4]
+                                           : blk < 8 ? S.v[blk - 6]
+                                                     : S.w);
+      *reinterpret_cast<uint4*>(tile + r * 128 + 16 * piece) = make_uint4(0u, 0u, 0u, 0u);
+    }
+    fence_async_smem();  // (the zeros, before the wgmma read the tiles through the async proxy)
+    bar_sync(pr::kProd, kAuxThreads);  // (racecheck: bar.arrive orders the stores, racecheck does not model it)
+    bar_arrive(pr::kFull + st, pr::kHandoffThreads);
+  }
+}
+
+template <typename T, typename IndexT>
+__global__ void __launch_bounds__(kPairThreads, 1)
+    gdn_fwd_pair_kernel(const __grid_constant__ flashqla_gdn_fwd_params_t p, const PrepBuffers<T> pb,
+                        const __grid_constant__ tma::ChainMaps cmaps) {
+  extern __shared__ __align__(128) unsigned char smem_raw[];
+  auto& sm = *reinterpret_cast<SharedStoragePair<T>*>(gmma::align_smem_1024(smem_raw));
+  const int64_t main_blocks = p.num_seqs * p.heads_v;
+  if (static_cast<int64_t>(blockIdx.x) >= main_blocks) {
+    if (p.o != nullptr) zero_rows_past_end<T, IndexT>(p, blockIdx.x - main_blocks, kTailBlocks, threadIdx.x, kPairThreads);
+    return;
+  }
+  if (threadIdx.x < kStages) tma::mbar_init(&sm.tma_bar[threadIdx.x]);
+  __syncthreads();
+  // warpgroups 0 and 1: the V halves' chains; 2: the producer (warp-uniform for ptxas, as in gdn_fwd_mma_kernel)
+  const int role = __shfl_sync(0xffffffffu, threadIdx.x / kStateThreads, 0);
+  const CtaTile ct = decode_cta<IndexT>(p, 2 * static_cast<int64_t>(blockIdx.x) + (role < 2 ? role : 0), kVBlocks,
+                                        kBlockV);
+  Work<T> wk = make_work<T>(p, ct);
+  if (role < 2) {
+    cutlass::arch::warpgroup_reg_alloc<kStateRegs>();
+    state_role<T, false, true, false>(p, sm, wk, &cmaps, role);
+  } else {
+    cutlass::arch::warpgroup_reg_dealloc<kPairProdRegs>();
+    wk.chunk0 = chunk_offset<IndexT>(p, ct.n, threadIdx.x & 31);  // (the gates' index)
+    pair_producer<T>(p, sm, wk, pb, cmaps);
+  }
+}
+
+// FLASHQLA_CHAIN_PAIR: 0 (unset: not measured yet) = off; 1 = where it runs (the O-beside chain's TMA form on
+// the prep kernel's output with its gates, o and v, no in-kernel l2norm, no chunk states); 2 (tests) = there,
+// else the launch fails.
+inline int chain_pair_mode() {
+  const char* e = std::getenv("FLASHQLA_CHAIN_PAIR");
+  return e != nullptr && (e[0] == '1' || e[0] == '2') ? e[0] - '0' : 0;
+}
+
+// The paired chain on prepared chunks; cudaErrorNotSupported where it does not run (the caller falls back).
+template <typename T>
+cudaError_t launch_pair(const flashqla_gdn_fwd_params_t& p, const PrepBuffers<T>& pb, cudaStream_t stream) {
+  tma::ChainMaps cmaps{};
+  if (pb.gates == nullptr || p.use_qk_l2norm || p.chunk_states != nullptr || !chain_maps(p, pb, cmaps))
+    return cudaErrorNotSupported;
+  const int64_t blocks = p.num_seqs * p.heads_v + (p.cu_seqlens != nullptr ? kTailBlocks : 0);
+  if (blocks == 0) return cudaSuccess;
+  const bool ix64 = p.cu_seqlens != nullptr && p.cu_seqlens_dtype == FLASHQLA_INT64;
+  auto kernel = ix64 ? gdn_fwd_pair_kernel<T, int64_t> : gdn_fwd_pair_kernel<T, int32_t>;
+  const size_t smem = sizeof(SharedStoragePair<T>) + 1024;
+  cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem));
+  if (err != cudaSuccess) return err;
+  kernel<<<static_cast<unsigned>(blocks), kPairThreads, smem, stream>>>(p, pb, cmaps);
+  return cudaGetLastError();
+}
+
 // Which chain runs on prepared chunks: p's (the forward's passes, the backward's state recompute), or with
 // ds_chain the backward's dS chain on p. FLASHQLA_WGMMA: 0 = mma.sync (K-split or not, as use_ksplit says), 1 = the
 // wgmma chain, 2 = the wgmma chain with O beside it where there is an O to form (else 1). Unset: for the forward's
@@ -2394,7 +2563,12 @@ template <typename T>
 cudaError_t launch_prepared(const flashqla_gdn_fwd_params_t& p, const PrepBuffers<T>& pb, cudaStream_t stream) {
   constexpr AuxMode kM = AuxMode::kLoadPrepared;
   switch (chain_form(p)) {
-    case ChainForm::kWgmmaOb: return launch_recurrent<T, kM, false, true, true>(p, pb, stream);
+    case ChainForm::kWgmmaOb:
+      if (const int pair = chain_pair_mode(); pair != 0) {
+        const cudaError_t err = launch_pair<T>(p, pb, stream);
+        if (err != cudaErrorNotSupported || pair == 2) return err;
+      }
+      return launch_recurrent<T, kM, false, true, true>(p, pb, stream);
     case ChainForm::kWgmma: return launch_recurrent<T, kM, false, true>(p, pb, stream);
     case ChainForm::kKSplit: return launch_recurrent<T, kM, true>(p, pb, stream);
     default: return launch_recurrent<T, kM>(p, pb, stream);
