@@ -368,14 +368,15 @@ def test_gates_from_the_prep_are_the_chains_bitwise(monkeypatch, case):
     modes_agree_bitwise(monkeypatch, "FLASHQLA_GATES_FROM_PREP", ("0", "2"), d, kw)
 
 
-@pytest.mark.parametrize("case", ["varlen", "dense"])
+@pytest.mark.parametrize("case", ["varlen", "dense", "l2norm_fp16"])
 def test_paired_chain_is_the_wgmma_chains_bitwise(monkeypatch, case):
     # FLASHQLA_CHAIN_PAIR (off by default until measured): one CTA per (sequence, value head), its two state
     # warpgroups each running the wgmma chain with O (FLASHQLA_WGMMA=1's state role) on one of the V halves of a
     # shared stage that a TMA producer fills, with the gates the prep kernel wrote. The same products in the same
     # order on the same operands: o and the final state bitwise those of FLASHQLA_WGMMA=1 (two CTAs a head, its
     # loaders computing the gates and copying the tiles). Packed sequences with empty and partial chunks (the zeroed
-    # rows past a sequence's end) and a dense batch. =2 makes the launch fail where the paired chain cannot run.
+    # rows past a sequence's end), a dense batch, and fp16 with the in-kernel l2norm (the producer's). =2 makes the
+    # launch fail where the paired chain cannot run.
     for name in ("FLASHQLA_KSPLIT", "FLASHQLA_PREP_HEADS", "FLASHQLA_PREP_WG", "FLASHQLA_FWD_SPLIT",
                  "FLASHQLA_CHAIN_TMA", "FLASHQLA_GATES_FROM_PREP"):
         monkeypatch.delenv(name, raising=False)

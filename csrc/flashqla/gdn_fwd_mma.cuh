@@ -347,6 +347,8 @@ template <typename T, int kVElems>
 constexpr bool kSwizzledStage<StageSwOf<T, kVElems>> = true;
 template <typename T>
 constexpr bool kSwizzledStage<StageSwBwd<T>> = true;
+template <typename T>
+constexpr bool kSwizzledStage<StagePairSw<T>> = true;
 
 // Where one CTA's work lives.
 static_assert(kChunk == 64, "chunk_bound (kernels.h) counts 64-token chunks");
@@ -1067,6 +1069,47 @@ CUTLASS_DEVICE void tma_qk_landed(StageT& S, int rows, int tid);
 struct NoHook {
   CUTLASS_DEVICE void operator()() const {}
 };
+// use_qk_l2norm: one thread a row of the stage, 64 K rows then 64 Q rows (Q's threads idle when Q was not
+// loaded), each row scaled to unit length in place (the kernels' l2norm: fp32 sum of squares, rsqrt, back to T).
+template <typename T, typename StageT>
+CUTLASS_DEVICE void l2norm_stage_rows(StageT& S, int tid, bool want_q) {
+  using namespace warp;
+  T* row = nullptr;
+  if constexpr (!kSwizzledStage<StageT>) row = tid < kChunk ? &S.k[tid * kLdK] : &S.q[(tid - kChunk) * kLdK];
+  const int r = tid < kChunk ? tid : tid - kChunk;
+  const auto piece = [&](int j) -> T* {
+    if constexpr (kSwizzledStage<StageT>)
+      return tid < kChunk ? tile16(S.k, r, j) : tile16(S.q, r, j);
+    else
+      return row + j;
+  };
+  if (tid < kChunk || want_q) {
+    float ss = 0.f;
+#pragma unroll 4
+    for (int j = 0; j < kDimK; j += 8) {
+      const uint4 u = *reinterpret_cast<const uint4*>(piece(j));
+      const uint32_t* pw = reinterpret_cast<const uint32_t*>(&u);
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const float2 f = unpack2<T>(pw[e]);
+        ss += f.x * f.x + f.y * f.y;
+      }
+    }
+    const float rn = rsqrtf(ss + kL2NormEps);
+#pragma unroll 4
+    for (int j = 0; j < kDimK; j += 8) {
+      uint4 u = *reinterpret_cast<const uint4*>(piece(j));
+      uint32_t* pw = reinterpret_cast<uint32_t*>(&u);
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const float2 f = unpack2<T>(pw[e]);
+        pw[e] = pack2<T>(f.x * rn, f.y * rn);
+      }
+      *reinterpret_cast<uint4*>(piece(j)) = u;
+    }
+  }
+}
+
 // kTmaQk (the wgmma prep kernel's; PrepStorageWg): K and Q arrive by TMA, issued by the caller on S.tma_bar.
 // kTmaChain (the O-beside chain's TMA instantiation and the state recompute's, launched where the maps exist): K, Q,
 // X, W and V by TMA on tma_bar (phase tma_parity; without o only K, X and V), issued by the group's warp 1 (lane 0):
@@ -1205,41 +1248,7 @@ CUTLASS_DEVICE void aux_chunk(const flashqla_gdn_fwd_params_t& p, StageT& S, Ax&
 
 #if FLASHQLA_V2_EXPERIMENT != 1
   if (p.use_qk_l2norm) {
-    // one thread per row: 64 K rows, then 64 Q rows (Q's threads idle when Q was not loaded)
-    T* row = nullptr;
-    if constexpr (!kSwizzledStage<StageT>) row = tid < kChunk ? &S.k[tid * kLdK] : &S.q[(tid - kChunk) * kLdK];
-    const int r = tid < kChunk ? tid : tid - kChunk;
-    const auto piece = [&](int j) -> T* {
-      if constexpr (kSwizzledStage<StageT>)
-        return tid < kChunk ? tile16(S.k, r, j) : tile16(S.q, r, j);
-      else
-        return row + j;
-    };
-    if (tid < kChunk || want_q) {
-      float ss = 0.f;
-#pragma unroll 4
-      for (int j = 0; j < kDimK; j += 8) {
-        const uint4 u = *reinterpret_cast<const uint4*>(piece(j));
-        const uint32_t* pw = reinterpret_cast<const uint32_t*>(&u);
-#pragma unroll
-        for (int e = 0; e < 4; ++e) {
-          const float2 f = unpack2<T>(pw[e]);
-          ss += f.x * f.x + f.y * f.y;
-        }
-      }
-      const float rn = rsqrtf(ss + kL2NormEps);
-#pragma unroll 4
-      for (int j = 0; j < kDimK; j += 8) {
-        uint4 u = *reinterpret_cast<const uint4*>(piece(j));
-        uint32_t* pw = reinterpret_cast<uint32_t*>(&u);
-#pragma unroll
-        for (int e = 0; e < 4; ++e) {
-          const float2 f = unpack2<T>(pw[e]);
-          pw[e] = pack2<T>(f.x * rn, f.y * rn);
-        }
-        *reinterpret_cast<uint4*>(piece(j)) = u;
-      }
-    }
+    l2norm_stage_rows<T>(S, tid, want_q);
     bar_sync(bar_aux, kAuxThreads);
   }
   FLASHQLA_ROLE_PHASE(1, kAuxL2norm);
@@ -2419,8 +2428,8 @@ cudaError_t launch_recurrent(const flashqla_gdn_fwd_params_t& p, const PrepBuffe
 // The producer warpgroup: per chunk, once both state warpgroups released the stage, thread 0 brings K, Q, X, W and
 // V's two blocks by TMA and the chunk's gates from the prep kernel's copy (chunks the prep never saw, past
 // chunk_bound on malformed cu_seqlens, get unit gates: any finite values; such a call's output is not defined);
-// then all zero the rows past the sequence's end (TMA brings the next packed sequence's tokens there) and hand
-// the stage over.
+// then all zero the rows past the sequence's end (TMA brings the next packed sequence's tokens there), apply the
+// l2norm where asked, and hand the stage over.
 template <typename T>
 CUTLASS_DEVICE void pair_producer(const flashqla_gdn_fwd_params_t& p, SharedStoragePair<T>& sm, const Work<T>& wk,
                                   const PrepBuffers<T>& pb, const tma::ChainMaps& cm) {
@@ -2470,7 +2479,11 @@ CUTLASS_DEVICE void pair_producer(const flashqla_gdn_fwd_params_t& p, SharedStor
                                                      : S.w);
       *reinterpret_cast<uint4*>(tile + r * 128 + 16 * piece) = make_uint4(0u, 0u, 0u, 0u);
     }
-    fence_async_smem();  // (the zeros, before the wgmma read the tiles through the async proxy)
+    if (p.use_qk_l2norm) {  // (K and Q rows to unit length, as the O-beside chain's loaders do)
+      bar_sync(pr::kProd, kAuxThreads);
+      l2norm_stage_rows<T>(S, tid, true);
+    }
+    fence_async_smem();  // (the zeros and l2norm's stores, before the wgmma read the tiles through the async proxy)
     bar_sync(pr::kProd, kAuxThreads);  // (racecheck: bar.arrive orders the stores, racecheck does not model it)
     bar_arrive(pr::kFull + st, pr::kHandoffThreads);
   }
@@ -2506,8 +2519,8 @@ __global__ void __launch_bounds__(kPairThreads, 1)
 
 // FLASHQLA_CHAIN_PAIR: 0 (unset: not measured yet) = off; 1 = where the O-beside chain's CTAs would come in more
 // than one wave (there the pair's fewer SMs a head win; in one wave its longer step only loses) and it runs (the
-// O-beside chain's TMA form on the prep kernel's output with its gates, o and v, no in-kernel l2norm, no chunk
-// states); 2 (tests) = wherever it runs, else the launch fails.
+// O-beside chain's TMA form on the prep kernel's output with its gates, o and v, no chunk states); 2 (tests) =
+// wherever it runs, else the launch fails.
 inline int chain_pair_mode() {
   const char* e = std::getenv("FLASHQLA_CHAIN_PAIR");
   return e != nullptr && (e[0] == '1' || e[0] == '2') ? e[0] - '0' : 0;
@@ -2517,7 +2530,7 @@ inline int chain_pair_mode() {
 template <typename T>
 cudaError_t launch_pair(const flashqla_gdn_fwd_params_t& p, const PrepBuffers<T>& pb, cudaStream_t stream) {
   tma::ChainMaps cmaps{};
-  if (pb.gates == nullptr || p.use_qk_l2norm || p.chunk_states != nullptr || !chain_maps(p, pb, cmaps))
+  if (pb.gates == nullptr || p.chunk_states != nullptr || !chain_maps(p, pb, cmaps))
     return cudaErrorNotSupported;
   const int64_t blocks = p.num_seqs * p.heads_v + (p.cu_seqlens != nullptr ? kTailBlocks : 0);
   if (blocks == 0) return cudaSuccess;
