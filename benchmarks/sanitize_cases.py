@@ -46,11 +46,13 @@ T2 = 1000
 q2, k2 = (F.normalize(torch.randn(1, T2, 1, D, device=dev), dim=-1).bfloat16() for _ in range(2))
 v2 = torch.randn(1, T2, 2, D, device=dev).bfloat16()
 g2, beta2 = F.logsigmoid(torch.randn(1, T2, 2, device=dev)) / 16, torch.rand(1, T2, 2, device=dev)
-for form in ("0", "1", "2", "overlap", "prepwg", "overlapwg"):  # (overlap: the default form with the prep beside
-    # the chain; prepwg: the default form after the wgmma prep; overlapwg: the wgmma prep beside the chain)
-    os.environ["FLASHQLA_WGMMA"] = "2" if form in ("overlap", "prepwg", "overlapwg") else form
+for form in ("0", "1", "2", "overlap", "prepwg", "overlapwg", "pair"):  # (overlap: the default form with the prep
+    # beside the chain; prepwg: the default form after the wgmma prep; overlapwg: the wgmma prep beside the chain;
+    # pair: the paired chain, FLASHQLA_CHAIN_PAIR=2, on the wgmma prep's output and gates)
+    os.environ["FLASHQLA_WGMMA"] = "2" if form in ("overlap", "prepwg", "overlapwg", "pair") else form
     os.environ["FLASHQLA_OVERLAP"] = "1" if form in ("overlap", "overlapwg") else "0"
-    os.environ["FLASHQLA_PREP_WG"] = "1" if form in ("prepwg", "overlapwg") else "0"
+    os.environ["FLASHQLA_PREP_WG"] = "1" if form in ("prepwg", "overlapwg", "pair") else "0"
+    os.environ["FLASHQLA_CHAIN_PAIR"] = "2" if form == "pair" else "0"
     for cu in ([0, 0, 65, 65, 700, 1000], [0, 900, 20, 300], [-5, 3, 1 << 30]):
         cut = torch.tensor(cu, device=dev, dtype=torch.int32)
         h0 = torch.randn(len(cu) - 1, 2, D, D, device=dev)
@@ -58,6 +60,7 @@ for form in ("0", "1", "2", "overlap", "prepwg", "overlapwg"):  # (overlap: the 
         torch.cuda.synchronize()
     print("chain form", form, "ran", flush=True)
 del os.environ["FLASHQLA_WGMMA"], os.environ["FLASHQLA_OVERLAP"], os.environ["FLASHQLA_PREP_WG"]
+del os.environ["FLASHQLA_CHAIN_PAIR"]
 
 # exact parallelism's scan, 8 and 16 columns per CTA (2 and 9 heads), well-formed and malformed `last`
 # (non-ascending, past the segments, negative): clamped, never out of bounds
