@@ -2520,10 +2520,10 @@ __global__ void __launch_bounds__(kPairThreads, 1)
 // FLASHQLA_CHAIN_PAIR: 0 (unset: not measured yet) = off; 1 = where the O-beside chain's CTAs would come in more
 // than one wave (there the pair's fewer SMs a head win; in one wave its longer step only loses) and it runs (the
 // O-beside chain's TMA form on the prep kernel's output with its gates, o and v, no chunk states); 2 (tests) =
-// wherever it runs, else the launch fails.
+// wherever it runs, else the launch fails; 3 (measurements) = wherever it runs, else the O-beside chain.
 inline int chain_pair_mode() {
   const char* e = std::getenv("FLASHQLA_CHAIN_PAIR");
-  return e != nullptr && (e[0] == '1' || e[0] == '2') ? e[0] - '0' : 0;
+  return e != nullptr && e[0] >= '1' && e[0] <= '3' ? e[0] - '0' : 0;
 }
 
 // The paired chain on prepared chunks; cudaErrorNotSupported where it does not run (the caller falls back).
@@ -2579,7 +2579,7 @@ cudaError_t launch_prepared(const flashqla_gdn_fwd_params_t& p, const PrepBuffer
   switch (chain_form(p)) {
     case ChainForm::kWgmmaOb:
       if (const int pair = chain_pair_mode();
-          pair == 2 || (pair == 1 && p.num_seqs * p.heads_v * kVBlocks > device_sm_count())) {
+          pair >= 2 || (pair == 1 && p.num_seqs * p.heads_v * kVBlocks > device_sm_count())) {
         const cudaError_t err = launch_pair<T>(p, pb, stream);
         if (err != cudaErrorNotSupported || pair == 2) return err;
       }
