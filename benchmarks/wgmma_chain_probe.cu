@@ -81,7 +81,7 @@ __device__ void load_slots(SlotSw* sl, const bf16* K, const bf16* XT, const floa
 
 // What both variants share. Each warp holds 16 V rows of S^T (and of KS^T, Y^T) as mma C tiles: the
 // wgmma accumulator of a warpgroup is the four warps' mma.sync tiles, so only the two products differ. (A
-// second warpgroup, chain_sw2, runs the same chain on the same tiles: warp w & 3's rows.)
+// second warpgroup, chain_sw<..., 256>, runs the same chain on the same tiles: warp w & 3's rows.)
 struct Lane {
   int w, g, t;
   __device__ Lane() : w((threadIdx.x >> 5) & 3), g((threadIdx.x & 31) >> 2), t(threadIdx.x & 3) {}
@@ -103,28 +103,39 @@ __device__ void store_state(const float (&s)[16][4], float* S_out, const Lane& L
     for (int e = 0; e < 4; ++e) S_out[L.row(e) * kK + L.col(j, e)] = s[j][e];
 }
 
-// Y^T = V^T - KS^T, rounded into the A fragments of the update product; then S^T *= decay.
+// Y^T = V^T - KS^T, rounded into the A fragments of the update product (and with yl, the low part that rounding
+// left, as the kernels' update_hi_lo takes it); then S^T *= decay.
 template <class SlotT>
 __device__ void chain_middle(const SlotT& S, const float (&ks)[8][4], uint32_t (&ya)[4][4], float (&s)[16][4],
-                             const Lane& L) {
+                             const Lane& L, uint32_t (*yl)[4] = nullptr) {
   float y[8][4];
 #pragma unroll
   for (int j = 0; j < 8; ++j)
 #pragma unroll
     for (int e = 0; e < 4; ++e) y[j][e] = S.vt[L.row(e) * kLdVt + L.col(j, e)] - ks[j][e];
 #pragma unroll
-  for (int kk = 0; kk < 4; ++kk) flashqla::warp::c_to_a<bf16>(ya[kk], y[2 * kk], y[2 * kk + 1]);
+  for (int kk = 0; kk < 4; ++kk) {
+    flashqla::warp::c_to_a<bf16>(ya[kk], y[2 * kk], y[2 * kk + 1]);
+    if (yl != nullptr) {
+      float lo[2][4];
+#pragma unroll
+      for (int h = 0; h < 2; ++h)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) lo[h][e] = y[2 * kk + h][e] - __bfloat162float(__float2bfloat16_rn(y[2 * kk + h][e]));
+      flashqla::warp::c_to_a<bf16>(yl[kk], lo[0], lo[1]);
+    }
+  }
 #pragma unroll
   for (int j = 0; j < 16; ++j)
 #pragma unroll
     for (int e = 0; e < 4; ++e) s[j][e] *= kDecay;
 }
 
-// The chain over `chunks` chunks (cycling through the resident slots); Products supplies KS^T and the update.
-template <class Products>
-__device__ void run_chain(const bf16* K, const bf16* XT, const float* VT, const float* S0, float* S_out,
-                          long long* cycles, int chunks, const Products& prod) {
-  using SlotT = typename Products::SlotT;
+// `chunks` steps (cycling through the resident slots) of step(S, s^T fragments, c) -> a value folded into a
+// checksum (keeps products that leave no state alive), timed; the state out from CTA 0.
+template <class SlotT, class Step>
+__device__ void run_steps(const bf16* K, const bf16* XT, const float* VT, const float* S0, float* S_out,
+                          long long* cycles, int chunks, Step&& step) {
   extern __shared__ __align__(128) unsigned char smem_raw[];
   // (dynamic shared memory is 16-byte aligned; the swizzled slots want 1024: launches add 1 KB of slack. Aligned
   // by an offset on the array, so that the slots are addressed as shared memory, not generic)
@@ -134,9 +145,21 @@ __device__ void run_chain(const bf16* K, const bf16* XT, const float* VT, const 
   const Lane L;
   float s[16][4];
   load_state(s, S0, L);
+  float sum = 0.f;
   const long long t_start = clock64();
-  for (int c = 0; c < chunks; ++c) {
-    const SlotT& S = sl[c % kSlots];
+  for (int c = 0; c < chunks; ++c) sum += step(sl[c % kSlots], s, c, L);
+  const long long t_end = clock64();
+  if (threadIdx.x == 0) cycles[blockIdx.x] = t_end - t_start;
+  if (blockIdx.x == 0) store_state(s, S_out, L);
+  if (sum == 12345.f) S_out[0] = sum;
+}
+
+// The chain: Products supplies KS^T and the update.
+template <class Products>
+__device__ void run_chain(const bf16* K, const bf16* XT, const float* VT, const float* S0, float* S_out,
+                          long long* cycles, int chunks, const Products& prod) {
+  using SlotT = typename Products::SlotT;
+  run_steps<SlotT>(K, XT, VT, S0, S_out, cycles, chunks, [&](const SlotT& S, float (&s)[16][4], int, const Lane& L) {
     uint32_t sa[8][4];
 #pragma unroll
     for (int kk = 0; kk < 8; ++kk) flashqla::warp::c_to_a<bf16>(sa[kk], s[2 * kk], s[2 * kk + 1]);
@@ -146,31 +169,20 @@ __device__ void run_chain(const bf16* K, const bf16* XT, const float* VT, const 
     uint32_t ya[4][4];
     chain_middle(S, ks, ya, s, L);
     prod.update(s, ya, S);
-  }
-  const long long t_end = clock64();
-  if (threadIdx.x == 0) cycles[blockIdx.x] = t_end - t_start;
-  if (blockIdx.x == 0) store_state(s, S_out, L);
+    return 0.f;
+  });
 }
 
 // The O-beside chain's whole step for one V half, as one warpgroup would run it with O formed by itself (the
 // design of two state warpgroups a CTA, NOTES session 25): KS^T and Q S^T from the same S^T operand in one batch
 // (K's tile stands in for Q's), Y^T = V^T - KS^T, then the update in two products (Y's bf16 high and low parts,
 // as update_hi_lo) and the intra-chunk O product (Y^T times a 64 x 64 tile: X's first block stands in for the
-// masked W) in a second batch. O is folded into a checksum (not stored). S^T is the core's up to the low part.
+// masked W) in a second batch. O is folded into the checksum (not stored). S^T is the core's up to the low part.
 template <class Products>
 __device__ void run_full(const bf16* K, const bf16* XT, const float* VT, const float* S0, float* S_out,
                          long long* cycles, int chunks, const Products& prod) {
   using SlotT = typename Products::SlotT;
-  extern __shared__ __align__(128) unsigned char smem_raw[];
-  SlotT* sl = reinterpret_cast<SlotT*>(flashqla::gmma::align_smem_1024(smem_raw));
-  load_slots(sl, K, XT, VT);
-  const Lane L;
-  float s[16][4];
-  load_state(s, S0, L);
-  float sum = 0.f;
-  const long long t_start = clock64();
-  for (int c = 0; c < chunks; ++c) {
-    const SlotT& S = sl[c % kSlots];
+  run_steps<SlotT>(K, XT, VT, S0, S_out, cycles, chunks, [&](const SlotT& S, float (&s)[16][4], int c, const Lane& L) {
     uint32_t sa[8][4];
 #pragma unroll
     for (int kk = 0; kk < 8; ++kk) flashqla::warp::c_to_a<bf16>(sa[kk], s[2 * kk], s[2 * kk + 1]);
@@ -179,32 +191,10 @@ __device__ void run_full(const bf16* K, const bf16* XT, const float* VT, const f
     flashqla::warp::zero_acc(os);
     prod.ks_qs(ks, os, sa, S);
     uint32_t yh[4][4], yl[4][4];
-    float y[8][4];
-#pragma unroll
-    for (int j = 0; j < 8; ++j)
-#pragma unroll
-      for (int e = 0; e < 4; ++e) y[j][e] = S.vt[L.row(e) * kLdVt + L.col(j, e)] - ks[j][e];
-#pragma unroll
-    for (int kk = 0; kk < 4; ++kk) {
-      flashqla::warp::c_to_a<bf16>(yh[kk], y[2 * kk], y[2 * kk + 1]);
-      float lo[2][4];
-#pragma unroll
-      for (int h = 0; h < 2; ++h)
-#pragma unroll
-        for (int e = 0; e < 4; ++e) lo[h][e] = y[2 * kk + h][e] - __bfloat162float(__float2bfloat16_rn(y[2 * kk + h][e]));
-      flashqla::warp::c_to_a<bf16>(yl[kk], lo[0], lo[1]);
-    }
-#pragma unroll
-    for (int j = 0; j < 16; ++j)
-#pragma unroll
-      for (int e = 0; e < 4; ++e) s[j][e] *= kDecay;
+    chain_middle(S, ks, yh, s, L, yl);
     prod.update_o(s, os, yh, yl, S);
-    sum += os[c & 7][c & 3];
-  }
-  const long long t_end = clock64();
-  if (threadIdx.x == 0) cycles[blockIdx.x] = t_end - t_start;
-  if (blockIdx.x == 0) store_state(s, S_out, L);
-  if (sum == 12345.f) S_out[0] = sum;  // (keeps O)
+    return os[c & 7][c & 3];
+  });
 }
 
 // acc (a warpgroup's 64 x N accumulator, the four warps' mma.sync C tiles) += a B by wgmma with the register A
@@ -280,33 +270,28 @@ struct MmaProducts {
 template <bool kSwapX>
 struct WgmmaSwProducts {
   using SlotT = SlotSw;
+  static constexpr int kBlockBytes = kC * 64 * 2;  // x[0] -> x[1]
+  static constexpr int kLbo = kSwapX ? 1024 : kBlockBytes, kSbo = kSwapX ? kBlockBytes : 1024;
+  __device__ static uint64_t kdesc(const SlotSw& S, int kk) {
+    return make_desc_sw128(reinterpret_cast<const char*>(S.k[kk / 4]) + 32 * (kk % 4), 16, 1024);
+  }
+  __device__ static uint64_t xdesc(const SlotSw& S, int kk) {
+    return make_desc_sw128(reinterpret_cast<const char*>(S.x[0]) + 2048 * kk, kLbo, kSbo);
+  }
   __device__ void ks(float (&acc)[8][4], const uint32_t (&sa)[8][4], const SlotSw& S) const {
-    wg_product<64, 0>(acc, sa, [&](int kk) {
-      return make_desc_sw128(reinterpret_cast<const char*>(S.k[kk / 4]) + 32 * (kk % 4), 16, 1024);
-    });
+    wg_product<64, 0>(acc, sa, [&](int kk) { return kdesc(S, kk); });
   }
   __device__ void update(float (&s)[16][4], const uint32_t (&ya)[4][4], const SlotSw& S) const {
-    constexpr int kBlockBytes = kC * 64 * 2;  // x[0] -> x[1]
-    constexpr int kLbo = kSwapX ? 1024 : kBlockBytes, kSbo = kSwapX ? kBlockBytes : 1024;
-    wg_product<128, 1>(s, ya, [&](int kk) {
-      return make_desc_sw128(reinterpret_cast<const char*>(S.x[0]) + 2048 * kk, kLbo, kSbo);
-    });
+    wg_product<128, 1>(s, ya, [&](int kk) { return xdesc(S, kk); });
   }
 };
 
-// The full step's products on the swizzled tiles (kSwapX as WgmmaSwProducts): two batches of wgmma, each
-// committed once and waited for once.
+// The full step's products on the same tiles and descriptors: two batches of wgmma, each committed once and
+// waited for once.
 template <bool kSwapX>
-struct FullSwProducts {
-  using SlotT = SlotSw;
-  static constexpr int kBlockBytes = kC * 64 * 2;
-  static constexpr int kLbo = kSwapX ? 1024 : kBlockBytes, kSbo = kSwapX ? kBlockBytes : 1024;
-  __device__ static uint64_t kdesc(const SlotSw& S, int kk) {
-    return flashqla::gmma::make_desc_sw128(reinterpret_cast<const char*>(S.k[kk / 4]) + 32 * (kk % 4), 16, 1024);
-  }
-  __device__ static uint64_t xdesc(const SlotSw& S, int kk) {
-    return flashqla::gmma::make_desc_sw128(reinterpret_cast<const char*>(S.x[0]) + 2048 * kk, kLbo, kSbo);
-  }
+struct FullSwProducts : WgmmaSwProducts<kSwapX> {
+  using WgmmaSwProducts<kSwapX>::kdesc;
+  using WgmmaSwProducts<kSwapX>::xdesc;
   __device__ void ks_qs(float (&ks)[8][4], float (&os)[8][4], const uint32_t (&sa)[8][4], const SlotSw& S) const {
     using namespace flashqla::gmma;
     auto& dk = reinterpret_cast<float(&)[32]>(ks);
@@ -359,32 +344,22 @@ struct MmaSwProducts {
   }
 };
 
+// The swizzled forms; kThreads 256: two warpgroups in one CTA, each its own chain on the same K and X tiles (the
+// question for a chain CTA holding both V halves of a head: does a second chain's latency hide under the first's
+// on one SM, or do they queue on the tensor pipe and shared memory?). Each warpgroup's products are its own
+// wgmmas (warpgroup-scoped); the second's results are the first's (same inputs), so the check and the timing are
+// warpgroup 0's. FullSwProducts: the whole step (run_full), else the chain core.
 template <class Products>
-__global__ void __launch_bounds__(128, 1) chain_sw(const bf16* K, const bf16* XT, const float* VT, const float* S0,
-                                                   float* S_out, long long* cycles, int chunks) {
-  run_chain(K, XT, VT, S0, S_out, cycles, chunks, Products{});
-}
-
-// Two warpgroups in one CTA, each its own chain on the same K and X tiles (the question for a chain CTA holding
-// both V halves of a head: does a second chain's latency hide under the first's on one SM, or do they queue on
-// the tensor pipe and shared memory?). Each warpgroup's products are its own wgmmas (warpgroup-scoped); the
-// second's results are the first's (same inputs), so the check and the timing are warpgroup 0's.
-template <class Products>
-__global__ void __launch_bounds__(256, 1) chain_sw2(const bf16* K, const bf16* XT, const float* VT, const float* S0,
-                                                    float* S_out, long long* cycles, int chunks) {
-  run_chain(K, XT, VT, S0, S_out, cycles, chunks, Products{});
-}
-
-// The whole step (run_full), one warpgroup a CTA or two.
-template <class Products>
-__global__ void __launch_bounds__(128, 1) full_sw(const bf16* K, const bf16* XT, const float* VT, const float* S0,
-                                                  float* S_out, long long* cycles, int chunks) {
-  run_full(K, XT, VT, S0, S_out, cycles, chunks, Products{});
-}
-template <class Products>
-__global__ void __launch_bounds__(256, 1) full_sw2(const bf16* K, const bf16* XT, const float* VT, const float* S0,
-                                                   float* S_out, long long* cycles, int chunks) {
-  run_full(K, XT, VT, S0, S_out, cycles, chunks, Products{});
+constexpr bool kFullStep = false;
+template <bool kSwapX>
+constexpr bool kFullStep<FullSwProducts<kSwapX>> = true;
+template <class Products, int kThreads = 128>
+__global__ void __launch_bounds__(kThreads, 1) chain_sw(const bf16* K, const bf16* XT, const float* VT, const float* S0,
+                                                        float* S_out, long long* cycles, int chunks) {
+  if constexpr (kFullStep<Products>)
+    run_full(K, XT, VT, S0, S_out, cycles, chunks, Products{});
+  else
+    run_chain(K, XT, VT, S0, S_out, cycles, chunks, Products{});
 }
 
 template <bool kSwap>
@@ -475,8 +450,8 @@ int main() {
   constexpr int kVariants = 10;
   const Kern kerns[kVariants] = {chain_mma, chain_wgmma<false>, chain_wgmma<true>, chain_sw<MmaSwProducts>,
                                  chain_sw<WgmmaSwProducts<false>>, chain_sw<WgmmaSwProducts<true>>,
-                                 chain_sw2<WgmmaSwProducts<false>>, chain_sw2<WgmmaSwProducts<true>>,
-                                 full_sw<FullSwProducts<false>>, full_sw2<FullSwProducts<false>>};
+                                 chain_sw<WgmmaSwProducts<false>, 256>, chain_sw<WgmmaSwProducts<true>, 256>,
+                                 chain_sw<FullSwProducts<false>>, chain_sw<FullSwProducts<false>, 256>};
   const size_t smems[kVariants] = {smem_plain, smem_plain, smem_plain, smem_sw, smem_sw,
                                    smem_sw,    smem_sw,    smem_sw,    smem_sw, smem_sw};
   const int threads[kVariants] = {128, 128, 128, 128, 128, 128, 256, 256, 128, 256};

@@ -375,6 +375,11 @@ size_t flashqla_gdn_fwd_workspace_bytes(const flashqla_gdn_fwd_params_t* p) {
   return flashqla::prep_workspace_bytes(*p, flashqla::kFwdPrepCols);
 }
 
+size_t flashqla_gdn_fwd_gates_workspace_bytes(const flashqla_gdn_fwd_params_t* p) {
+  if (p == nullptr || !flashqla::fwd_split_mode()) return 0;
+  return flashqla::fwd_gate_workspace_bytes(*p);
+}
+
 size_t flashqla_gdn_bwd_dh_workspace_bytes(const flashqla_gdn_bwd_dh_params_t* p) {
   return p == nullptr ? 0 : flashqla::prep_workspace_bytes(p->fwd, flashqla::kBwdPrepCols);
 }

@@ -2618,7 +2618,8 @@ cudaError_t launch(const flashqla_gdn_fwd_params_t& p, cudaStream_t stream) {
   static_assert(kFwdPrepCols == kDimK + kChunk && sizeof(T) == 2, "workspace layout");
   Workspace ws;  // X and W for every token row (and with gates_from_prep the chunks' gates after them)
   const size_t xw_bytes = prep_workspace_bytes(p, kFwdPrepCols);
-  const size_t gate_bytes = static_cast<size_t>(chunks) * static_cast<size_t>(p.heads_v) * 2 * kChunk * sizeof(float);
+  const size_t gate_bytes = fwd_gate_workspace_bytes(p);  // (chunk_bound's chunks, 2 x 64 fp32 gates each)
+  static_assert(kChunk == 64, "fwd_gate_workspace_bytes: 2 x 64 gates a chunk");
   const int gmode = gates_from_prep_mode();
   // (the plain forward on the prep kernel: not CP's prepared passes nor the prep beside the chain; a caller's
   // workspace sized for X and W alone keeps the gates in the chain)

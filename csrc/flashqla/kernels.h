@@ -38,6 +38,12 @@ inline size_t prep_workspace_bytes(const flashqla_gdn_fwd_params_t& p, int cols)
   return static_cast<size_t>(p.batch) * static_cast<size_t>(p.seqlen) * static_cast<size_t>(p.heads_v) *
          static_cast<size_t>(cols) * 2;
 }
+// After the forward's X and W, optionally: each chunk's gates (fp32 gamma and decay, 2 x 64 a chunk and value
+// head) for the prep kernel to hand the chain (gates_from_prep).
+inline size_t fwd_gate_workspace_bytes(const flashqla_gdn_fwd_params_t& p) {
+  if (prep_workspace_bytes(p, kFwdPrepCols) == 0) return 0;
+  return static_cast<size_t>(chunk_bound(p)) * static_cast<size_t>(p.heads_v) * 2 * 64 * sizeof(float);
+}
 
 cudaError_t launch_chunk_local_cumsum(const flashqla_chunk_cumsum_params_t& p, cudaStream_t stream);
 // the l2norm backward (l2norm_bwd.cu)

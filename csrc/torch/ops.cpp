@@ -174,9 +174,9 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> gdn_fwd(const at::Tensor& q, cons
   p.chunk_states = with_states ? states.data_ptr() : nullptr;
   // workspace from PyTorch's caching allocator (graph pools included), not an allocation inside the call
   const int64_t need = static_cast<int64_t>(flashqla_gdn_fwd_workspace_bytes(&p));
-  // (an own workspace also holds the chunks' gates after X and W: FLASHQLA_GATES_FROM_PREP's fp32 gamma and decay,
-  // 512 bytes a chunk and value head; a caller's sized for X and W alone keeps the gates in the chain)
-  const int64_t gates = need > 0 ? flashqla_gdn_chunk_bound(&p) * p.heads_v * 128 * static_cast<int64_t>(sizeof(float)) : 0;
+  // (an own workspace also holds the chunks' gates after X and W; a caller's sized for X and W alone keeps the
+  // gates in the chain)
+  const int64_t gates = static_cast<int64_t>(flashqla_gdn_fwd_gates_workspace_bytes(&p));
   at::Tensor ws = workspace != nullptr ? *workspace : at::empty({need + gates}, v.options().dtype(at::kByte));
   TORCH_CHECK(ws.is_cuda() && ws.device() == q.device() && ws.is_contiguous() && ws.scalar_type() == at::kByte &&
                   ws.numel() >= need,

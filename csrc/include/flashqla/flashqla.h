@@ -144,10 +144,11 @@ typedef struct flashqla_gdn_fwd_params {
 } flashqla_gdn_fwd_params_t;
 
 FLASHQLA_API flashqla_status_t flashqla_gdn_fwd(const flashqla_gdn_fwd_params_t* params, cudaStream_t stream);
-/* Device workspace flashqla_gdn_fwd needs for these shapes (0: none), for params->workspace. With
-   flashqla_gdn_chunk_bound * heads_v * 512 bytes more, the forward's prep also hands its chain each chunk's gates
-   (FLASHQLA_GATES_FROM_PREP). */
+/* Device workspace flashqla_gdn_fwd needs for these shapes (0: none), for params->workspace. */
 FLASHQLA_API size_t flashqla_gdn_fwd_workspace_bytes(const flashqla_gdn_fwd_params_t* params);
+/* Optional workspace past that minimum (0: none): a params->workspace of both sums lets the forward's prep hand its
+   chain each chunk's gates (the same bits, a little faster; FLASHQLA_GATES_FROM_PREP). */
+FLASHQLA_API size_t flashqla_gdn_fwd_gates_workspace_bytes(const flashqla_gdn_fwd_params_t* params);
 
 /*
  * Backward, step 1 of 2: the gradients of the chunk states (the reverse chain over 64-token chunks).
