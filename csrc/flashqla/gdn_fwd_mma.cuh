@@ -273,11 +273,15 @@ constexpr int kPairProdRegs = 40;
 static_assert(2 * kStateRegs * kStateThreads + kPairProdRegs * kAuxThreads <= 64 * 1024, "the paired chain's registers");
 namespace pr {
 enum Barrier : uint32_t {
-  kFull = 1,                 // + stage: producer -> both state warpgroups
-  kEmpty = kFull + kStages,  // + stage: both state warpgroups -> producer
-  kState = kEmpty + kStages, // + half: among one state warpgroup
-  kProd = kState + 2,        // among the producer's warps
+  // + 2 stage + half: producer -> one state warpgroup (one each: a barrier both waited on would hold the two
+  // halves in step, their products then contending for the tensor cores and their epilogues leaving them idle)
+  kFull = 1,
+  kEmpty = kFull + 2 * kStages,  // + stage: both state warpgroups -> producer
+  kState = kEmpty + kStages,     // + half: among one state warpgroup
+  kProd = kState + 2,            // among the producer's warps
 };
+static_assert(kProd <= 15, "16 named barriers");
+constexpr int kFullThreads = kStateThreads + kAuxThreads;
 constexpr int kHandoffThreads = kPairThreads;
 }  // namespace pr
 
@@ -1461,6 +1465,34 @@ CUTLASS_DEVICE void update_hi_lo(const Tile& tile, int kcol, const warp::LdsmOff
   }
 }
 
+// One warp's O rows out: its O^T C tiles (V rows gq, gq + 8 of the warp's 16; tokens 8 nt + 2 tq, + 1), times
+// scale, transposed by stmatrix into stg (2 KB of the warp's own: [token][16 V] rows of 32 bytes, the two 16-byte
+// halves swapped on tokens 4..7 mod 8 so that an stmatrix's 8 rows hit distinct banks), then the first `rows`
+// tokens as 16-byte pieces to o (the warp's first V column of the chunk's first token). Warp-local: stg must be
+// free of the warp's earlier reads (a __syncwarp or any barrier since).
+template <typename T>
+CUTLASS_DEVICE void warp_store_o(T* stg, const float (&os)[8][4], float scale, T* o, int64_t stride, int rows,
+                                 int lane) {
+  using namespace warp;
+  const auto piece = [&](int tok, int half) { return stg + tok * 16 + 8 * (half ^ ((tok >> 2) & 1)); };
+#pragma unroll
+  for (int j = 0; j < 4; ++j) {
+    const uint32_t r[4] = {pack2<T>(scale * os[2 * j][0], scale * os[2 * j][1]),
+                           pack2<T>(scale * os[2 * j][2], scale * os[2 * j][3]),
+                           pack2<T>(scale * os[2 * j + 1][0], scale * os[2 * j + 1][1]),
+                           pack2<T>(scale * os[2 * j + 1][2], scale * os[2 * j + 1][3])};
+    const int m = lane >> 3;  // matrix m: tokens 8 (2 j + m / 2) .., V half m % 2
+    stsm_x4_trans(piece(8 * (2 * j + (m >> 1)) + (lane & 7), m & 1), r);
+  }
+  __syncwarp();
+#pragma unroll
+  for (int it = 0; it < 4; ++it) {
+    const int i = lane + 32 * it, tok = i >> 1, half = i & 1;
+    if (tok < rows)
+      *reinterpret_cast<uint4*>(o + tok * stride + 8 * half) = *reinterpret_cast<const uint4*>(piece(tok, half));
+  }
+}
+
 // The state warps' chain. kKSplit false: warp s owns V rows 16 s .. 16 s + 15 of the CTA's 64 columns and all
 // 128 K columns of S^T. kKSplit true (above): V rows 16 (s / 2) .. of 32 columns and one K half. kWg: the
 // products as wgmma on the swizzled stage (unsplit only). kOb (with kWg): O beside the chain: the state warps
@@ -1479,7 +1511,7 @@ CUTLASS_DEVICE void state_role(const flashqla_gdn_fwd_params_t& p, Storage& sm, 
   constexpr int kNT = kKSplit ? kDimK / 16 : kDimK / 8;  // C tiles of S^T per warp (8 K columns each)
   constexpr int kKS = kNT / 2;                            // k16 steps over this warp's K columns
   constexpr int kOShift = kKSplit ? 2 : 3;                // log2 of the 16-byte pieces in an O tile row
-  constexpr uint32_t kFullBar = kPair ? pr::kFull : kOb ? ob::kFull : kBarFull;
+  constexpr uint32_t kFullBar = kOb ? ob::kFull : kBarFull;  // (the paired chain: one a half, pr::kFull)
   constexpr uint32_t kEmptyBar = kPair ? pr::kEmpty : kBarEmpty;
   constexpr int kHandoff = kPair ? pr::kHandoffThreads : kHandoffThreads;
   const uint32_t state_bar = kPair ? pr::kState + half : kBarState;
@@ -1509,7 +1541,10 @@ CUTLASS_DEVICE void state_role(const flashqla_gdn_fwd_params_t& p, Storage& sm, 
     const int st = static_cast<int>(c % kSt);
     const auto& S = sm.stage[st];
     const int rows = static_cast<int>(wk.len - c * kChunk < kChunk ? wk.len - c * kChunk : kChunk);
-    bar_sync(kFullBar + st, kHandoff);
+    if constexpr (kPair)
+      bar_sync(pr::kFull + 2 * st + half, pr::kFullThreads);
+    else
+      bar_sync(kFullBar + st, kHandoffThreads);
     FLASHQLA_ROLE_PHASE(0, kStWaitFull);
 
 #if FLASHQLA_V2_EXPERIMENT != 2
@@ -1631,26 +1666,29 @@ CUTLASS_DEVICE void state_role(const flashqla_gdn_fwd_params_t& p, Storage& sm, 
     if constexpr (!kOb && !kStatesByTma<Storage>) {  // (else the O warps store O, or there is none)
       if (want_o) {
         // O tile: this warp's rows transposed through shared memory, then 16-byte pieces of the rows to global
-        T* ot = nullptr;
-        if constexpr (kPair)
-          ot = sm.o[half][c & 1];
-        else
-          ot = sm.o[c & 1];
+        if constexpr (kPair) {
+          // (the paired chain: warp-local, each warp's 16 V columns through its own 2 KB of the half's O tile, so
+          // no barrier of the warpgroup's, which would hold the warps in step with the other half's)
+          warp_store_o<T>(sm.o[half][c & 1] + s * (kChunk * 16), os, p.scale,
+                          wk.o + c * kChunk * p.o_stride_time + 16 * s, p.o_stride_time, rows, lane);
+        } else {
+          T* const ot = sm.o[c & 1];
 #pragma unroll
-        for (int nt = 0; nt < 8; ++nt) {
-          if (!own_np(nt >> 1)) continue;
+          for (int nt = 0; nt < 8; ++nt) {
+            if (!own_np(nt >> 1)) continue;
 #pragma unroll
-          for (int e = 0; e < 4; ++e)
-            ot[(8 * nt + 2 * tq + (e & 1)) * kLdC + v0 + 8 * (e >> 1)] = from_f<T>(p.scale * os[nt][e]);
-        }
-        bar_sync(state_bar, kStateThreads);
-        const int64_t t0 = c * kChunk;
+            for (int e = 0; e < 4; ++e)
+              ot[(8 * nt + 2 * tq + (e & 1)) * kLdC + v0 + 8 * (e >> 1)] = from_f<T>(p.scale * os[nt][e]);
+          }
+          bar_sync(state_bar, kStateThreads);
+          const int64_t t0 = c * kChunk;
 #pragma unroll
-        for (int it = 0; it < (kChunk << kOShift) / kStateThreads; ++it) {
-          const int i = tid + it * kStateThreads, r = i >> kOShift, c8 = (i & ((1 << kOShift) - 1)) * 8;
-          if (r < rows)
-            *reinterpret_cast<uint4*>(wk.o + (t0 + r) * p.o_stride_time + c8) =
-                *reinterpret_cast<const uint4*>(&ot[r * kLdC + c8]);
+          for (int it = 0; it < (kChunk << kOShift) / kStateThreads; ++it) {
+            const int i = tid + it * kStateThreads, r = i >> kOShift, c8 = (i & ((1 << kOShift) - 1)) * 8;
+            if (r < rows)
+              *reinterpret_cast<uint4*>(wk.o + (t0 + r) * p.o_stride_time + c8) =
+                  *reinterpret_cast<const uint4*>(&ot[r * kLdC + c8]);
+          }
         }
       }
     }
@@ -1722,28 +1760,8 @@ CUTLASS_DEVICE void o_role(const flashqla_gdn_fwd_params_t& p, Storage& sm, cons
     wg_o<T>(S, za, os);
     bar_sync(ob::kOWarps, kOThreads);  // every warp's product has read Q: its tile may take the O rows
 
-    // O^T C tiles (V rows gq, gq + 8 of the warp; tokens 8 nt + 2 tq, + 1) -> [token][16 V] rows of 32 bytes, the
-    // two 16-byte halves swapped on tokens 4..7 mod 8 (an stmatrix's 8 rows then hit distinct banks)
-    T* stg = reinterpret_cast<T*>(S.q[0]) + w * (kChunk * 16);
-    const auto piece = [&](int tok, int half) { return stg + tok * 16 + 8 * (half ^ ((tok >> 2) & 1)); };
-#pragma unroll
-    for (int j = 0; j < 4; ++j) {
-      const uint32_t r[4] = {pack2<T>(p.scale * os[2 * j][0], p.scale * os[2 * j][1]),
-                             pack2<T>(p.scale * os[2 * j][2], p.scale * os[2 * j][3]),
-                             pack2<T>(p.scale * os[2 * j + 1][0], p.scale * os[2 * j + 1][1]),
-                             pack2<T>(p.scale * os[2 * j + 1][2], p.scale * os[2 * j + 1][3])};
-      const int m = lane >> 3;  // matrix m: tokens 8 (2 j + m / 2) .., V half m % 2
-      stsm_x4_trans(piece(8 * (2 * j + (m >> 1)) + (lane & 7), m & 1), r);
-    }
-    __syncwarp();
-    const int64_t t0 = c * kChunk;
-#pragma unroll
-    for (int it = 0; it < 4; ++it) {
-      const int i = lane + 32 * it, tok = i >> 1, half = i & 1;
-      if (tok < rows)
-        *reinterpret_cast<uint4*>(wk.o + (t0 + tok) * p.o_stride_time + 16 * w + 8 * half) =
-            *reinterpret_cast<const uint4*>(piece(tok, half));
-    }
+    warp_store_o<T>(reinterpret_cast<T*>(S.q[0]) + w * (kChunk * 16), os, p.scale,
+                    wk.o + c * kChunk * p.o_stride_time + 16 * w, p.o_stride_time, rows, lane);
     if (c + kObStages < wk.num_chunks) {
       bar_sync(ob::kOWarps, kOThreads);  // (racecheck, as above)
       bar_arrive(ob::kEmpty + c % 6, ob::kEmptyThreads);
@@ -2485,7 +2503,8 @@ CUTLASS_DEVICE void pair_producer(const flashqla_gdn_fwd_params_t& p, SharedStor
     }
     fence_async_smem();  // (the zeros and l2norm's stores, before the wgmma read the tiles through the async proxy)
     bar_sync(pr::kProd, kAuxThreads);  // (racecheck: bar.arrive orders the stores, racecheck does not model it)
-    bar_arrive(pr::kFull + st, pr::kHandoffThreads);
+    bar_arrive(pr::kFull + 2 * st, pr::kFullThreads);
+    bar_arrive(pr::kFull + 2 * st + 1, pr::kFullThreads);
   }
 }
 
