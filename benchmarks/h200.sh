@@ -340,8 +340,11 @@ if has variants; then
       # a variant that fails (or hangs in) the GPU tests is not timed: a hung kernel would eat the call
       steps=",${VARIANT_STEPS:-test,phases,bench},"
       for tool in memcheck racecheck; do
-        [[ $steps == *,$tool,* ]] && timeout ${SAN_TIMEOUT:-120} compute-sanitizer --tool $tool --print-limit 12 --error-exitcode 3 \
-          python3 benchmarks/sanitize_cases.py 2>&1 | tail -12
+        # (where the reports point: source lines by count, so that known hazards tell apart from new ones)
+        [[ $steps == *,$tool,* ]] && { timeout ${SAN_TIMEOUT:-120} compute-sanitizer --tool $tool --print-limit 200 \
+          --error-exitcode 3 python3 benchmarks/sanitize_cases.py > /tmp/vsan-$tool.txt 2>&1
+          grep -oE "[A-Za-z_0-9]+\.(cuh|cu|h):[0-9]+" /tmp/vsan-$tool.txt | sort | uniq -c | sort -rn | head -16
+          tail -3 /tmp/vsan-$tool.txt; }
       done
       # (without the test step the others run untested; a variant tested and failed runs nothing more)
       if [[ $steps != *,test,* ]] || { timeout ${VARIANT_TEST_TIMEOUT:-90} python3 -m pytest ${VARIANT_TEST_PATHS:-tests/test_gpu_fwd.py} \
