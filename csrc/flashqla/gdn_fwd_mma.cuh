@@ -1407,24 +1407,6 @@ CUTLASS_DEVICE void wg_ks_qs(const StageT& S, const uint32_t (&sa)[8][4], float 
   pin(k32);
   pin(o32);
 }
-// KS^T and QS^T in two commit groups, KS^T's waited for: the caller waits for QS^T (gmma::wait_all, then pin
-// os) before it touches os, so that QS^T runs beside whatever comes between (the paired chain: the epilogue).
-template <typename T, typename StageT>
-CUTLASS_DEVICE void wg_ks_then_qs(const StageT& S, const uint32_t (&sa)[8][4], float (&ks)[8][4], float (&os)[8][4],
-                                  bool want_o) {
-  using namespace gmma;
-  auto& k32 = reinterpret_cast<float(&)[32]>(ks);
-  auto& o32 = reinterpret_cast<float(&)[32]>(os);
-  fence();
-  pin(k32);
-  pin(o32);
-  wg_issue_rows64<T>(ks, sa, S.k);
-  commit();
-  if (want_o) wg_issue_rows64<T>(os, sa, S.q);
-  commit();
-  wait<1>();
-  pin(k32);
-}
 // O^T += Z^T W^T: 4 k16 steps over the chunk, B = W (K-major; its blocks above the diagonal hold zeros).
 template <typename T, typename StageT>
 CUTLASS_DEVICE void wg_o(const StageT& S, const uint32_t (&za)[4][4], float (&os)[8][4]) {
@@ -1518,7 +1500,7 @@ CUTLASS_DEVICE void warp_store_o(T* stg, const float (&os)[8][4], float scale, T
 // kStatesByTma<Storage> (the state recompute, SharedStorageSwSt): the chunk states by TMA on cmaps->states.
 // kPairStorage<Storage> (the paired chain, with kWg): warpgroup `half` of the two, its V half's columns of the
 // shared stage (V block half), its own O tiles and barrier, the producer's handoff.
-template <typename T, bool kKSplit, bool kWg = false, bool kOb = false, bool kQsLate = false, typename Storage>
+template <typename T, bool kKSplit, bool kWg = false, bool kOb = false, typename Storage>
 CUTLASS_DEVICE void state_role(const flashqla_gdn_fwd_params_t& p, Storage& sm, const Work<T>& wk,
                                const tma::ChainMaps* cmaps = nullptr, int half = 0) {
   static_assert(!(kWg && kKSplit), "the wgmma chain is unsplit");
@@ -1603,8 +1585,6 @@ CUTLASS_DEVICE void state_role(const flashqla_gdn_fwd_params_t& p, Storage& sm, 
     if constexpr (kWg) {
       if constexpr (kOb)
         wg_rows64<T>(ks, sa, S.k);  // (QS^T: the O warps)
-      else if constexpr (kQsLate)
-        wg_ks_then_qs<T>(S, sa, ks, os, want_o);  // (QS^T waited for after the epilogue, below)
       else
         wg_ks_qs<T>(S, sa, ks, os, want_o);
     } else {
@@ -1633,25 +1613,11 @@ CUTLASS_DEVICE void state_role(const flashqla_gdn_fwd_params_t& p, Storage& sm, 
       const float2 dc = *reinterpret_cast<const float2*>(&S.decay[col]);
       const float z0 = vv.x - gm.x * ks[nt][e], z1 = vv.y - gm.y * ks[nt][e + 1];
       const float y0 = dc.x * vv.x - gamma_c * ks[nt][e], y1 = dc.y * vv.y - gamma_c * ks[nt][e + 1];
-      if constexpr (!kQsLate) {
-        os[nt][e] *= gm.x;
-        os[nt][e + 1] *= gm.y;
-      }
+      os[nt][e] *= gm.x;
+      os[nt][e + 1] *= gm.y;
       za[kb][r] = pack2<T>(z0, z1);
       split_hi_lo<T>(y0, y1, yh[kb][r], yl[kb][r]);
     });
-    if constexpr (kQsLate) {  // QS^T, issued behind KS^T, has run beside the epilogue; now its gates
-      gmma::wait_all();
-      gmma::pin(reinterpret_cast<float(&)[32]>(os));
-#pragma unroll
-      for (int nt = 0; nt < 8; ++nt) {
-        const float2 gm = *reinterpret_cast<const float2*>(&S.gamma[8 * nt + 2 * tq]);
-        os[nt][0] *= gm.x;
-        os[nt][1] *= gm.y;
-        os[nt][2] *= gm.x;
-        os[nt][3] *= gm.y;
-      }
-    }
     if constexpr (kOb) {  // publish Z^T: the O warps may start on this chunk
 #pragma unroll
       for (int kb = 0; kb < 4; ++kb) stsm_x4(tile16(sm.pub_z, 16 * s + ld.a_row, 16 * kb + ld.a_col), za[kb]);
@@ -2542,7 +2508,7 @@ CUTLASS_DEVICE void pair_producer(const flashqla_gdn_fwd_params_t& p, SharedStor
   }
 }
 
-template <typename T, typename IndexT, bool kQsLate>
+template <typename T, typename IndexT>
 __global__ void __launch_bounds__(kPairThreads, 1)
     gdn_fwd_pair_kernel(const __grid_constant__ flashqla_gdn_fwd_params_t p, const PrepBuffers<T> pb,
                         const __grid_constant__ tma::ChainMaps cmaps) {
@@ -2562,7 +2528,7 @@ __global__ void __launch_bounds__(kPairThreads, 1)
   Work<T> wk = make_work<T>(p, ct);
   if (role < 2) {
     cutlass::arch::warpgroup_reg_alloc<kStateRegs>();
-    state_role<T, false, true, false, kQsLate>(p, sm, wk, &cmaps, role);
+    state_role<T, false, true, false>(p, sm, wk, &cmaps, role);
   } else {
     cutlass::arch::warpgroup_reg_dealloc<kPairProdRegs>();
     wk.chunk0 = chunk_offset<IndexT>(p, ct.n, threadIdx.x & 31);  // (the gates' index)
@@ -2588,11 +2554,7 @@ cudaError_t launch_pair(const flashqla_gdn_fwd_params_t& p, const PrepBuffers<T>
   const int64_t blocks = p.num_seqs * p.heads_v + (p.cu_seqlens != nullptr ? kTailBlocks : 0);
   if (blocks == 0) return cudaSuccess;
   const bool ix64 = p.cu_seqlens != nullptr && p.cu_seqlens_dtype == FLASHQLA_INT64;
-  // FLASHQLA_PAIR_QS_LATE=1 (measurement): QS^T waited for after the epilogue instead of with KS^T
-  const char* late_env = std::getenv("FLASHQLA_PAIR_QS_LATE");
-  const bool late = late_env != nullptr && late_env[0] == '1';
-  auto kernel = ix64 ? (late ? gdn_fwd_pair_kernel<T, int64_t, true> : gdn_fwd_pair_kernel<T, int64_t, false>)
-                     : (late ? gdn_fwd_pair_kernel<T, int32_t, true> : gdn_fwd_pair_kernel<T, int32_t, false>);
+  auto kernel = ix64 ? gdn_fwd_pair_kernel<T, int64_t> : gdn_fwd_pair_kernel<T, int32_t>;
   const size_t smem = sizeof(SharedStoragePair<T>) + 1024;
   cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem));
   if (err != cudaSuccess) return err;
