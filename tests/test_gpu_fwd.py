@@ -370,9 +370,9 @@ def test_gates_from_the_prep_are_the_chains_bitwise(monkeypatch, case):
 
 @pytest.mark.parametrize("case", ["varlen", "dense", "l2norm_fp16"])
 def test_paired_chain_is_the_wgmma_chains_bitwise(monkeypatch, case):
-    # FLASHQLA_CHAIN_PAIR (off by default until measured): one CTA per (sequence, value head), its two state
-    # warpgroups each running the wgmma chain with O (FLASHQLA_WGMMA=1's state role) on one of the V halves of a
-    # shared stage that a TMA producer fills, with the gates the prep kernel wrote. The same products in the same
+    # FLASHQLA_CHAIN_PAIR (the default where the O-beside chain would need two waves): one CTA per (sequence,
+    # value head), its two state warpgroups each running the wgmma chain with O (FLASHQLA_WGMMA=1's state role) on
+    # one of the V halves of a shared stage that a TMA producer fills, with the gates the prep kernel wrote. The same products in the same
     # order on the same operands: o and the final state bitwise those of FLASHQLA_WGMMA=1 (two CTAs a head, its
     # loaders computing the gates and copying the tiles). Packed sequences with empty and partial chunks (the zeroed
     # rows past a sequence's end), a dense batch, and fp16 with the in-kernel l2norm (the producer's). =2 makes the

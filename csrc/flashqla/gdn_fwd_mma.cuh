@@ -2536,13 +2536,14 @@ __global__ void __launch_bounds__(kPairThreads, 1)
   }
 }
 
-// FLASHQLA_CHAIN_PAIR: 0 (unset: not measured yet) = off; 1 = where the O-beside chain's CTAs would come in more
-// than one wave (there the pair's fewer SMs a head win; in one wave its longer step only loses) and it runs (the
-// O-beside chain's TMA form on the prep kernel's output with its gates, o and v, no chunk states); 2 (tests) =
-// wherever it runs, else the launch fails; 3 (measurements) = wherever it runs, else the O-beside chain.
+// FLASHQLA_CHAIN_PAIR: 0 = off; 1 (unset) = where the O-beside chain's CTAs would come in more than one wave
+// (there the pair's fewer SMs a head win: -5..-7% on the multi-wave forward rows, NOTES session 26; in one wave
+// its longer step loses, +30..+58%) and it runs (the O-beside chain's TMA form on the prep kernel's output with its
+// gates, o and v, no chunk states); 2 (tests) = wherever it runs, else the launch fails; 3 (measurements) =
+// wherever it runs, else the O-beside chain.
 inline int chain_pair_mode() {
   const char* e = std::getenv("FLASHQLA_CHAIN_PAIR");
-  return e != nullptr && e[0] >= '1' && e[0] <= '3' ? e[0] - '0' : 0;
+  return e != nullptr && e[0] >= '0' && e[0] <= '3' ? e[0] - '0' : 1;
 }
 
 // The paired chain on prepared chunks; cudaErrorNotSupported where it does not run (the caller falls back).
