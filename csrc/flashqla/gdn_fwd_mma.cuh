@@ -2673,10 +2673,10 @@ cudaError_t launch(const flashqla_gdn_fwd_params_t& p, cudaStream_t stream) {
   tma::QkMaps maps{};  // (the wgmma prep's K, Q, X and W by TMA: strides TMA can describe, else the mma.sync prep)
   const bool wg = !states_only(p) && hpc == 1 && prep_wg(false) && kqx_maps(p, pb, maps.k, maps.q, maps.x) &&
                   w_map(p, pb, maps.w);
-  if (gates_wanted && wg) {  // (the chain's TMA form must run too: its maps, made as launch_recurrent will)
-    tma::ChainMaps probe{};
-    if (chain_maps(p, pb, probe)) pb.gates = reinterpret_cast<float*>(static_cast<char*>(ws.ptr) + xw_bytes);
-  }
+  // (the chain's TMA form must run too: chain_maps' K, Q, X and W maps are wg's, just made; V's and o decide)
+  CUtensorMap v_probe{};
+  if (gates_wanted && wg && p.o != nullptr && v_map(p, v_probe))
+    pb.gates = reinterpret_cast<float*>(static_cast<char*>(ws.ptr) + xw_bytes);
   if (gmode == 2 && pb.gates == nullptr) return ws.release(cudaErrorNotSupported, stream);
   auto prep = states_only(p) ? (ix64 ? gdn_prep_kernel<T, int64_t, false, true> : gdn_prep_kernel<T, int32_t, false, true>)
               : hpc > 1   ? (ix64 ? gdn_prep_kernel<T, int64_t, true> : gdn_prep_kernel<T, int32_t, true>)
