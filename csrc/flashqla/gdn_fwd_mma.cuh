@@ -1150,11 +1150,13 @@ CUTLASS_DEVICE void aux_chunk(const flashqla_gdn_fwd_params_t& p, StageT& S, Ax&
       const int hq = static_cast<int>(wk.h / (p.heads_v / p.heads_qk)), t = static_cast<int>(t0);
       const int b = static_cast<int>(wk.b), h = static_cast<int>(wk.h);
       const int row0 = static_cast<int>(wk.flat0 + c * kChunk);
-      constexpr bool with_o = !kNoO;
+      // (the O-beside chain's summaries, the passes of exact parallelism: no Q or W without o, no V without v,
+      // whose tile the group zeroes instead)
+      const bool with_o = !kNoO && wk.o != nullptr, with_v = kNoO || wk.v != nullptr;
       // (gates_from_prep, the O-beside chain on the prep kernel's output: gamma and decay as 512 bytes more; the
       // prep wrote chunk_bound's chunks: malformed cu_seqlens can name more, whose gates warp 0 computes)
       const bool gates = with_o && !kReady && pb.gates != nullptr && wk.chunk0 + c < chunk_bound(p);
-      tma::mbar_expect_tx(tma_bar, static_cast<uint32_t>((with_o ? 8 : 5) * kChunk * 64 * sizeof(T) +
+      tma::mbar_expect_tx(tma_bar, static_cast<uint32_t>((4 + (with_o ? 3 : 0) + (with_v ? 1 : 0)) * kChunk * 64 * sizeof(T) +
                                                          (gates ? 2 * kChunk * sizeof(float) : 0)));
       if (gates) {
         static_assert(offsetof(StageT, decay) == offsetof(StageT, gamma) + kChunk * sizeof(float), "gamma, decay");
@@ -1164,9 +1166,9 @@ CUTLASS_DEVICE void aux_chunk(const flashqla_gdn_fwd_params_t& p, StageT& S, Ax&
 #pragma unroll
       for (int blk = 0; blk < 2; ++blk) {
         tma::load_box(S.k[blk], &cmaps->k, tma_bar, 64 * blk, hq, t, b);
-        if constexpr (with_o) tma::load_box(S.q[blk], &cmaps->q, tma_bar, 64 * blk, hq, t, b);
+        if (with_o) tma::load_box(S.q[blk], &cmaps->q, tma_bar, 64 * blk, hq, t, b);
       }
-      tma::load_box(S.v, &cmaps->v, tma_bar, static_cast<int>(wk.col0), h, t, b);
+      if (with_v) tma::load_box(S.v, &cmaps->v, tma_bar, static_cast<int>(wk.col0), h, t, b);
       if constexpr (kReady) {  // prep beside the chain: X and W once the workers' flag says they are written
         if (wk.chunk0 + c < pb.ready_chunks) wait_flag(pb.ready + (wk.chunk0 + c) * p.heads_v + wk.h);
         // (the workers wrote them through the generic proxy; the TMA reads through the async one)
@@ -1174,7 +1176,7 @@ CUTLASS_DEVICE void aux_chunk(const flashqla_gdn_fwd_params_t& p, StageT& S, Ax&
       }
 #pragma unroll
       for (int blk = 0; blk < 2; ++blk) tma::load_box3(S.x[blk], &cmaps->x, tma_bar, 64 * blk, h, row0);
-      if constexpr (with_o) tma::load_box3(S.w, &cmaps->w, tma_bar, 0, h, row0);
+      if (with_o) tma::load_box3(S.w, &cmaps->w, tma_bar, 0, h, row0);
     }
   }
   for (int i = tid; i < kChunk * kDimK / 8 && !kTmaQk && !tma_on; i += kAuxThreads) {
@@ -1245,6 +1247,9 @@ CUTLASS_DEVICE void aux_chunk(const flashqla_gdn_fwd_params_t& p, StageT& S, Ax&
                                                        : S.v);
         *reinterpret_cast<uint4*>(tile + r * 128 + 16 * piece) = make_uint4(0u, 0u, 0u, 0u);
       }
+      if (!kNoO && wk.v == nullptr)  // (the transition pass: V = 0, no box loaded; 64 rows of 128 bytes)
+        for (int i = tid; i < kChunk * 8; i += kAuxThreads)
+          *reinterpret_cast<uint4*>(reinterpret_cast<char*>(S.v) + 16 * i) = make_uint4(0u, 0u, 0u, 0u);
     }
   }
   bar_sync(bar_aux, kAuxThreads);
@@ -1527,8 +1532,10 @@ CUTLASS_DEVICE void state_role(const flashqla_gdn_fwd_params_t& p, Storage& sm, 
   load_state_tile(sacc, p.initial_state != nullptr ? p.initial_state + wk.state_off + int64_t(kcol) * kDimV : nullptr,
                   tq, v0);
   // else the chain alone: no Q S^T, no intra-chunk O, no O store (warp-uniform for ptxas in the wgmma chain)
-  // (kOb: the O warps form O; the host launches that kernel only with o and without chunk states)
+  // (kOb: the O warps form O from the published S^T and Z^T; without o, the passes of exact parallelism, nothing
+  // is published and the O warps only keep the stage barriers; the host launches it without chunk states)
   const bool want_o = !kOb && uniform<kWg>(wk.o != nullptr);
+  const bool ob_pub = kOb && uniform<kWg>(wk.o != nullptr);
   float* pair_scratch = nullptr;  // (the K split)
   if constexpr (kKSplit) pair_scratch = sm.aux[vg].la;
   const PairShares pair(pair_scratch, kh);
@@ -1553,13 +1560,16 @@ CUTLASS_DEVICE void state_role(const flashqla_gdn_fwd_params_t& p, Storage& sm, 
 #pragma unroll
     for (int kk = 0; kk < kKS; ++kk) c_to_a<T>(sa[kk], sacc[2 * kk], sacc[2 * kk + 1]);
     if constexpr (kOb) {  // publish S^T for the O warps (once they have read the previous chunk's)
-      if (c > 0) bar_sync(ob::kFree, ob::kPubThreads);
+      if (ob_pub) {
+        if (c > 0) bar_sync(ob::kFree, ob::kPubThreads);
 #pragma unroll
-      for (int kk = 0; kk < kKS; ++kk) stsm_x4(tile16(sm.pub_s, 16 * s + ld.a_row, 16 * kk + ld.a_col), sa[kk]);
-      if constexpr (kEarlyQs<Storage>) {
-        // the O warps may start Q S^T now, beside this chunk's K S^T and epilogue (racecheck: sync first, as below)
-        bar_sync(ob::kState, kStateThreads);
-        bar_arrive(ob::kPubS, ob::kPubThreads);
+        for (int kk = 0; kk < kKS; ++kk) stsm_x4(tile16(sm.pub_s, 16 * s + ld.a_row, 16 * kk + ld.a_col), sa[kk]);
+        if constexpr (kEarlyQs<Storage>) {
+          // the O warps may start Q S^T now, beside this chunk's K S^T and epilogue (racecheck: sync first, as
+          // below)
+          bar_sync(ob::kState, kStateThreads);
+          bar_arrive(ob::kPubS, ob::kPubThreads);
+        }
       }
     }
     if constexpr (kStatesByTma<Storage>) {  // (launched only with chunk states and without o)
@@ -1619,10 +1629,12 @@ CUTLASS_DEVICE void state_role(const flashqla_gdn_fwd_params_t& p, Storage& sm, 
       split_hi_lo<T>(y0, y1, yh[kb][r], yl[kb][r]);
     });
     if constexpr (kOb) {  // publish Z^T: the O warps may start on this chunk
+      if (ob_pub) {
 #pragma unroll
-      for (int kb = 0; kb < 4; ++kb) stsm_x4(tile16(sm.pub_z, 16 * s + ld.a_row, 16 * kb + ld.a_col), za[kb]);
-      bar_sync(ob::kState, kStateThreads);  // (for racecheck, as before the aux groups' full arrive)
-      bar_arrive(ob::kPub, ob::kPubThreads);
+        for (int kb = 0; kb < 4; ++kb) stsm_x4(tile16(sm.pub_z, 16 * s + ld.a_row, 16 * kb + ld.a_col), za[kb]);
+        bar_sync(ob::kState, kStateThreads);  // (for racecheck, as before the aux groups' full arrive)
+        bar_arrive(ob::kPub, ob::kPubThreads);
+      }
     }
     // O^T += Z^T W^T  (W lower triangular: k block kb <= n block np)
     FLASHQLA_ROLE_PHASE(0, kStZY);
@@ -1712,6 +1724,10 @@ CUTLASS_DEVICE void o_role(const flashqla_gdn_fwd_params_t& p, Storage& sm, cons
   using namespace warp;
   const int tid = threadIdx.x - kStateThreads, w = tid >> 5, lane = tid & 31, tq = lane & 3;
   const LdsmOffsets ld(lane);
+  if (wk.o == nullptr) {  // a summaries pass: no O; the stage barriers still count these warps (bar.sync: in step)
+    for (int64_t c = 0; c + kObStages < wk.num_chunks; ++c) bar_sync(ob::kEmpty + c % 6, ob::kEmptyThreads);
+    return;
+  }
   for (int64_t c = 0; c < wk.num_chunks; ++c) {
     auto& S = sm.stage[c % kObStages];
     const int rows = static_cast<int>(wk.len - c * kChunk < kChunk ? wk.len - c * kChunk : kChunk);
@@ -2385,10 +2401,11 @@ inline bool v_map(const flashqla_gdn_fwd_params_t& p, CUtensorMap& v) {
 }
 
 // The O-beside chain's tensor maps (tma::ChainMaps) of K, Q, the prep's X, W and V; false where one cannot be made
-// (its TMA form loads all of them: it runs with o and v only).
+// (its TMA form loads all of them with o; a summaries pass, without o, neither Q nor W, and without v no V).
 template <typename T>
 inline bool chain_maps(const flashqla_gdn_fwd_params_t& p, const PrepBuffers<T>& pb, tma::ChainMaps& m) {
-  return p.o != nullptr && kqx_maps(p, pb, m.k, m.q, m.x) && w_map(p, pb, m.w) && v_map(p, m.v);
+  return kqx_maps(p, pb, m.k, m.q, m.x) && w_map(p, pb, m.w) &&
+         (p.v == nullptr ? p.o == nullptr : v_map(p, m.v));
 }
 
 // The state recompute's (states_only; the TMA form of the wgmma chain without O): K, Q (unused), the prep's X, V
@@ -2550,7 +2567,7 @@ inline int chain_pair_mode() {
 template <typename T>
 cudaError_t launch_pair(const flashqla_gdn_fwd_params_t& p, const PrepBuffers<T>& pb, cudaStream_t stream) {
   tma::ChainMaps cmaps{};
-  if (pb.gates == nullptr || p.chunk_states != nullptr || !chain_maps(p, pb, cmaps))
+  if (pb.gates == nullptr || p.o == nullptr || p.chunk_states != nullptr || !chain_maps(p, pb, cmaps))
     return cudaErrorNotSupported;
   const int64_t blocks = p.num_seqs * p.heads_v + (p.cu_seqlens != nullptr ? kTailBlocks : 0);
   if (blocks == 0) return cudaSuccess;
@@ -2573,12 +2590,21 @@ cudaError_t launch_pair(const flashqla_gdn_fwd_params_t& p, const PrepBuffers<T>
 // the K split on the 1 x 2048 rows); the wgmma chain -1..-4% against mma.sync on the forward, the backward's chains
 // within 1% (FLASHQLA_WGMMA=1 there loses 19% at hk4_hv8 32k_1seq, where the K split fits).
 enum class ChainForm { kMma, kKSplit, kWgmma, kWgmmaOb };
+// FLASHQLA_SUMMARY_OB: 1 (unset) = the summaries passes of exact parallelism (no o, no chunk states) run the O-beside
+// chain's kernel with its O warps idle (its three stages and TMA loads; nothing published), 0 = the wgmma chain's
+// copy form, as before (NOTES, session 27).
+inline bool summary_ob_mode() {
+  const char* e = std::getenv("FLASHQLA_SUMMARY_OB");
+  return !(e != nullptr && e[0] == '0');
+}
 inline ChainForm chain_form(const flashqla_gdn_fwd_params_t& p, bool ds_chain = false) {
   const bool backward = ds_chain || states_only(p);
   const bool with_o = !ds_chain && p.o != nullptr && p.chunk_states == nullptr;
+  const bool summary = !ds_chain && p.o == nullptr && p.chunk_states == nullptr;
   const char* e = std::getenv("FLASHQLA_WGMMA");
   const int mode = e != nullptr && *e != '\0' ? std::atoi(e) : -1;
-  if (mode == 2 || (mode < 0 && !backward)) return with_o ? ChainForm::kWgmmaOb : ChainForm::kWgmma;
+  if (mode == 2 || (mode < 0 && !backward))
+    return with_o || (summary && summary_ob_mode()) ? ChainForm::kWgmmaOb : ChainForm::kWgmma;
   if (mode == 1) return ChainForm::kWgmma;
   if (use_ksplit(p, backward ? 2 : 1)) return ChainForm::kKSplit;
   return mode == 0 ? ChainForm::kMma : ChainForm::kWgmma;
@@ -2619,7 +2645,7 @@ cudaError_t launch_prepared(const flashqla_gdn_fwd_params_t& p, const PrepBuffer
 inline int overlap_prep_ctas(const flashqla_gdn_fwd_params_t& p) {
   const char* e = std::getenv("FLASHQLA_OVERLAP");
   const bool forced = e != nullptr && e[0] == '1';
-  if ((e != nullptr && e[0] == '0') || chain_form(p) != ChainForm::kWgmmaOb) return 0;
+  if ((e != nullptr && e[0] == '0') || p.o == nullptr || chain_form(p) != ChainForm::kWgmmaOb) return 0;
   const int sms = device_sm_count();
   const int64_t chain = p.num_seqs * p.heads_v * kVBlocks, items = chunk_bound(p) * p.heads_v;
   if (items >= (int64_t(1) << 31) || chain > sms - sms / 4) return 0;  // (the workers count items in 32 bits)
