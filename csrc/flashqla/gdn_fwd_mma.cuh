@@ -1142,17 +1142,16 @@ CUTLASS_DEVICE void aux_chunk(const flashqla_gdn_fwd_params_t& p, StageT& S, Ax&
   constexpr bool tma_on = kTmaChain;  // (the copy loops below compile away: the cp.async form is main's code)
   if constexpr (kTmaChain) {
     // issued from warp 1, so that warp 0 starts the gates at once (thread 0 spent ~1.6k cycles a chunk issuing
-    // before them: session 19's phase table). All eight boxes, V's too (the TMA form's stage holds it swizzled):
-    // the O-beside chain runs only with o (chain_form), so Q and W are always wanted, and its TMA form only
-    // with v (chain_maps)
+    // before them: session 19's phase table). All eight boxes, V's too (the TMA form's stage holds it swizzled);
+    // the O-beside chain's summaries (no o) without Q and W, and without V where v is NULL
     // (kNoO, the state recompute: K, X and V only, five boxes)
     if (tid == 32) {
       const int hq = static_cast<int>(wk.h / (p.heads_v / p.heads_qk)), t = static_cast<int>(t0);
       const int b = static_cast<int>(wk.b), h = static_cast<int>(wk.h);
       const int row0 = static_cast<int>(wk.flat0 + c * kChunk);
       // (the O-beside chain's summaries, the passes of exact parallelism: no Q or W without o, no V without v,
-      // whose tile the group zeroes instead)
-      const bool with_o = !kNoO && wk.o != nullptr, with_v = kNoO || wk.v != nullptr;
+      // whose tile the group zeroes instead; the prep beside the chain always has both)
+      const bool with_o = !kNoO && (kReady || wk.o != nullptr), with_v = kNoO || kReady || wk.v != nullptr;
       // (gates_from_prep, the O-beside chain on the prep kernel's output: gamma and decay as 512 bytes more; the
       // prep wrote chunk_bound's chunks: malformed cu_seqlens can name more, whose gates warp 0 computes)
       const bool gates = with_o && !kReady && pb.gates != nullptr && wk.chunk0 + c < chunk_bound(p);
@@ -1247,7 +1246,7 @@ CUTLASS_DEVICE void aux_chunk(const flashqla_gdn_fwd_params_t& p, StageT& S, Ax&
                                                        : S.v);
         *reinterpret_cast<uint4*>(tile + r * 128 + 16 * piece) = make_uint4(0u, 0u, 0u, 0u);
       }
-      if (!kNoO && wk.v == nullptr)  // (the transition pass: V = 0, no box loaded; 64 rows of 128 bytes)
+      if (!kNoO && !kReady && wk.v == nullptr)  // (the transition pass: V = 0, no box loaded; 64 rows of 128 bytes)
         for (int i = tid; i < kChunk * 8; i += kAuxThreads)
           *reinterpret_cast<uint4*>(reinterpret_cast<char*>(S.v) + 16 * i) = make_uint4(0u, 0u, 0u, 0u);
     }
