@@ -6,6 +6,8 @@
 // so the whole scan is one launch. (It was two launches per rank, a copy and a cuBLAS GEMM, issued by the
 // host one after the other: on TP8 1 x 8192, ~50 us of a 0.21 ms graph and ~130 us of host time per eager
 // call.) Phi_{i+1} streams into shared memory (cp.async, double-buffered) while Phi_i is applied.
+#include <cstdlib>
+
 #include "common.h"
 #include "kernels.h"
 #include "warp_mma.cuh"
@@ -133,7 +135,10 @@ cudaError_t launch_gdn_cp_scan(const flashqla_gdn_cp_scan_params_t& p, cudaStrea
   cudaError_t err = cudaGetDevice(&dev);
   if (err == cudaSuccess) err = cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev);
   if (err != cudaSuccess) return err;
-  return p.num_seqs * p.heads * (kDim / 8) <= sms ? launch_cols<8>(p, stream) : launch_cols<16>(p, stream);
+  // FLASHQLA_SCAN_COLS (8, 16, 32; measurements): the slice width, else 8 where those CTAs fit on the SMs, else 16
+  const char* e = std::getenv("FLASHQLA_SCAN_COLS");
+  const int cols = e != nullptr ? std::atoi(e) : (p.num_seqs * p.heads * (kDim / 8) <= sms ? 8 : 16);
+  return cols == 32 ? launch_cols<32>(p, stream) : cols == 8 ? launch_cols<8>(p, stream) : launch_cols<16>(p, stream);
 }
 
 }  // namespace flashqla
