@@ -495,17 +495,19 @@ def test_cp_scan_kernel_against_float64(h0, counts):
         torch.ops.flashqla.chunk_gdn_cp_scan(phi.contiguous(), b, h, last.int())
 
 
-@pytest.mark.parametrize("summary_ob", ["1", "0"])
+@pytest.mark.parametrize("summary_ob", ["1", "1-copies", "0"])
 @pytest.mark.parametrize("split", ["1", "0"])
 def test_cp_pass_summaries_and_shared_chunk_products(monkeypatch, split, summary_ob):
     # exact parallelism's pass op: summaries only (no o) leaves the state chain bitwise unchanged, zero_v equals
     # a zero v, and a pass
     # reusing the chunk products an earlier pass left in the workspace (other v, other h0) equals a fresh call;
     # with the summaries on the O-beside chain's kernel (FLASHQLA_SUMMARY_OB=1, its TMA loads without Q and W, and
-    # without V for zero_v) as on the wgmma chain's (=0)
+    # without V for zero_v; or its copies) as on the wgmma chain's (=0)
     from flashqla._library import fwd_workspace_bytes
     monkeypatch.setenv("FLASHQLA_FWD_SPLIT", split)
-    monkeypatch.setenv("FLASHQLA_SUMMARY_OB", summary_ob)
+    monkeypatch.setenv("FLASHQLA_SUMMARY_OB", summary_ob[0])
+    if summary_ob == "1-copies":  # (the O-beside kernel's copy form: its loaders' cp.async, no tensor maps)
+        monkeypatch.setenv("FLASHQLA_CHAIN_TMA", "0")
     d = make([0, 65, 700, 1, 1300], 2, 4, seed=24)
     q, k, v, g, beta, h0, cu = (d[n] for n in ("q", "k", "v", "g", "beta", "initial_state", "cu_seqlens"))
     scale = D ** -0.5
