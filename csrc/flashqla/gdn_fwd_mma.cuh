@@ -1533,8 +1533,8 @@ CUTLASS_DEVICE void state_role(const flashqla_gdn_fwd_params_t& p, Storage& sm, 
   // else the chain alone: no Q S^T, no intra-chunk O, no O store (warp-uniform for ptxas in the wgmma chain)
   // (kOb: the O warps form O from the published S^T and Z^T; without o, the passes of exact parallelism, nothing
   // is published and the O warps only keep the stage barriers; the host launches it without chunk states)
-  const bool want_o = !kOb && uniform<kWg>(wk.o != nullptr);
-  const bool ob_pub = kOb && uniform<kWg>(wk.o != nullptr);
+  const bool has_o = uniform<kWg>(wk.o != nullptr);
+  const bool want_o = !kOb && has_o, ob_pub = kOb && has_o;
   float* pair_scratch = nullptr;  // (the K split)
   if constexpr (kKSplit) pair_scratch = sm.aux[vg].la;
   const PairShares pair(pair_scratch, kh);
