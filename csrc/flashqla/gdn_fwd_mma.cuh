@@ -2668,7 +2668,8 @@ cudaError_t launch(const flashqla_gdn_fwd_params_t& p, cudaStream_t stream) {
   const int gmode = gates_from_prep_mode();
   // (the plain forward on the prep kernel: not CP's prepared passes nor the prep beside the chain; a caller's
   // workspace sized for X and W alone keeps the gates in the chain)
-  const bool gates_wanted = gmode != 0 && !p.prep_ready && !states_only(p) && overlap_prep_ctas(p) == 0 &&
+  // (with o only: the summaries passes run the O-beside kernel too, whose loaders copy the prep's gates only with o)
+  const bool gates_wanted = gmode != 0 && !p.prep_ready && p.o != nullptr && overlap_prep_ctas(p) == 0 &&
                             chain_form(p) == ChainForm::kWgmmaOb && chain_tma_mode() != 0 &&
                             (p.workspace == nullptr || p.workspace_bytes >= xw_bytes + gate_bytes);
   cudaError_t err = ws.acquire(p, xw_bytes + (gates_wanted ? gate_bytes : 0), stream);
@@ -2698,9 +2699,9 @@ cudaError_t launch(const flashqla_gdn_fwd_params_t& p, cudaStream_t stream) {
   tma::QkMaps maps{};  // (the wgmma prep's K, Q, X and W by TMA: strides TMA can describe, else the mma.sync prep)
   const bool wg = !states_only(p) && hpc == 1 && prep_wg(false) && kqx_maps(p, pb, maps.k, maps.q, maps.x) &&
                   w_map(p, pb, maps.w);
-  // (the chain's TMA form must run too: chain_maps' K, Q, X and W maps are wg's, just made; V's and o decide)
+  // (the chain's TMA form must run too: chain_maps' K, Q, X and W maps are wg's, just made; V's decides)
   CUtensorMap v_probe{};
-  if (gates_wanted && wg && p.o != nullptr && v_map(p, v_probe))
+  if (gates_wanted && wg && v_map(p, v_probe))
     pb.gates = reinterpret_cast<float*>(static_cast<char*>(ws.ptr) + xw_bytes);
   if (gmode == 2 && pb.gates == nullptr) return ws.release(cudaErrorNotSupported, stream);
   auto prep = states_only(p) ? (ix64 ? gdn_prep_kernel<T, int64_t, false, true> : gdn_prep_kernel<T, int32_t, false, true>)
