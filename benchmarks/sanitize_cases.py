@@ -61,6 +61,20 @@ for form in ("0", "1", "2", "overlap", "prepwg", "overlapwg", "pair"):  # (overl
     print("chain form", form, "ran", flush=True)
 del os.environ["FLASHQLA_WGMMA"], os.environ["FLASHQLA_OVERLAP"], os.environ["FLASHQLA_PREP_WG"]
 del os.environ["FLASHQLA_CHAIN_PAIR"]
+# exact parallelism's two summaries as one launch of the paired kernel (FLASHQLA_SUMMARY_PAIR=2: its producer's
+# zeroed V block, no Q and W boxes), then the last pass on the chunk products it left
+os.environ["FLASHQLA_SUMMARY_PAIR"] = "2"
+for cu in ([0, 0, 65, 65, 700, 1000], [0, 900, 20, 300], [-5, 3, 1 << 30]):
+    cut = torch.tensor(cu, device=dev, dtype=torch.int32)
+    N = len(cu) - 1
+    eye = torch.eye(D, device=dev).expand(N, 2, D, D).contiguous()
+    ws = torch.empty(T2 * 2 * 192 * 2 + (T2 // 64 + 1 + N) * 2 * 512, dtype=torch.uint8, device=dev)
+    torch.ops.flashqla.chunk_gdn_cp_summaries(q2, k2, v2, g2, beta2, 0.088, cut, True, ws, eye)
+    h0 = torch.randn(N, 2, D, D, device=dev)
+    torch.ops.flashqla.chunk_gdn_fwd_pass(q2, k2, v2, g2, beta2, 0.088, h0, cut, True, ws, True, True, False)
+    torch.cuda.synchronize()
+print("summaries pair ran", flush=True)
+del os.environ["FLASHQLA_SUMMARY_PAIR"]
 
 # exact parallelism's scan, 8 and 16 columns per CTA (2 and 9 heads), well-formed and malformed `last`
 # (non-ascending, past the segments, negative): clamped, never out of bounds

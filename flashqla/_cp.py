@@ -255,17 +255,18 @@ def forward(fwd, q, k, v, g, beta, scale, initial_state, p: Plan, l2norm: bool, 
         dp = device_plan(p, q.device, index_dtype)
         if dp is None:
             return None
-        from ._library import _state_dtype, fwd_workspace_bytes
+        from ._library import _state_dtype, fwd_gates_workspace_bytes, fwd_workspace_bytes
         H, K = v.shape[2], k.shape[3]
         sd = _state_dtype(q)
-        zero_v = _zero_v(v)
         eye = _cached(("eye", p.segments, H, K, sd, str(q.device)),
                       lambda: torch.eye(K, dtype=sd, device=q.device).expand(p.segments, H, K, K).contiguous(),
                       q.device)
-        ws = torch.empty(fwd_workspace_bytes(q.shape[0], q.shape[1], H) if q.is_cuda else 0, dtype=torch.uint8,
-                         device=q.device)
+        # (the gates' room lets the two summaries passes run as one launch: chunk_gdn_cp_summaries)
+        B, T = q.shape[0], q.shape[1]
+        ws = torch.empty(fwd_workspace_bytes(B, T, H) + fwd_gates_workspace_bytes(B, T, H, p.segments)
+                         if q.is_cuda else 0, dtype=torch.uint8, device=q.device)
         single_last = p.last_of_seq[0] if len(p.last_of_seq) == 1 else -1
-        return op(q, k, v, g, beta, scale, initial_state, *dp, single_last, l2norm, ws, eye, zero_v)
+        return op(q, k, v, g, beta, scale, initial_state, *dp, single_last, l2norm, ws, eye)
     got = _initial_states(fwd, q, k, v, g, beta, scale, initial_state, p, l2norm, index_dtype, fwd_pass)
     if got is None:
         return None

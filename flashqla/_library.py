@@ -23,6 +23,13 @@ _lib.define("chunk_gdn_fwd_states(Tensor q, Tensor k, Tensor v, Tensor g, Tensor
 _lib.define("chunk_gdn_fwd_pass(Tensor q, Tensor k, Tensor v, Tensor g, Tensor beta, float scale, "
             "Tensor? initial_state, Tensor? cu_seqlens, bool use_qk_l2norm, Tensor(a!) workspace, bool prep_ready, "
             "bool write_o, bool zero_v) -> (Tensor, Tensor)")
+# Exact context parallelism's two summaries passes from one computation of the chunk products, which stay in
+# `workspace` for a later chunk_gdn_fwd_pass with prep_ready: (B, Phi), each [segments, H_v, K, V], the segments'
+# final states from zeros with v and from `eye` (the identity per segment and head, K = V) with v = 0; see the C
+# API's flashqla_gdn_fwd_cp_summaries (one launch for both chains where the workspace also holds
+# fwd_gates_workspace_bytes).
+_lib.define("chunk_gdn_cp_summaries(Tensor q, Tensor k, Tensor v, Tensor g, Tensor beta, float scale, Tensor cu_seqlens, "
+            "bool use_qk_l2norm, Tensor(a!) workspace, Tensor eye) -> (Tensor, Tensor)")
 # Exact context parallelism's scan: every segment's initial state [segments, H_v, K, V] from the segments' maps
 # S_end = Phi S_start + B (phi [segments, H_v, K, K], b [segments, H_v, K, V]), the sequences' initial states
 # [N, H_v, K, V] (None: zeros) and each sequence's last segment (int64 [N]; sequence s owns segments
@@ -32,8 +39,8 @@ _lib.define("chunk_gdn_cp_scan(Tensor phi, Tensor b, Tensor? initial_state, Tens
 # passes of chunk_gdn_fwd_pass and chunk_gdn_cp_scan over the segments of _cp.device_plan; (o, final states per
 # sequence). The planning and the caches stay in flashqla/_cp.py.
 _lib.define("chunk_gdn_cp_fwd(Tensor q, Tensor k, Tensor v, Tensor g, Tensor beta, float scale, Tensor? initial_state, "
-            "Tensor seg_cu, Tensor last, int single_last, bool use_qk_l2norm, Tensor(a!) workspace, Tensor eye, "
-            "Tensor zero_v) -> (Tensor, Tensor)")
+            "Tensor seg_cu, Tensor last, int single_last, bool use_qk_l2norm, Tensor(a!) workspace, Tensor eye) "
+            "-> (Tensor, Tensor)")
 # The backward's reverse chain: (dh [chunk bound, H_v, K, V] fp32, dh0 [N, H_v, K, V] or empty, a [B, T, H_v, 64] or
 # empty: the chunk-local inverse's rows, which chunk_gdn_bwd_grad can load instead of recomputing); see
 # reference.chunk_state_grads_torch, reference.chunk_inverse_rows and the C API's flashqla_gdn_bwd_dh.
@@ -95,6 +102,21 @@ def fwd_workspace_bytes(B: int, T: int, H_v: int) -> int:
     return B * T * H_v * (128 + 64) * 2
 
 
+def fwd_gates_workspace_bytes(B: int, T: int, H_v: int, num_seqs=None) -> int:
+    """Bytes the forward's workspace may hold past fwd_workspace_bytes (as flashqla_gdn_fwd_gates_workspace_bytes:
+    each chunk's gates, 2 x 64 fp32 a chunk and value head; num_seqs: the cu_seqlens sequences, None for dense)."""
+    if B * T * H_v <= 0:
+        return 0
+    chunks = B * -(-T // 64) if num_seqs is None else -(-T // 64) + num_seqs
+    return chunks * H_v * 2 * 64 * 4
+
+
+@torch.library.register_fake("flashqla::chunk_gdn_cp_summaries")
+def _chunk_gdn_cp_summaries_fake(q, k, v, g, beta, scale, cu_seqlens, use_qk_l2norm, workspace, eye):
+    shape = (cu_seqlens.shape[0] - 1, v.shape[2], k.shape[3], v.shape[3])
+    return v.new_empty(shape, dtype=_state_dtype(q)), v.new_empty(shape, dtype=_state_dtype(q))
+
+
 @torch.library.register_fake("flashqla::chunk_gdn_fwd_pass")
 def _chunk_gdn_fwd_pass_fake(q, k, v, g, beta, scale, initial_state, cu_seqlens, use_qk_l2norm, workspace,
                              prep_ready, write_o, zero_v):
@@ -110,7 +132,7 @@ def _chunk_gdn_cp_scan_fake(phi, b, initial_state, last):
 
 @torch.library.register_fake("flashqla::chunk_gdn_cp_fwd")
 def _chunk_gdn_cp_fwd_fake(q, k, v, g, beta, scale, initial_state, seg_cu, last, single_last, use_qk_l2norm,
-                           workspace, eye, zero_v):
+                           workspace, eye):
     N = 1 if single_last >= 0 else last.shape[0]
     return v.new_empty(v.shape), v.new_empty((N, v.shape[2], k.shape[3], v.shape[3]), dtype=_state_dtype(q))
 
@@ -176,6 +198,14 @@ def _chunk_gdn_fwd_pass_cpu(q, k, v, g, beta, scale, initial_state, cu_seqlens, 
                                          output_final_state=True, cu_seqlens=cu_seqlens,
                                          use_qk_l2norm_in_kernel=use_qk_l2norm)
     return (o if write_o else v.new_empty((0,))), final.to(_state_dtype(q))
+
+
+@torch.library.impl("flashqla::chunk_gdn_cp_summaries", "cpu")
+def _chunk_gdn_cp_summaries_cpu(q, k, v, g, beta, scale, cu_seqlens, use_qk_l2norm, workspace, eye):
+    run = torch.ops.flashqla.chunk_gdn_fwd_pass  # (its CPU implementation above: the two passes of the reference)
+    _, b_end = run(q, k, v, g, beta, scale, None, cu_seqlens, use_qk_l2norm, workspace, False, False, False)
+    _, phi = run(q, k, v, g, beta, scale, eye, cu_seqlens, use_qk_l2norm, workspace, True, False, True)
+    return b_end, phi
 
 
 @torch.library.impl("flashqla::chunk_gdn_cp_scan", "cpu")

@@ -221,6 +221,24 @@ def test_fwd_pass_op_cpu_and_fake_shapes():
         assert fo.shape == (0,) and fs.shape == s.shape
 
 
+def test_cp_summaries_op_cpu_and_fake_shapes():
+    # exact parallelism's two summaries in one op: on the CPU the reference's B (from zeros, v) and Phi (from eye,
+    # v = 0); its schema and fake implementation pass opcheck
+    from flashqla.reference import chunk_gdn_torch
+    d = make_inputs(1, 150, 2, 4, 16, 16, n_seqs=2, seed=29)
+    cu = torch.tensor([0, 70, 150])
+    eye = torch.eye(16, dtype=torch.float64).expand(2, 4, 16, 16).contiguous()
+    args = (d["q"], d["k"], d["v"], d["g"], d["beta"], 0.25, cu, True, torch.empty(0, dtype=torch.uint8), eye)
+    b, phi = torch.ops.flashqla.chunk_gdn_cp_summaries(*args)
+    kw = dict(scale=0.25, output_final_state=True, cu_seqlens=cu, use_qk_l2norm_in_kernel=True)
+    _, rb = chunk_gdn_torch(d["q"], d["k"], d["v"], d["g"], d["beta"], **kw)
+    _, rphi = chunk_gdn_torch(d["q"], d["k"], torch.zeros_like(d["v"]), d["g"], d["beta"], initial_state=eye, **kw)
+    assert torch.equal(b, rb) and torch.equal(phi, rphi)
+    res = torch.library.opcheck(torch.ops.flashqla.chunk_gdn_cp_summaries.default, args,
+                                test_utils=("test_schema", "test_faketensor"))
+    assert all(v == "SUCCESS" for v in res.values()), res
+
+
 def _packed_bwd_case(seed):
     """Two packed sequences (70 + 80 tokens: a partial chunk each), 2/4 heads of 16: the inputs, cu_seqlens,
     an output gradient and a final-state gradient (float64)."""

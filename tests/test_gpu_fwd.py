@@ -528,6 +528,62 @@ def test_cp_pass_summaries_and_shared_chunk_products(monkeypatch, split, summary
     assert torch.equal(o1, fresh[0]) and torch.equal(s1, fresh[1])
 
 
+@pytest.mark.parametrize("case", ["bf16", "fp16_l2norm_int64"])
+def test_cp_summaries_pair_equals_the_two_passes(monkeypatch, case):
+    # chunk_gdn_cp_summaries: the B chain and the transition chain as one launch of the paired kernel
+    # (FLASHQLA_SUMMARY_PAIR=2: that launch or an error) bitwise equal to the two passes (=0: the O-beside kernel
+    # twice; the same state arithmetic, the prep's gates the same bits as the loaders'), outputs poisoned first;
+    # the chunk products it leaves serve a prep_ready pass with o as a fresh call; without the gates' room in the
+    # workspace =2 fails and =1 falls back to the two passes
+    from flashqla._library import fwd_gates_workspace_bytes, fwd_workspace_bytes
+    fp16 = case.startswith("fp16")
+    lens = [0, 65, 700, 1, 1300, 128]
+    d = make(lens, 2, 4, dtype=torch.float16 if fp16 else torch.bfloat16, seed=26)
+    q, k, v, g, beta, cu = (d[n] for n in ("q", "k", "v", "g", "beta", "cu_seqlens"))
+    if fp16:
+        cu = cu.long()
+    l2 = fp16
+    scale, N, H, T = D ** -0.5, len(lens), v.shape[2], q.shape[1]
+    gen = torch.Generator(device=DEV).manual_seed(27)
+    eye = torch.eye(D, device=DEV).expand(N, H, D, D).contiguous()
+    eye += 1e-2 * torch.randn(eye.shape, device=DEV, generator=gen)  # (any initial states: not only the identity)
+    xw, gates = fwd_workspace_bytes(1, T, H), fwd_gates_workspace_bytes(1, T, H, N)
+    op = torch.ops.flashqla.chunk_gdn_cp_summaries
+    out = {}
+    for mode in ("0", "2", "1"):
+        monkeypatch.setenv("FLASHQLA_SUMMARY_PAIR", mode)
+        ws = torch.full((xw + gates,), 0xFF, dtype=torch.uint8, device=DEV)
+        poison = [torch.full((N, H, D, D), float("nan"), device=DEV) for _ in range(2)]
+        ptrs = {t.data_ptr() for t in poison}
+        del poison  # (the two outputs come from the blocks just freed)
+        b_end, phi = op(q, k, v, g, beta, scale, cu, l2, ws, eye)
+        torch.cuda.synchronize()
+        assert {b_end.data_ptr(), phi.data_ptr()} == ptrs, "allocator did not reuse the poisoned blocks"
+        assert torch.isfinite(b_end).all() and torch.isfinite(phi).all()
+        out[mode] = (b_end, phi, ws)
+    for mode in ("2", "1"):
+        assert torch.equal(out[mode][0], out["0"][0]) and torch.equal(out[mode][1], out["0"][1])
+    # against plain calls: B from zeros with v, Phi from eye with v = 0
+    plain_b = torch.ops.flashqla.chunk_gdn_fwd(q, k, v, g, beta, scale, None, True, cu, l2)[1]
+    plain_phi = torch.ops.flashqla.chunk_gdn_fwd(q, k, torch.zeros_like(v), g, beta, scale, eye, True, cu, l2)[1]
+    assert torch.equal(out["2"][0], plain_b) and torch.equal(out["2"][1], plain_phi)
+    # the last pass on the chunk products the paired launch left (its gates not read there)
+    h2 = torch.randn(N, H, D, D, device=DEV, generator=gen)
+    o1, s1 = torch.ops.flashqla.chunk_gdn_fwd_pass(q, k, v, g, beta, scale, h2, cu, l2, out["2"][2], True, True,
+                                                   False)
+    fresh = torch.ops.flashqla.chunk_gdn_fwd(q, k, v, g, beta, scale, h2, True, cu, l2)
+    assert torch.equal(o1, fresh[0]) and torch.equal(s1, fresh[1])
+    # no room for the gates: the paired launch cannot run
+    small = torch.empty((xw,), dtype=torch.uint8, device=DEV)
+    monkeypatch.setenv("FLASHQLA_SUMMARY_PAIR", "2")
+    with pytest.raises(RuntimeError):
+        op(q, k, v, g, beta, scale, cu, l2, small, eye)
+    torch.cuda.synchronize()
+    monkeypatch.setenv("FLASHQLA_SUMMARY_PAIR", "1")
+    b1, p1 = op(q, k, v, g, beta, scale, cu, l2, small, eye)
+    assert torch.equal(b1, plain_b) and torch.equal(p1, plain_phi)
+
+
 # the variants of the prepared chain: FLASHQLA_KSPLIT=1 (K split over warp pairs, the default at few sequences
 # x heads: KS^T and QS^T summed as two K halves), FLASHQLA_WGMMA=1 (the products as wgmma on swizzled stages, the
 # default elsewhere) and FLASHQLA_WGMMA=2 (wgmma, O formed by a warpgroup beside the chain, three stages), each

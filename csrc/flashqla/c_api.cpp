@@ -218,6 +218,32 @@ flashqla_status_t flashqla_gdn_fwd(const flashqla_gdn_fwd_params_t* p, cudaStrea
   return from_cuda(err, "gdn_fwd launch");
 }
 
+flashqla_status_t flashqla_gdn_fwd_cp_summaries(const flashqla_gdn_fwd_params_t* p, const float* transition_initial,
+                                                float* transition_final, cudaStream_t stream) {
+  if (p == nullptr) return fail(FLASHQLA_ERROR_INVALID_ARGUMENT, "params is NULL");
+  if (p->o != nullptr || p->chunk_states != nullptr)
+    return fail(FLASHQLA_ERROR_INVALID_ARGUMENT, "cp_summaries: o and chunk_states must be NULL (summaries only)");
+  if (p->final_state == nullptr || transition_final == nullptr)
+    return fail(FLASHQLA_ERROR_INVALID_ARGUMENT, "cp_summaries: final_state and transition_final must not be NULL");
+  if (p->v == nullptr && p->batch * p->seqlen > 0)
+    return fail(FLASHQLA_ERROR_INVALID_ARGUMENT, "cp_summaries: v must not be NULL");
+  flashqla_gdn_fwd_params_t t = *p;  // the transition pass: v = 0, its own initial and final states
+  t.v = nullptr;
+  t.initial_state = transition_initial;
+  t.final_state = transition_final;
+  bool run = false;
+  flashqla_status_t vs = validate_gdn(p, &run);
+  if (vs == FLASHQLA_SUCCESS && run) vs = validate_gdn(&t, &run);
+  if (vs != FLASHQLA_SUCCESS || !run) return vs;
+  const char* e = std::getenv("FLASHQLA_FWD_KERNEL");
+  if (e != nullptr && std::strcmp(e, "simple") == 0)
+    return fail(FLASHQLA_ERROR_UNSUPPORTED, "cp_summaries needs the default forward kernel (FLASHQLA_FWD_KERNEL=simple is set)");
+  const bool bf16 = p->qkv_dtype == FLASHQLA_BFLOAT16;
+  const cudaError_t err = bf16 ? flashqla::launch_gdn_fwd_summaries_bf16(*p, t, stream)
+                               : flashqla::launch_gdn_fwd_summaries_fp16(*p, t, stream);
+  return from_cuda(err, "gdn_fwd_cp_summaries launch");
+}
+
 int64_t flashqla_gdn_chunk_bound(const flashqla_gdn_fwd_params_t* p) {
   return p == nullptr ? 0 : flashqla::chunk_bound(*p);
 }

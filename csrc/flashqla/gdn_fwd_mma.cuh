@@ -2464,7 +2464,7 @@ cudaError_t launch_recurrent(const flashqla_gdn_fwd_params_t& p, const PrepBuffe
 // chunk_bound on malformed cu_seqlens, get unit gates: any finite values; such a call's output is not defined);
 // then all zero the rows past the sequence's end (TMA brings the next packed sequence's tokens there), apply the
 // l2norm where asked, and hand the stage over.
-template <typename T>
+template <typename T, bool kSum = false>
 CUTLASS_DEVICE void pair_producer(const flashqla_gdn_fwd_params_t& p, SharedStoragePair<T>& sm, const Work<T>& wk,
                                   const PrepBuffers<T>& pb, const tma::ChainMaps& cm) {
   using namespace warp;
@@ -2472,6 +2472,13 @@ CUTLASS_DEVICE void pair_producer(const flashqla_gdn_fwd_params_t& p, SharedStor
   const int hq = static_cast<int>(wk.h / (p.heads_v / p.heads_qk)), h = static_cast<int>(wk.h);
   const int b = static_cast<int>(wk.b);
   constexpr uint32_t kBoxBytes = kChunk * 64 * sizeof(T);
+  // kSum (gdn_fwd_pair_summaries_kernel): no o, so no Q and no W; V block 0 is this CTA's V columns, block 1 the
+  // transition chain's v = 0, zeroed once here (no box ever lands there; the first full barrier orders the stores)
+  constexpr int kBoxes = kSum ? 5 : 9;
+  if constexpr (kSum) {
+    for (int i = tid; i < kStages * kChunk * 8; i += kAuxThreads)
+      reinterpret_cast<uint4*>(sm.stage[i / (kChunk * 8)].v[1])[i % (kChunk * 8)] = make_uint4(0u, 0u, 0u, 0u);
+  }
   for (int64_t c = 0; c < wk.num_chunks; ++c) {
     const int st = static_cast<int>(c % kStages);
     auto& S = sm.stage[st];
@@ -2481,7 +2488,7 @@ CUTLASS_DEVICE void pair_producer(const flashqla_gdn_fwd_params_t& p, SharedStor
     const bool gates = wk.chunk0 + c < chunk_bound(p);
     if (tid == 0) {
       const int t = static_cast<int>(wk.t0 + c * kChunk), row0 = static_cast<int>(wk.flat0 + c * kChunk);
-      tma::mbar_expect_tx(bar, 9 * kBoxBytes + (gates ? 2 * kChunk * sizeof(float) : 0));
+      tma::mbar_expect_tx(bar, kBoxes * kBoxBytes + (gates ? 2 * kChunk * sizeof(float) : 0));
       if (gates) {
         static_assert(offsetof(StagePairSw<T>, decay) == offsetof(StagePairSw<T>, gamma) + kChunk * sizeof(float),
                       "gamma, decay");
@@ -2491,11 +2498,16 @@ CUTLASS_DEVICE void pair_producer(const flashqla_gdn_fwd_params_t& p, SharedStor
 #pragma unroll
       for (int blk = 0; blk < 2; ++blk) {
         tma::load_box(S.k[blk], &cm.k, bar, 64 * blk, hq, t, b);
-        tma::load_box(S.q[blk], &cm.q, bar, 64 * blk, hq, t, b);
-        tma::load_box(S.v[blk], &cm.v, bar, 64 * blk, h, t, b);
+        if constexpr (!kSum) {
+          tma::load_box(S.q[blk], &cm.q, bar, 64 * blk, hq, t, b);
+          tma::load_box(S.v[blk], &cm.v, bar, 64 * blk, h, t, b);
+        }
         tma::load_box3(S.x[blk], &cm.x, bar, 64 * blk, h, row0);
       }
-      tma::load_box3(S.w, &cm.w, bar, 0, h, row0);
+      if constexpr (kSum)
+        tma::load_box(S.v[0], &cm.v, bar, static_cast<int>(wk.col0), h, t, b);
+      else
+        tma::load_box3(S.w, &cm.w, bar, 0, h, row0);
     }
     if (!gates && tid < kChunk) {  // (generic stores, read by the state warps' generic loads after the handoff)
       S.gamma[tid] = 1.f;
@@ -2515,7 +2527,7 @@ CUTLASS_DEVICE void pair_producer(const flashqla_gdn_fwd_params_t& p, SharedStor
     }
     if (p.use_qk_l2norm) {  // (K and Q rows to unit length, as the O-beside chain's loaders do)
       bar_sync(pr::kProd, kAuxThreads);
-      l2norm_stage_rows<T>(S, tid, true);
+      l2norm_stage_rows<T>(S, tid, !kSum);
     }
     fence_async_smem();  // (the zeros and l2norm's stores, before the wgmma read the tiles through the async proxy)
     bar_sync(pr::kProd, kAuxThreads);  // (racecheck: bar.arrive orders the stores, racecheck does not model it)
@@ -2549,6 +2561,33 @@ __global__ void __launch_bounds__(kPairThreads, 1)
     cutlass::arch::warpgroup_reg_dealloc<kPairProdRegs>();
     wk.chunk0 = chunk_offset<IndexT>(p, ct.n, threadIdx.x & 31);  // (the gates' index)
     pair_producer<T>(p, sm, wk, pb, cmaps);
+  }
+}
+
+// Exact parallelism's two summaries passes as one launch (FLASHQLA_SUMMARY_PAIR): one CTA a (segment, value head,
+// V block); state warpgroup 0 runs the B chain (p: v, from p.initial_state into p.final_state), warpgroup 1 the
+// transition chain of the same V columns (pt: v = 0, the stage's second V block; from pt.initial_state into
+// pt.final_state), both on the stage the producer fills once (K, X, this block's V, the prep's gates; no o, so no Q
+// and no W). The two chains overlap on the SM as the pair's halves do (NOTES, session 28).
+template <typename T, typename IndexT>
+__global__ void __launch_bounds__(kPairThreads, 1)
+    gdn_fwd_pair_summaries_kernel(const __grid_constant__ flashqla_gdn_fwd_params_t p,
+                                  const __grid_constant__ flashqla_gdn_fwd_params_t pt, const PrepBuffers<T> pb,
+                                  const __grid_constant__ tma::ChainMaps cmaps) {
+  extern __shared__ __align__(128) unsigned char smem_raw[];
+  auto& sm = *reinterpret_cast<SharedStoragePair<T>*>(gmma::align_smem_1024(smem_raw));
+  if (threadIdx.x < kStages) tma::mbar_init(&sm.tma_bar[threadIdx.x]);
+  __syncthreads();
+  const int role = __shfl_sync(0xffffffffu, threadIdx.x / kStateThreads, 0);
+  const CtaTile ct = decode_cta<IndexT>(p, blockIdx.x, kVBlocks, kBlockV);
+  Work<T> wk = make_work<T>(p, ct);
+  if (role < 2) {
+    cutlass::arch::warpgroup_reg_alloc<kStateRegs>();
+    state_role<T, false, true, false>(role == 0 ? p : pt, sm, wk, &cmaps, role);
+  } else {
+    cutlass::arch::warpgroup_reg_dealloc<kPairProdRegs>();
+    wk.chunk0 = chunk_offset<IndexT>(p, ct.n, threadIdx.x & 31);  // (the gates' index)
+    pair_producer<T, true>(p, sm, wk, pb, cmaps);
   }
 }
 
@@ -2635,6 +2674,38 @@ cudaError_t launch_prepared(const flashqla_gdn_fwd_params_t& p, const PrepBuffer
   }
 }
 
+// FLASHQLA_SUMMARY_PAIR: 1 (unset) = exact parallelism's two summaries passes (launch's pt) as one launch of
+// gdn_fwd_pair_summaries_kernel where it runs (the prep's gates in the workspace, TMA maps for K, X and V); 0 = two
+// launches of the O-beside kernel, as before; 2 (tests) = the one launch, or the call fails.
+inline int summary_pair_mode() {
+  const char* e = std::getenv("FLASHQLA_SUMMARY_PAIR");
+  return e != nullptr && (e[0] == '0' || e[0] == '2') ? e[0] - '0' : 1;
+}
+
+// The two summaries passes on prepared chunks: p (the B pass) and pt (the transition pass: v = 0), which differ
+// only in v, initial_state and final_state.
+template <typename T>
+cudaError_t launch_summaries(const flashqla_gdn_fwd_params_t& p, const flashqla_gdn_fwd_params_t& pt,
+                             const PrepBuffers<T>& pb, cudaStream_t stream) {
+  const int mode = summary_pair_mode();
+  tma::ChainMaps cmaps{};  // (Q's map is made and not read; W's not made)
+  if (mode != 0 && pb.gates != nullptr && chain_tma_mode() != 0 && kqx_maps(p, pb, cmaps.k, cmaps.q, cmaps.x) &&
+      v_map(p, cmaps.v)) {
+    const int64_t blocks = p.num_seqs * p.heads_v * kVBlocks;
+    if (blocks == 0) return cudaSuccess;
+    const bool ix64 = p.cu_seqlens != nullptr && p.cu_seqlens_dtype == FLASHQLA_INT64;
+    auto kernel = ix64 ? gdn_fwd_pair_summaries_kernel<T, int64_t> : gdn_fwd_pair_summaries_kernel<T, int32_t>;
+    const size_t smem = sizeof(SharedStoragePair<T>) + 1024;
+    cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem));
+    if (err != cudaSuccess) return err;
+    kernel<<<static_cast<unsigned>(blocks), kPairThreads, smem, stream>>>(p, pt, pb, cmaps);
+    return cudaGetLastError();
+  }
+  if (mode == 2) return cudaErrorNotSupported;
+  cudaError_t err = launch_prepared<T>(p, pb, stream);
+  return err == cudaSuccess ? launch_prepared<T>(pt, pb, stream) : err;
+}
+
 // Prep beside the chain (prep_worker), where the O-beside chain's CTAs leave at least a quarter of the SMs to
 // the prep workers: their count, or 0. FLASHQLA_OVERLAP=0: never; =1: wherever that holds; unset: there, for
 // dense batches and single sequences (the workers' chunk-position order feeds their chains evenly; with several
@@ -2655,11 +2726,16 @@ inline int overlap_prep_ctas(const flashqla_gdn_fwd_params_t& p) {
 }
 
 
+// pt (flashqla_gdn_fwd_cp_summaries): p is exact parallelism's B pass (o and chunk states NULL) and pt its
+// transition pass on the same chunks; both run after the one prep (launch_summaries).
 template <typename T>
-cudaError_t launch(const flashqla_gdn_fwd_params_t& p, cudaStream_t stream) {
+cudaError_t launch(const flashqla_gdn_fwd_params_t& p, cudaStream_t stream,
+                   const flashqla_gdn_fwd_params_t* pt = nullptr) {
   const int64_t chunks = chunk_bound(p);
-  if (!fwd_split_mode() || chunks == 0 || p.num_seqs == 0)
-    return launch_recurrent<T, AuxMode::kFused>(p, PrepBuffers<T>{nullptr, nullptr}, stream);
+  if (!fwd_split_mode() || chunks == 0 || p.num_seqs == 0) {
+    const cudaError_t err = launch_recurrent<T, AuxMode::kFused>(p, PrepBuffers<T>{nullptr, nullptr}, stream);
+    return err == cudaSuccess && pt != nullptr ? launch_recurrent<T, AuxMode::kFused>(*pt, PrepBuffers<T>{nullptr, nullptr}, stream) : err;
+  }
   static_assert(kFwdPrepCols == kDimK + kChunk && sizeof(T) == 2, "workspace layout");
   Workspace ws;  // X and W for every token row (and with gates_from_prep the chunks' gates after them)
   const size_t xw_bytes = prep_workspace_bytes(p, kFwdPrepCols);
@@ -2669,14 +2745,19 @@ cudaError_t launch(const flashqla_gdn_fwd_params_t& p, cudaStream_t stream) {
   // (the plain forward on the prep kernel: not CP's prepared passes nor the prep beside the chain; a caller's
   // workspace sized for X and W alone keeps the gates in the chain)
   // (with o only: the summaries passes run the O-beside kernel too, whose loaders copy the prep's gates only with o)
-  const bool gates_wanted = gmode != 0 && !p.prep_ready && p.o != nullptr && overlap_prep_ctas(p) == 0 &&
-                            chain_form(p) == ChainForm::kWgmmaOb && chain_tma_mode() != 0 &&
+  // (and for the summaries pair, whose producer only copies them)
+  const bool gates_wanted = gmode != 0 && !p.prep_ready &&
+                            (pt != nullptr ? summary_pair_mode() != 0
+                                           : p.o != nullptr && overlap_prep_ctas(p) == 0 &&
+                                                 chain_form(p) == ChainForm::kWgmmaOb) &&
+                            chain_tma_mode() != 0 &&
                             (p.workspace == nullptr || p.workspace_bytes >= xw_bytes + gate_bytes);
   cudaError_t err = ws.acquire(p, xw_bytes + (gates_wanted ? gate_bytes : 0), stream);
   if (err != cudaSuccess) return err;
   const size_t rows = static_cast<size_t>(p.batch) * static_cast<size_t>(p.seqlen);
   PrepBuffers<T> pb{static_cast<T*>(ws.ptr), static_cast<T*>(ws.ptr) + rows * p.heads_v * kDimK};
-  if (p.prep_ready && !ws.owned) return launch_prepared<T>(p, pb, stream);  // X, W in place
+  if (p.prep_ready && !ws.owned)  // X, W in place
+    return pt != nullptr ? launch_summaries<T>(p, *pt, pb, stream) : launch_prepared<T>(p, pb, stream);
   if (const int prep_ctas = overlap_prep_ctas(p); prep_ctas > 0) {  // one launch: the prep beside the chain
     Workspace flags;  // (always its own, zeroed: a flag per chunk and value head)
     flags.owned = true;
@@ -2715,7 +2796,8 @@ cudaError_t launch(const flashqla_gdn_fwd_params_t& p, cudaStream_t stream) {
         p, pb, hpc, maps);
     err = cudaGetLastError();
   }
-  if (err == cudaSuccess) err = launch_prepared<T>(p, pb, stream);
+  if (err == cudaSuccess)
+    err = pt != nullptr ? launch_summaries<T>(p, *pt, pb, stream) : launch_prepared<T>(p, pb, stream);
   return ws.release(err, stream);
 }
 

@@ -6,4 +6,8 @@ namespace flashqla {
 cudaError_t launch_gdn_fwd_mma_bf16(const flashqla_gdn_fwd_params_t& p, cudaStream_t stream) {
   return gdn_fwd_mma::launch<__nv_bfloat16>(p, stream);
 }
+cudaError_t launch_gdn_fwd_summaries_bf16(const flashqla_gdn_fwd_params_t& p, const flashqla_gdn_fwd_params_t& pt,
+                                          cudaStream_t stream) {
+  return gdn_fwd_mma::launch<__nv_bfloat16>(p, stream, &pt);
+}
 }  // namespace flashqla

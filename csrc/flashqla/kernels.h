@@ -51,6 +51,12 @@ cudaError_t launch_l2norm_bwd(const flashqla_l2norm_bwd_params_t& p, cudaStream_
 // v2, warp-specialised with the state chain in registers (gdn_fwd_mma.cuh): the default
 cudaError_t launch_gdn_fwd_mma_bf16(const flashqla_gdn_fwd_params_t& p, cudaStream_t stream);
 cudaError_t launch_gdn_fwd_mma_fp16(const flashqla_gdn_fwd_params_t& p, cudaStream_t stream);
+// exact parallelism's two summaries passes after one prep (flashqla_gdn_fwd_cp_summaries): p the B pass, pt the
+// transition pass (p but for v, initial_state and final_state)
+cudaError_t launch_gdn_fwd_summaries_bf16(const flashqla_gdn_fwd_params_t& p, const flashqla_gdn_fwd_params_t& pt,
+                                          cudaStream_t stream);
+cudaError_t launch_gdn_fwd_summaries_fp16(const flashqla_gdn_fwd_params_t& p, const flashqla_gdn_fwd_params_t& pt,
+                                          cudaStream_t stream);
 // v1 (gdn_fwd_simple.cuh): the correctness baseline, FLASHQLA_FWD_KERNEL=simple
 cudaError_t launch_gdn_fwd_simple_bf16(const flashqla_gdn_fwd_params_t& p, cudaStream_t stream);
 cudaError_t launch_gdn_fwd_simple_fp16(const flashqla_gdn_fwd_params_t& p, cudaStream_t stream);

@@ -20,26 +20,31 @@ using PassFn = std::tuple<at::Tensor, at::Tensor>(const at::Tensor&, const at::T
                                                   const std::optional<at::Tensor>&, const std::optional<at::Tensor>&,
                                                   bool, at::Tensor&, bool, bool, bool);
 
+using SummariesFn = std::tuple<at::Tensor, at::Tensor>(const at::Tensor&, const at::Tensor&, const at::Tensor&,
+                                                       const at::Tensor&, const at::Tensor&, double, const at::Tensor&,
+                                                       bool, at::Tensor&, const at::Tensor&);
+
 using ScanFn = at::Tensor(const at::Tensor&, const at::Tensor&, const std::optional<at::Tensor>&, const at::Tensor&);
 
 // seg_cu: the segments' cu_seqlens; last: each sequence's last segment (int64, _cp.device_plan); single_last >= 0:
-// one sequence (its last segment: the final state is a slice then), else -1; eye [segments, H_v, K, K] and
-// zero_v (v's shape, any strides): the transition pass's initial states and values; workspace: the passes'
-// shared chunk products.
+// one sequence (its last segment: the final state is a slice then), else -1; eye [segments, H_v, K, K]: the
+// transition pass's initial states; workspace: the passes' shared chunk products (and the gates:
+// fwd_gates_workspace_bytes).
 std::tuple<at::Tensor, at::Tensor> chunk_gdn_cp_fwd(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
                                                     const at::Tensor& g, const at::Tensor& beta, double scale,
                                                     const std::optional<at::Tensor>& initial_state,
                                                     const at::Tensor& seg_cu, const at::Tensor& last, int64_t single_last,
-                                                    bool use_qk_l2norm, at::Tensor& workspace, const at::Tensor& eye,
-                                                    const at::Tensor& zero_v) {
+                                                    bool use_qk_l2norm, at::Tensor& workspace, const at::Tensor& eye) {
   static auto pass = c10::Dispatcher::singleton().findSchemaOrThrow("flashqla::chunk_gdn_fwd_pass", "").typed<PassFn>();
+  static auto summaries = c10::Dispatcher::singleton()
+                               .findSchemaOrThrow("flashqla::chunk_gdn_cp_summaries", "")
+                               .typed<SummariesFn>();
   static auto scan = c10::Dispatcher::singleton().findSchemaOrThrow("flashqla::chunk_gdn_cp_scan", "").typed<ScanFn>();
   const std::optional<at::Tensor> cu(seg_cu);
-  // 1. B: each segment's final state from zero (the real v); 2. Phi: from the identity with v = 0
-  auto b_end = std::get<1>(pass.call(q, k, v, g, beta, scale, std::nullopt, cu, use_qk_l2norm, workspace, false, false,
-                                     false));
-  auto phi = std::get<1>(pass.call(q, k, zero_v, g, beta, scale, std::optional<at::Tensor>(eye), cu, use_qk_l2norm,
-                                   workspace, true, false, true));
+  // 1. B: each segment's final state from zero (the real v); 2. Phi: from the identity with v = 0 (one op: on the
+  // GPU one prep and, where the workspace holds the gates too, one launch for both chains)
+  at::Tensor b_end, phi;
+  std::tie(b_end, phi) = summaries.call(q, k, v, g, beta, scale, seg_cu, use_qk_l2norm, workspace, eye);
   // 3. the scan along each sequence's segments, S_{i+1} = Phi_i S_i + B_i (one kernel on the GPU)
   at::Tensor init = scan.call(phi, b_end, initial_state, last);
   // 4. o and the final states from every segment's true initial state

@@ -137,6 +137,16 @@ flashqla_gdn_fwd_params_t input_params(const char* op, const at::Tensor& q, cons
   return p;
 }
 
+// A caller's workspace for the forward's chunk products (exact parallelism's passes share one), checked.
+void use_workspace(flashqla_gdn_fwd_params_t& p, const at::Tensor& ws, const at::Tensor& q, const char* op) {
+  const int64_t need = static_cast<int64_t>(flashqla_gdn_fwd_workspace_bytes(&p));
+  TORCH_CHECK(ws.is_cuda() && ws.device() == q.device() && ws.is_contiguous() && ws.scalar_type() == at::kByte &&
+                  ws.numel() >= need,
+              "flashqla.", op, ": workspace must be a contiguous uint8 tensor on q's device of at least ", need, " bytes");
+  p.workspace = ws.numel() > 0 ? ws.data_ptr() : nullptr;
+  p.workspace_bytes = static_cast<size_t>(ws.numel());
+}
+
 // The forward; with_states also writes the state at the start of every chunk (the backward's recompute).
 // workspace: the caller's (exact parallelism's passes share one: prep_ready skips recomputing X and W);
 // write_o = false: summaries only (o not computed, an empty o returned).
@@ -178,12 +188,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> gdn_fwd(const at::Tensor& q, cons
   // gates in the chain)
   const int64_t gates = static_cast<int64_t>(flashqla_gdn_fwd_gates_workspace_bytes(&p));
   at::Tensor ws = workspace != nullptr ? *workspace : at::empty({need + gates}, v.options().dtype(at::kByte));
-  TORCH_CHECK(ws.is_cuda() && ws.device() == q.device() && ws.is_contiguous() && ws.scalar_type() == at::kByte &&
-                  ws.numel() >= need,
-              "flashqla.chunk_gdn_fwd_pass: workspace must be a contiguous uint8 tensor on q's device of at least ",
-              need, " bytes");
-  p.workspace = ws.numel() > 0 ? ws.data_ptr() : nullptr;
-  p.workspace_bytes = static_cast<size_t>(ws.numel());
+  use_workspace(p, ws, q, "chunk_gdn_fwd_pass");
   p.prep_ready = prep_ready ? 1 : 0;
   check_status(flashqla_gdn_fwd(&p, c10::cuda::getCurrentCUDAStream(q.device().index()).stream()), "chunk_gdn_fwd");
   return {o, final_state, states};
@@ -209,6 +214,29 @@ std::tuple<at::Tensor, at::Tensor> chunk_gdn_fwd_pass_cuda(const at::Tensor& q, 
   auto r = gdn_fwd(q, k, v, g, beta, scale, initial_state, true, cu_seqlens, use_qk_l2norm, false, &workspace,
                    prep_ready, write_o, zero_v);
   return {std::get<0>(r), std::get<1>(r)};
+}
+
+// Exact parallelism's two summaries passes after one prep (flashqla_gdn_fwd_cp_summaries): (B, Phi), each
+// [segments, H_v, K, V] fp32; eye: the transition pass's initial states (Phi's shape); workspace: as the passes'.
+std::tuple<at::Tensor, at::Tensor> chunk_gdn_cp_summaries_cuda(const at::Tensor& q, const at::Tensor& k,
+                                                               const at::Tensor& v, const at::Tensor& g,
+                                                               const at::Tensor& beta, double scale,
+                                                               const at::Tensor& cu_seqlens, bool use_qk_l2norm,
+                                                               at::Tensor& workspace, const at::Tensor& eye) {
+  c10::cuda::CUDAGuard guard(q.device());
+  const std::optional<at::Tensor> cu(cu_seqlens);
+  flashqla_gdn_fwd_params_t p = input_params("chunk_gdn_cp_summaries", q, k, v, g, beta, scale, cu, use_qk_l2norm);
+  at::Tensor b_end = at::empty({p.num_seqs, v.size(2), k.size(3), v.size(3)}, v.options().dtype(at::kFloat));
+  at::Tensor phi = at::empty_like(b_end);
+  TORCH_CHECK(eye.device() == q.device() && eye.scalar_type() == at::kFloat && eye.is_contiguous() &&
+                  eye.sizes() == b_end.sizes(),
+              "flashqla.chunk_gdn_cp_summaries: eye must be contiguous float32 ", b_end.sizes(), " on q's device");
+  p.final_state = b_end.data_ptr<float>();
+  use_workspace(p, workspace, q, "chunk_gdn_cp_summaries");
+  check_status(flashqla_gdn_fwd_cp_summaries(&p, eye.data_ptr<float>(), phi.data_ptr<float>(),
+                                             c10::cuda::getCurrentCUDAStream(q.device().index()).stream()),
+               "chunk_gdn_cp_summaries");
+  return {b_end, phi};
 }
 
 // The backward's recompute: the chunk-start states only (summaries mode: no o, no output products).
@@ -421,6 +449,7 @@ TORCH_LIBRARY_IMPL(flashqla, CUDA, m) {
   m.impl("chunk_gdn_fwd", &chunk_gdn_fwd_cuda);
   m.impl("chunk_gdn_fwd_states", &chunk_gdn_fwd_states_cuda);
   m.impl("chunk_gdn_fwd_pass", &chunk_gdn_fwd_pass_cuda);
+  m.impl("chunk_gdn_cp_summaries", &chunk_gdn_cp_summaries_cuda);
   m.impl("chunk_gdn_bwd_dh", &chunk_gdn_bwd_dh_cuda);
   m.impl("chunk_gdn_bwd_chains", &chunk_gdn_bwd_chains_cuda);
   m.impl("chunk_gdn_bwd_grad", &chunk_gdn_bwd_grad_cuda);

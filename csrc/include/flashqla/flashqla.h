@@ -254,6 +254,22 @@ typedef struct flashqla_l2norm_bwd_params {
 FLASHQLA_API flashqla_status_t flashqla_l2norm_bwd(const flashqla_l2norm_bwd_params_t* params, cudaStream_t stream);
 
 /*
+ * Exact context parallelism's first two steps (the PyTorch op chunk_gdn_cp_fwd's): per segment of a sequence
+ * (params->cu_seqlens: the segments), the affine map S_end = Phi S_start + B of its state chain, from one
+ * computation of the chunk products. params as for flashqla_gdn_fwd with o = NULL, chunk_states = NULL, v not
+ * NULL and final_state not NULL; it writes final_state = B (each segment's final state from
+ * params->initial_state, NULL: zeros, with params->v) and transition_final = Phi (from transition_initial, the
+ * identity per segment and head for Phi, with v = 0; both [num_seqs, heads_v, K, V] fp32, contiguous, 32-byte
+ * aligned; K = V). With prep_ready = 0 the chunk products are left in params->workspace for a later prep_ready
+ * call (the last pass, with o). A workspace of flashqla_gdn_fwd_workspace_bytes +
+ * flashqla_gdn_fwd_gates_workspace_bytes runs the two chains in one launch (two state warpgroups of a CTA on the
+ * loads they share); otherwise they run one after the other (FLASHQLA_SUMMARY_PAIR=0 forces that).
+ */
+FLASHQLA_API flashqla_status_t flashqla_gdn_fwd_cp_summaries(const flashqla_gdn_fwd_params_t* params,
+                                                             const float* transition_initial, float* transition_final,
+                                                             cudaStream_t stream);
+
+/*
  * Exact context parallelism's scan over segment summaries (the PyTorch op chunk_gdn_cp_fwd's third step). A
  * sequence cut into segments first..last (consecutive, in order) has per segment the affine map
  * S_end = Phi S_start + B of its state chain (B: the segment's final state from zeros; Phi: from the identity
