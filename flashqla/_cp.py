@@ -14,8 +14,8 @@ chunk recurrence is affine, S_end = Phi S_start + B, so:
 No truncation: the result is the same algebra as the unsegmented chain (the
 kernel's rounding of S differs only in where the chain restarts). It costs
 three passes of the state chain; on the kernels the first two are summaries
-only (no o, about half a chunk step each) and all three share one computation
-of the chunk products (the prep kernel runs once). It only runs where the
+only (no o) and run as one launch (about one chunk step for both), and all
+three share one computation of the chunk products (the prep kernel runs once). It only runs where the
 plan predicts a gain. Planning reads host-known sequence lengths only (dense shapes or
 cu_seqlens_cpu): no device sync. The device copies of the plan are cached per
 plan, so a warm-up call before CUDA-graph capture makes capture work; during
@@ -42,7 +42,11 @@ GAIN = 0.75           # run CP when its predicted time is below this fraction of
 # per launch (TP8/TP4 1 x 8192), i.e. still ~1.5 chunk steps per rank, and with a lower constant (1) the 1 x 2048
 # rows get plans that measured no better (TP8 0.094 -> 0.091 ms, TP4 0.107 -> 0.113): the constant stays.
 # FLASHQLA_CP_RANK_STEP overrides it for such A/Bs.
-SUMMARY_STEP = 0.7
+# Since session 28 the two summaries passes run as one launch (chunk_gdn_cp_summaries: the B and transition chains
+# as the two halves of the paired kernel): TP8 1 x 32768 112 us against the last pass's 104 us over 64 chunks, i.e.
+# both summaries together ~1.07 full chunk steps (they were 2 x 0.7). No anchor row's plan changes with it.
+SUMMARY_STEP = 0.7    # one summaries pass alone (FLASHQLA_SUMMARY_PAIR=0, or where the paired launch cannot run)
+SUMMARIES_STEP = 1.07  # both, as one launch
 RANK_STEP = 3.0       # in chunk steps
 
 
@@ -95,9 +99,9 @@ def _plan(lengths: tuple, heads_v: int, sms: int, chunk: int, rank_step: float):
     seg = MIN_SEGMENT_CHUNKS
     while seg < longest:
         segs = sum(max(1, -(-c // seg)) for c in chunks)
-        # B and Phi: two summaries-only calls of `segs` segments; then one full call; the scan per rank
+        # B and Phi: summaries only over `segs` segments (one launch for both); then one full call; the scan per rank
         ranks = max(-(-c // seg) for c in chunks)
-        t = seg * _waves(segs * per_seq, sms) * (2 * SUMMARY_STEP + 1) + rank_step * ranks
+        t = seg * _waves(segs * per_seq, sms) * (SUMMARIES_STEP + 1) + rank_step * ranks
         if best is None or t <= best[0]:  # ties: the longer segments (fewer of them)
             best = (t, seg)
         seg *= 2
