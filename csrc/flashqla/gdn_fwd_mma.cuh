@@ -2601,6 +2601,13 @@ inline int chain_pair_mode() {
   return e != nullptr && e[0] >= '0' && e[0] <= '3' ? e[0] - '0' : 1;
 }
 
+// The paired kernels' dynamic shared memory (SharedStoragePair, aligned to 1024 bytes inside), allowed on `kernel`.
+template <typename T, typename Kernel>
+cudaError_t pair_smem(Kernel kernel, size_t& smem) {
+  smem = sizeof(SharedStoragePair<T>) + 1024;
+  return cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem));
+}
+
 // The paired chain on prepared chunks; cudaErrorNotSupported where it does not run (the caller falls back).
 template <typename T>
 cudaError_t launch_pair(const flashqla_gdn_fwd_params_t& p, const PrepBuffers<T>& pb, cudaStream_t stream) {
@@ -2611,9 +2618,8 @@ cudaError_t launch_pair(const flashqla_gdn_fwd_params_t& p, const PrepBuffers<T>
   if (blocks == 0) return cudaSuccess;
   const bool ix64 = p.cu_seqlens != nullptr && p.cu_seqlens_dtype == FLASHQLA_INT64;
   auto kernel = ix64 ? gdn_fwd_pair_kernel<T, int64_t> : gdn_fwd_pair_kernel<T, int32_t>;
-  const size_t smem = sizeof(SharedStoragePair<T>) + 1024;
-  cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem));
-  if (err != cudaSuccess) return err;
+  size_t smem = 0;
+  if (const cudaError_t err = pair_smem<T>(kernel, smem); err != cudaSuccess) return err;
   kernel<<<static_cast<unsigned>(blocks), kPairThreads, smem, stream>>>(p, pb, cmaps);
   return cudaGetLastError();
 }
@@ -2695,9 +2701,8 @@ cudaError_t launch_summaries(const flashqla_gdn_fwd_params_t& p, const flashqla_
     if (blocks == 0) return cudaSuccess;
     const bool ix64 = p.cu_seqlens != nullptr && p.cu_seqlens_dtype == FLASHQLA_INT64;
     auto kernel = ix64 ? gdn_fwd_pair_summaries_kernel<T, int64_t> : gdn_fwd_pair_summaries_kernel<T, int32_t>;
-    const size_t smem = sizeof(SharedStoragePair<T>) + 1024;
-    cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem));
-    if (err != cudaSuccess) return err;
+    size_t smem = 0;
+    if (const cudaError_t err = pair_smem<T>(kernel, smem); err != cudaSuccess) return err;
     kernel<<<static_cast<unsigned>(blocks), kPairThreads, smem, stream>>>(p, pt, pb, cmaps);
     return cudaGetLastError();
   }
