@@ -5,6 +5,7 @@
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
+#include <cstring>
 #include <vector>
 
 #include <cuda_runtime_api.h>
@@ -75,12 +76,51 @@ int main() {
   std::vector<uint16_t> o_bits2(pr.v.size());
   CUDA_OK(cudaMemcpy(o_bits2.data(), dout, o_bits2.size() * 2, cudaMemcpyDeviceToHost));
   const bool same = st == FLASHQLA_SUCCESS && o_bits2 == o_bits;
+  // exact parallelism's summaries (flashqla_gdn_fwd_cp_summaries, one launch with the gates' room): B (from zeros,
+  // with v) and the transition (from dh0 here, v = 0) as two plain summaries calls give them, bit for bit; then a
+  // prep_ready call with o on the workspace it left gives the first call's o
+  const size_t state_floats = pr.h0.size();
+  float *db = nullptr, *dphi = nullptr, *db2 = nullptr, *dphi2 = nullptr;
+  for (float** d : {&db, &dphi, &db2, &dphi2}) {
+    CUDA_OK(cudaMalloc(reinterpret_cast<void**>(d), state_floats * 4));
+    CUDA_OK(cudaMemset(*d, 0xff, state_floats * 4));
+  }
+  flashqla_gdn_fwd_params_t ps = pr.params(nullptr);
+  ps.final_state = db;
+  ps.workspace = ws;
+  ps.workspace_bytes = ws_bytes;
+  const bool sum_ok = flashqla_gdn_fwd_cp_summaries(&ps, pr.dh0, dphi, nullptr) == FLASHQLA_SUCCESS;
+  flashqla_gdn_fwd_params_t pb = pr.params(nullptr), pt = pr.params(nullptr);
+  pb.final_state = db2;
+  pt.v = nullptr;  // v = 0
+  pt.initial_state = pr.dh0;
+  pt.final_state = dphi2;
+  const bool two_ok = flashqla_gdn_fwd(&pb, nullptr) == FLASHQLA_SUCCESS && flashqla_gdn_fwd(&pt, nullptr) == FLASHQLA_SUCCESS;
+  CUDA_OK(cudaMemset(dout, 0xff, pr.v.size() * 2));
+  flashqla_gdn_fwd_params_t pr_o = p;  // (p: o, h0, the final states, this workspace)
+  pr_o.prep_ready = 1;
+  const bool ready_ok = flashqla_gdn_fwd(&pr_o, nullptr) == FLASHQLA_SUCCESS;
+  CUDA_OK(cudaDeviceSynchronize());
+  std::vector<float> b1(state_floats), b2(state_floats), f1(state_floats), f2(state_floats);
+  CUDA_OK(cudaMemcpy(b1.data(), db, state_floats * 4, cudaMemcpyDeviceToHost));
+  CUDA_OK(cudaMemcpy(b2.data(), db2, state_floats * 4, cudaMemcpyDeviceToHost));
+  CUDA_OK(cudaMemcpy(f1.data(), dphi, state_floats * 4, cudaMemcpyDeviceToHost));
+  CUDA_OK(cudaMemcpy(f2.data(), dphi2, state_floats * 4, cudaMemcpyDeviceToHost));
+  CUDA_OK(cudaMemcpy(o_bits2.data(), dout, o_bits2.size() * 2, cudaMemcpyDeviceToHost));
+  const bool summaries = sum_ok && two_ok && ready_ok && std::memcmp(b1.data(), b2.data(), state_floats * 4) == 0 &&
+                         std::memcmp(f1.data(), f2.data(), state_floats * 4) == 0 && o_bits2 == o_bits;
+  ps.o = dout;  // o is not for the summaries: a status and a message
+  const bool sum_rejects = flashqla_gdn_fwd_cp_summaries(&ps, pr.dh0, dphi, nullptr) == FLASHQLA_ERROR_INVALID_ARGUMENT;
+  for (float* d : {db, dphi, db2, dphi2}) cudaFree(d);
   p.head_dim_v = 64;  // an unsupported size comes back as a status and a message
   const bool rejects = flashqla_gdn_fwd(&p, nullptr) == FLASHQLA_ERROR_UNSUPPORTED;
-  const bool ok = eo < 5e-3 && es < 5e-3 && same && rejects;  // NaN compares false: unwritten output fails
+  // NaN compares false (an unwritten output fails); the poisoned states' NaN bits would differ from the plain calls'
+  const bool ok = eo < 5e-3 && es < 5e-3 && same && rejects && summaries && sum_rejects;
   std::printf("%s: o rel L2 %.2e, final state %.2e (limit 5e-3); a caller's workspace (%zu bytes) gives the same "
-              "bits: %s; V = 64 rejected: %s (%s)\n", ok ? "PASS" : "FAIL", eo, es, ws_bytes, same ? "yes" : "no",
-              rejects ? "yes" : "no", flashqla_last_error());
+              "bits: %s; cp_summaries equal to two summaries calls and its workspace serves a prep_ready call: %s, "
+              "with o rejected: %s; V = 64 rejected: %s (%s)\n", ok ? "PASS" : "FAIL", eo, es, ws_bytes,
+              same ? "yes" : "no", summaries ? "yes" : "no", sum_rejects ? "yes" : "no", rejects ? "yes" : "no",
+              flashqla_last_error());
   cudaFree(ws);
   cudaFree(dout);
   cudaFree(dht);
