@@ -44,9 +44,9 @@ GAIN = 0.75           # run CP when its predicted time is below this fraction of
 # FLASHQLA_CP_RANK_STEP overrides it for such A/Bs.
 # Since session 28 the two summaries passes run as one launch (chunk_gdn_cp_summaries: the B and transition chains
 # as the two halves of the paired kernel): TP8 1 x 32768 112 us against the last pass's 104 us over 64 chunks, i.e.
-# both summaries together ~1.07 full chunk steps (they were 2 x 0.7). No anchor row's plan changes with it.
-SUMMARY_STEP = 0.7    # one summaries pass alone (FLASHQLA_SUMMARY_PAIR=0, or where the paired launch cannot run)
-SUMMARIES_STEP = 1.07  # both, as one launch
+# both summaries together ~1.07 full chunk steps (they were 2 x 0.7, and are again under FLASHQLA_SUMMARY_PAIR=0 or
+# where the paired launch cannot run). No anchor row's plan changes with it.
+SUMMARIES_STEP = 1.07
 RANK_STEP = 3.0       # in chunk steps
 
 
@@ -267,7 +267,7 @@ def forward(fwd, q, k, v, g, beta, scale, initial_state, p: Plan, l2norm: bool, 
                       q.device)
         # (the gates' room lets the two summaries passes run as one launch: chunk_gdn_cp_summaries)
         B, T = q.shape[0], q.shape[1]
-        ws = torch.empty(fwd_workspace_bytes(B, T, H) + fwd_gates_workspace_bytes(B, T, H, p.segments)
+        ws = torch.empty(fwd_workspace_bytes(B, T, H) + fwd_gates_workspace_bytes(B, T, H, dp[0])
                          if q.is_cuda else 0, dtype=torch.uint8, device=q.device)
         single_last = p.last_of_seq[0] if len(p.last_of_seq) == 1 else -1
         return op(q, k, v, g, beta, scale, initial_state, *dp, single_last, l2norm, ws, eye)

@@ -102,13 +102,10 @@ def fwd_workspace_bytes(B: int, T: int, H_v: int) -> int:
     return B * T * H_v * (128 + 64) * 2
 
 
-def fwd_gates_workspace_bytes(B: int, T: int, H_v: int, num_seqs=None) -> int:
+def fwd_gates_workspace_bytes(B: int, T: int, H_v: int, cu_seqlens=None) -> int:
     """Bytes the forward's workspace may hold past fwd_workspace_bytes (as flashqla_gdn_fwd_gates_workspace_bytes:
-    each chunk's gates, 2 x 64 fp32 a chunk and value head; num_seqs: the cu_seqlens sequences, None for dense)."""
-    if B * T * H_v <= 0:
-        return 0
-    chunks = B * -(-T // 64) if num_seqs is None else -(-T // 64) + num_seqs
-    return chunks * H_v * 2 * 64 * 4
+    each chunk's gates, 2 x 64 fp32 a chunk of chunk_bound and value head)."""
+    return chunk_bound(B, T, cu_seqlens) * H_v * 2 * 64 * 4 if B * T * H_v > 0 else 0
 
 
 @torch.library.register_fake("flashqla::chunk_gdn_cp_summaries")

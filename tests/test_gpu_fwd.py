@@ -547,7 +547,7 @@ def test_cp_summaries_pair_equals_the_two_passes(monkeypatch, case):
     gen = torch.Generator(device=DEV).manual_seed(27)
     eye = torch.eye(D, device=DEV).expand(N, H, D, D).contiguous()
     eye += 1e-2 * torch.randn(eye.shape, device=DEV, generator=gen)  # (any initial states: not only the identity)
-    xw, gates = fwd_workspace_bytes(1, T, H), fwd_gates_workspace_bytes(1, T, H, N)
+    xw, gates = fwd_workspace_bytes(1, T, H), fwd_gates_workspace_bytes(1, T, H, cu)
     op = torch.ops.flashqla.chunk_gdn_cp_summaries
     out = {}
     for mode in ("0", "2", "1"):
