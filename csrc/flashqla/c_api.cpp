@@ -193,6 +193,14 @@ flashqla_status_t validate_gdn(const flashqla_gdn_fwd_params_t* p, bool* run) {
   *run = true;
   return ok();
 }
+// FLASHQLA_FWD_KERNEL=simple selects the v1 kernel (the correctness baseline), read once.
+bool simple_forward() {
+  static const bool simple = [] {
+    const char* e = std::getenv("FLASHQLA_FWD_KERNEL");
+    return e != nullptr && std::strcmp(e, "simple") == 0;
+  }();
+  return simple;
+}
 }  // namespace
 
 extern "C" {
@@ -201,11 +209,7 @@ flashqla_status_t flashqla_gdn_fwd(const flashqla_gdn_fwd_params_t* p, cudaStrea
   bool run = false;
   const flashqla_status_t vs = validate_gdn(p, &run);
   if (vs != FLASHQLA_SUCCESS || !run) return vs;
-  // FLASHQLA_FWD_KERNEL=simple selects the v1 kernel (the correctness baseline), read once.
-  static const bool simple = [] {
-    const char* e = std::getenv("FLASHQLA_FWD_KERNEL");
-    return e != nullptr && std::strcmp(e, "simple") == 0;
-  }();
+  const bool simple = simple_forward();
   if (simple && p->o == nullptr)
     return fail(FLASHQLA_ERROR_UNSUPPORTED, "o = NULL (summaries only) needs the default forward kernel (FLASHQLA_FWD_KERNEL=simple is set)");
   if (simple && p->chunk_states != nullptr)
@@ -235,8 +239,7 @@ flashqla_status_t flashqla_gdn_fwd_cp_summaries(const flashqla_gdn_fwd_params_t*
   flashqla_status_t vs = validate_gdn(p, &run);
   if (vs == FLASHQLA_SUCCESS && run) vs = validate_gdn(&t, &run);
   if (vs != FLASHQLA_SUCCESS || !run) return vs;
-  const char* e = std::getenv("FLASHQLA_FWD_KERNEL");
-  if (e != nullptr && std::strcmp(e, "simple") == 0)
+  if (simple_forward())
     return fail(FLASHQLA_ERROR_UNSUPPORTED, "cp_summaries needs the default forward kernel (FLASHQLA_FWD_KERNEL=simple is set)");
   const bool bf16 = p->qkv_dtype == FLASHQLA_BFLOAT16;
   const cudaError_t err = bf16 ? flashqla::launch_gdn_fwd_summaries_bf16(*p, t, stream)

@@ -2737,9 +2737,14 @@ template <typename T>
 cudaError_t launch(const flashqla_gdn_fwd_params_t& p, cudaStream_t stream,
                    const flashqla_gdn_fwd_params_t* pt = nullptr) {
   const int64_t chunks = chunk_bound(p);
+  // the chains after the prep: p's, or with pt both summaries passes
+  const auto chains = [&](const PrepBuffers<T>& pb) {
+    return pt != nullptr ? launch_summaries<T>(p, *pt, pb, stream) : launch_prepared<T>(p, pb, stream);
+  };
   if (!fwd_split_mode() || chunks == 0 || p.num_seqs == 0) {
-    const cudaError_t err = launch_recurrent<T, AuxMode::kFused>(p, PrepBuffers<T>{nullptr, nullptr}, stream);
-    return err == cudaSuccess && pt != nullptr ? launch_recurrent<T, AuxMode::kFused>(*pt, PrepBuffers<T>{nullptr, nullptr}, stream) : err;
+    const PrepBuffers<T> none{nullptr, nullptr};
+    const cudaError_t err = launch_recurrent<T, AuxMode::kFused>(p, none, stream);
+    return err == cudaSuccess && pt != nullptr ? launch_recurrent<T, AuxMode::kFused>(*pt, none, stream) : err;
   }
   static_assert(kFwdPrepCols == kDimK + kChunk && sizeof(T) == 2, "workspace layout");
   Workspace ws;  // X and W for every token row (and with gates_from_prep the chunks' gates after them)
@@ -2761,8 +2766,7 @@ cudaError_t launch(const flashqla_gdn_fwd_params_t& p, cudaStream_t stream,
   if (err != cudaSuccess) return err;
   const size_t rows = static_cast<size_t>(p.batch) * static_cast<size_t>(p.seqlen);
   PrepBuffers<T> pb{static_cast<T*>(ws.ptr), static_cast<T*>(ws.ptr) + rows * p.heads_v * kDimK};
-  if (p.prep_ready && !ws.owned)  // X, W in place
-    return pt != nullptr ? launch_summaries<T>(p, *pt, pb, stream) : launch_prepared<T>(p, pb, stream);
+  if (p.prep_ready && !ws.owned) return chains(pb);  // X, W in place
   if (const int prep_ctas = overlap_prep_ctas(p); prep_ctas > 0) {  // one launch: the prep beside the chain
     Workspace flags;  // (always its own, zeroed: a flag per chunk and value head)
     flags.owned = true;
@@ -2801,8 +2805,7 @@ cudaError_t launch(const flashqla_gdn_fwd_params_t& p, cudaStream_t stream,
         p, pb, hpc, maps);
     err = cudaGetLastError();
   }
-  if (err == cudaSuccess)
-    err = pt != nullptr ? launch_summaries<T>(p, *pt, pb, stream) : launch_prepared<T>(p, pb, stream);
+  if (err == cudaSuccess) err = chains(pb);
   return ws.release(err, stream);
 }
 
