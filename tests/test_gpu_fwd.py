@@ -217,53 +217,6 @@ def test_context_parallel_forward(monkeypatch):
     assert torch.equal(go, o) and torch.equal(gs, s)
 
 
-@pytest.mark.parametrize("case", ["varlen", "dense", "l2norm_fp16", "cp", "backward"])
-def test_dependent_launches_equal_plain_launches_bitwise(monkeypatch, case):
-    # FLASHQLA_PDL (on by default): every kernel is launched with programmatic dependent launch and waits for the
-    # grid before it (griddepcontrol.wait) before touching memory, so it computes exactly what the plain stream
-    # order computes: o and the final state (the forward's forms, exact parallelism's four kernels) and every
-    # gradient of the low-level backward (its prep, both chains, the gradient kernel, the tail rows' zeros),
-    # bitwise equal under =0 and =1; and the same again as a CUDA graph replay (programmatic edges in the graph).
-    monkeypatch.delenv("FLASHQLA_CP", raising=False)
-    if case == "cp":  # (a TP8-like long sequence: the plan cuts it into segments)
-        d, kw = make([12288, 1000], 2, 8, seed=71), {}
-        kw["cu_seqlens_cpu"] = d["cu_seqlens"].cpu()
-    elif case == "backward":
-        d, kw = make([0, 65, 700, 1300], 2, 4, seed=72), {}
-    else:
-        d, kw = three_forms(case, 73)
-    if case == "backward":
-        do, dht = torch.randn_like(d["v"]), torch.randn_like(d["initial_state"])
-        call = lambda: flashqla.chunk_gdn_bwd(d["q"], d["k"], d["v"], d["g"], d["beta"], do, dht,  # noqa: E731
-                                              initial_state=d["initial_state"], cu_seqlens=d["cu_seqlens"])
-    else:
-        call = lambda: flashqla.chunk_gdn(**d, output_final_state=True, **kw)  # noqa: E731
-    outs = {}
-    for mode in ("0", "1"):
-        monkeypatch.setenv("FLASHQLA_PDL", mode)
-        outs[mode] = [t.clone() for t in call()]
-        torch.cuda.synchronize()
-    for a, b in zip(outs["0"], outs["1"]):
-        assert torch.equal(a, b)
-    s = torch.cuda.Stream()
-    s.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(s):
-        call()
-    torch.cuda.current_stream().wait_stream(s)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        got = call()
-    graph.replay()
-    torch.cuda.synchronize()
-    for a, b in zip(got, outs["0"]):
-        assert torch.equal(a, b)
-    if case != "backward":
-        x = {k: (v.double() if isinstance(v, torch.Tensor) and v.is_floating_point() else v) for k, v in d.items()}
-        ro, rs = chunk_gdn_torch(**x, output_final_state=True,
-                                 **{k: v for k, v in kw.items() if k != "cu_seqlens_cpu"})
-        assert rel_l2(outs["1"][0], ro) < 5e-3 and rel_l2(outs["1"][1], rs) < 5e-3
-
-
 def test_deterministic_and_cuda_graph():
     d = make([1000, 3000], 2, 4, seed=10)
     a = flashqla.chunk_gdn(**d, output_final_state=True)

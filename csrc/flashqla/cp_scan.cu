@@ -10,7 +10,6 @@
 
 #include "common.h"
 #include "kernels.h"
-#include "launch.cuh"
 #include "warp_mma.cuh"
 
 namespace flashqla {
@@ -43,7 +42,6 @@ CUTLASS_DEVICE void load_phi(float* dst, const float* src, int tid) {
 template <int kCols>
 __global__ void __launch_bounds__(kThreads, 1)
 cp_scan_kernel(const flashqla_gdn_cp_scan_params_t p) {
-  pdl_begin();
   constexpr int kPer = kCols / 2;  // outputs per thread
   static_assert(kDim * kCols == kPer * kThreads && kPer % 4 == 0, "whole float4s per thread");
   extern __shared__ __align__(16) unsigned char smem_raw[];
@@ -125,7 +123,8 @@ cudaError_t launch_cols(const flashqla_gdn_cp_scan_params_t& p, cudaStream_t str
   cudaError_t err = cudaFuncSetAttribute(cp_scan_kernel<kCols>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
   if (err != cudaSuccess) return err;
   const dim3 grid(static_cast<unsigned>(p.num_seqs * p.heads), kDim / kCols);
-  return launch_kernel(cp_scan_kernel<kCols>, grid, kThreads, smem, stream, p);
+  cp_scan_kernel<kCols><<<grid, kThreads, smem, stream>>>(p);
+  return cudaGetLastError();
 }
 
 }  // namespace

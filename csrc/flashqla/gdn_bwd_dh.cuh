@@ -55,7 +55,6 @@ constexpr int kBwdPrepCtasPerSm = 3;
 template <typename T, typename IndexT, bool kStatesX = false>
 __global__ void __launch_bounds__(kAuxThreads, kBwdPrepCtasPerSm)
     gdn_bwd_prep_kernel(const __grid_constant__ flashqla_gdn_fwd_params_t p, const PrepBuffers<T> pb, T* states_x) {
-  pdl_begin();
   using namespace warp;
   extern __shared__ __align__(128) unsigned char smem_raw[];
   auto& sm = *reinterpret_cast<BwdPrepStorage<T>*>(smem_raw);
@@ -313,7 +312,6 @@ template <typename T, typename IndexT, bool kKSplit = false, bool kWg = false, b
 __global__ void __launch_bounds__(kThreads, 1) gdn_bwd_dh_kernel(const __grid_constant__ flashqla_gdn_fwd_params_t p,
                                                                  const PrepBuffers<T> pb, float* dh,
                                                                  const __grid_constant__ CUtensorMap ds_map) {
-  pdl_begin();
   static_assert(!kTma || kWg, "dS' by TMA: the wgmma chain");
   constexpr int kVB = kKSplit ? kVBlocksK : kVBlocks, kBV = kKSplit ? kBlockVK : kBlockV;
   using SwStorage = std::conditional_t<kTma, SharedStorageSwBwdSt<T>, SharedStorageSwBwd<T>>;
@@ -361,8 +359,9 @@ cudaError_t launch_prep(const flashqla_gdn_fwd_params_t& p, void* workspace, flo
   const size_t smem = sizeof(BwdPrepStorage<T>);
   const cudaError_t err = cudaFuncSetAttribute(prep, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem));
   if (err != cudaSuccess) return err;
-  return launch_kernel(prep, dim3(static_cast<unsigned>(chunks), static_cast<unsigned>(p.heads_v)), kAuxThreads, smem,
-                       stream, p, bwd_prep_buffers<T>(p, workspace, a), static_cast<T*>(states_x));
+  prep<<<dim3(static_cast<unsigned>(chunks), static_cast<unsigned>(p.heads_v)), kAuxThreads, smem, stream>>>(
+      p, bwd_prep_buffers<T>(p, workspace, a), static_cast<T*>(states_x));
+  return cudaGetLastError();
 }
 
 // p: the forward's struct with v = dO (and its strides), initial_state = dht or NULL, final_state = dh0 or
@@ -400,7 +399,8 @@ cudaError_t launch(const flashqla_gdn_fwd_params_t& p, float* dh, float* a, cuda
                         : wg ? sizeof(SharedStorageSwBwd<T>) + 1024 : sizeof(SharedStorage<T>);
     err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem));
     if (err == cudaSuccess) {
-      err = launch_kernel(kernel, static_cast<unsigned>(ctas), kThreads, smem, stream, p, pb, dh, ds_map);
+      kernel<<<static_cast<unsigned>(ctas), kThreads, smem, stream>>>(p, pb, dh, ds_map);
+      err = cudaGetLastError();
     }
   }
   return ws.release(err, stream);

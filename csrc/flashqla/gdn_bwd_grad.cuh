@@ -370,7 +370,6 @@ CUTLASS_DEVICE void store_pair(T* p, float a, float b) {
 // kLoadA: gp.a is given (its own instantiation: a runtime branch cost the other path ~8% in registers).
 template <typename T, typename IndexT, bool kLoadA>
 __global__ void __launch_bounds__(kGradThreads, 1) gdn_bwd_grad_kernel(const __grid_constant__ flashqla_gdn_bwd_grad_params_t gp) {
-  pdl_begin();
   using namespace warp;
   const flashqla_gdn_fwd_params_t& p = gp.fwd;
   extern __shared__ __align__(128) unsigned char smem_raw[];
@@ -937,7 +936,6 @@ __global__ void __launch_bounds__(kGradThreads, 1) gdn_bwd_grad_kernel(const __g
 // cu_seqlens.
 template <typename T, typename IndexT>
 __global__ void zero_tail_rows_kernel(const __grid_constant__ flashqla_gdn_bwd_grad_params_t gp) {
-  pdl_begin();
   const flashqla_gdn_fwd_params_t& p = gp.fwd;
   int64_t b = 0, bos = 0, eos = 0;
   if (p.num_seqs > 0) sequence_bounds<IndexT>(p, p.num_seqs - 1, b, bos, eos);
@@ -962,8 +960,8 @@ cudaError_t launch(const flashqla_gdn_bwd_grad_params_t& gp, cudaStream_t stream
   const int64_t chunks = chunk_bound(p);
   const bool ix64 = p.cu_seqlens != nullptr && p.cu_seqlens_dtype == FLASHQLA_INT64;
   if (p.cu_seqlens != nullptr && p.batch * p.seqlen > 0) {  // dense batches have no rows past their sequences
-    const cudaError_t err = launch_kernel(ix64 ? zero_tail_rows_kernel<T, int64_t> : zero_tail_rows_kernel<T, int32_t>,
-                                          kTailBlocks, 256, 0, stream, gp);
+    (ix64 ? zero_tail_rows_kernel<T, int64_t> : zero_tail_rows_kernel<T, int32_t>)<<<kTailBlocks, 256, 0, stream>>>(gp);
+    const cudaError_t err = cudaGetLastError();
     if (err != cudaSuccess) return err;
   }
   if (chunks == 0 || p.num_seqs == 0) return cudaSuccess;
@@ -976,8 +974,8 @@ cudaError_t launch(const flashqla_gdn_bwd_grad_params_t& gp, cudaStream_t stream
   static_assert(sizeof(GradStorage<T>) + 1024 <= 227 * 1024, "one gradient CTA per SM");
   cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem));
   if (err != cudaSuccess) return err;
-  return launch_kernel(kernel, dim3(static_cast<unsigned>(chunks), static_cast<unsigned>(p.heads_qk)), kGradThreads, smem,
-                       stream, gp);
+  kernel<<<dim3(static_cast<unsigned>(chunks), static_cast<unsigned>(p.heads_qk)), kGradThreads, smem, stream>>>(gp);
+  return cudaGetLastError();
 }
 
 }  // namespace gdn_bwd_grad

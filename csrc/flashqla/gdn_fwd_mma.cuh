@@ -26,7 +26,6 @@
 
 #include "gdn_fwd_common.cuh"
 #include "kernels.h"
-#include "launch.cuh"
 #include "tma.cuh"
 #include "warp_mma.cuh"
 #include "wgmma.cuh"
@@ -1820,7 +1819,6 @@ template <typename T, typename IndexT, AuxMode kMode, bool kKSplit = false, bool
 __global__ void __launch_bounds__(kOb ? kObThreads : kThreads, 1)
     gdn_fwd_mma_kernel(const __grid_constant__ flashqla_gdn_fwd_params_t p, const PrepBuffers<T> pb,
                        const __grid_constant__ tma::ChainMaps cmaps) {
-  pdl_begin();
   static_assert(!kKSplit || kMode == AuxMode::kLoadPrepared, "the K-split chain runs on prepared chunks");
   static_assert(!kWg || (kMode == AuxMode::kLoadPrepared && !kKSplit), "the wgmma chain: prepared, unsplit");
   static_assert(!kOb || kWg, "O beside the wgmma chain");
@@ -2168,7 +2166,6 @@ template <typename T, typename IndexT, bool kGroup, bool kStatesOnly = false, bo
 __global__ void __launch_bounds__(kPrepThreads, kGroup ? kPrepGroupCtasPerSm : kWg ? kPrepWgCtasPerSm : kPrepCtasPerSm)
     gdn_prep_kernel(const __grid_constant__ flashqla_gdn_fwd_params_t p, const PrepBuffers<T> pb, int hpc,
                     const __grid_constant__ tma::QkMaps maps) {
-  pdl_begin();
   static_assert(!(kGroup && kStatesOnly), "the group form computes W");
   static_assert(!kWg || (!kGroup && !kStatesOnly), "the wgmma form: per head, with W");
   using Storage = std::conditional_t<kWg, PrepStorageWg<T>, PrepStorage<T>>;
@@ -2454,7 +2451,8 @@ cudaError_t launch_recurrent(const flashqla_gdn_fwd_params_t& p, const PrepBuffe
                             : sizeof(SharedStorage<T>);
   cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem));
   if (err != cudaSuccess) return err;
-  return launch_kernel(kernel, static_cast<unsigned>(blocks), kOb ? kObThreads : kThreads, smem, stream, p, pb, cmaps);
+  kernel<<<static_cast<unsigned>(blocks), kOb ? kObThreads : kThreads, smem, stream>>>(p, pb, cmaps);
+  return cudaGetLastError();
 }
 
 // ---- The paired chain (FLASHQLA_CHAIN_PAIR): both V halves of a (sequence, value head) in one CTA, so that the
@@ -2542,7 +2540,6 @@ template <typename T, typename IndexT>
 __global__ void __launch_bounds__(kPairThreads, 1)
     gdn_fwd_pair_kernel(const __grid_constant__ flashqla_gdn_fwd_params_t p, const PrepBuffers<T> pb,
                         const __grid_constant__ tma::ChainMaps cmaps) {
-  pdl_begin();
   extern __shared__ __align__(128) unsigned char smem_raw[];
   auto& sm = *reinterpret_cast<SharedStoragePair<T>*>(gmma::align_smem_1024(smem_raw));
   const int64_t main_blocks = p.num_seqs * p.heads_v;
@@ -2577,7 +2574,6 @@ __global__ void __launch_bounds__(kPairThreads, 1)
     gdn_fwd_pair_summaries_kernel(const __grid_constant__ flashqla_gdn_fwd_params_t p,
                                   const __grid_constant__ flashqla_gdn_fwd_params_t pt, const PrepBuffers<T> pb,
                                   const __grid_constant__ tma::ChainMaps cmaps) {
-  pdl_begin();
   extern __shared__ __align__(128) unsigned char smem_raw[];
   auto& sm = *reinterpret_cast<SharedStoragePair<T>*>(gmma::align_smem_1024(smem_raw));
   if (threadIdx.x < kStages) tma::mbar_init(&sm.tma_bar[threadIdx.x]);
@@ -2624,7 +2620,8 @@ cudaError_t launch_pair(const flashqla_gdn_fwd_params_t& p, const PrepBuffers<T>
   auto kernel = ix64 ? gdn_fwd_pair_kernel<T, int64_t> : gdn_fwd_pair_kernel<T, int32_t>;
   size_t smem = 0;
   if (const cudaError_t err = pair_smem<T>(kernel, smem); err != cudaSuccess) return err;
-  return launch_kernel(kernel, static_cast<unsigned>(blocks), kPairThreads, smem, stream, p, pb, cmaps);
+  kernel<<<static_cast<unsigned>(blocks), kPairThreads, smem, stream>>>(p, pb, cmaps);
+  return cudaGetLastError();
 }
 
 // Which chain runs on prepared chunks: p's (the forward's passes, the backward's state recompute), or with
@@ -2706,7 +2703,8 @@ cudaError_t launch_summaries(const flashqla_gdn_fwd_params_t& p, const flashqla_
     auto kernel = ix64 ? gdn_fwd_pair_summaries_kernel<T, int64_t> : gdn_fwd_pair_summaries_kernel<T, int32_t>;
     size_t smem = 0;
     if (const cudaError_t err = pair_smem<T>(kernel, smem); err != cudaSuccess) return err;
-    return launch_kernel(kernel, static_cast<unsigned>(blocks), kPairThreads, smem, stream, p, pt, pb, cmaps);
+    kernel<<<static_cast<unsigned>(blocks), kPairThreads, smem, stream>>>(p, pt, pb, cmaps);
+    return cudaGetLastError();
   }
   if (mode == 2) return cudaErrorNotSupported;
   cudaError_t err = launch_prepared<T>(p, pb, stream);
@@ -2803,8 +2801,9 @@ cudaError_t launch(const flashqla_gdn_fwd_params_t& p, cudaStream_t stream,
   const size_t smem = wg ? sizeof(PrepStorageWg<T>) + 1024 : sizeof(PrepStorage<T>);
   err = cudaFuncSetAttribute(prep, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem));
   if (err == cudaSuccess) {
-    err = launch_kernel(prep, dim3(static_cast<unsigned>(chunks), static_cast<unsigned>(p.heads_v / hpc)),
-                        kPrepThreads, smem, stream, p, pb, hpc, maps);
+    prep<<<dim3(static_cast<unsigned>(chunks), static_cast<unsigned>(p.heads_v / hpc)), kPrepThreads, smem, stream>>>(
+        p, pb, hpc, maps);
+    err = cudaGetLastError();
   }
   if (err == cudaSuccess) err = chains(pb);
   return ws.release(err, stream);
