@@ -5,9 +5,7 @@
 // in fp32 FMAs. One CTA per (sequence, value head, kCols-column slice of V) walks its sequence's segments,
 // so the whole scan is one launch. (It was two launches per rank, a copy and a cuBLAS GEMM, issued by the
 // host one after the other: on TP8 1 x 8192, ~50 us of a 0.21 ms graph and ~130 us of host time per eager
-// call.) Phi_{i+1} .. Phi_{i+kBufs-1} stream into shared memory (cp.async, kBufs buffers) while Phi_i is applied:
-// the step's cost barely depends on its columns (TP8 1 x 8192: 8, 16, 32 columns a CTA measured ~25, ~31, ~52 us
-// for seven steps), so each step mostly waits for its 64 KB Phi, which a single step ahead did not cover.
+// call.) Phi_{i+1} streams into shared memory (cp.async, double-buffered) while Phi_i is applied.
 #include <cstdlib>
 
 #include "common.h"
@@ -24,16 +22,14 @@ constexpr int kPhiChunks = kDim * kDim / 4 / kThreads;  // 16-byte copies per th
 
 // kCols V columns per CTA: 16 (8 CTAs per sequence and head), or 8 where twice the CTAs still fit on the
 // SMs (the per-step work halves; every CTA still streams the whole Phi_i)
-template <int kCols, int kBufs>
+template <int kCols>
 struct ScanSmem {
-  float phi[kBufs][kDim * kLdPhi];  // Phi_i .. Phi_{i+kBufs-1}, buffer (i - first) % kBufs
+  float phi[2][kDim * kLdPhi];      // Phi_i and Phi_{i+1}
   float s[kDim * kCols];            // the running state's slice, [K][kCols]
 };
-static_assert(sizeof(ScanSmem<32, 3>) <= 227 * 1024, "three Phi buffers fit beside the widest slice");
 
 CUTLASS_DEVICE void cp_commit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
-template <int kPending>
-CUTLASS_DEVICE void cp_wait_prior() { asm volatile("cp.async.wait_group %0;\n" ::"n"(kPending) : "memory"); }
+CUTLASS_DEVICE void cp_wait_prior1() { asm volatile("cp.async.wait_group 1;\n" ::: "memory"); }
 
 CUTLASS_DEVICE void load_phi(float* dst, const float* src, int tid) {
 #pragma unroll
@@ -43,13 +39,13 @@ CUTLASS_DEVICE void load_phi(float* dst, const float* src, int tid) {
   }
 }
 
-template <int kCols, int kBufs>
+template <int kCols>
 __global__ void __launch_bounds__(kThreads, 1)
 cp_scan_kernel(const flashqla_gdn_cp_scan_params_t p) {
   constexpr int kPer = kCols / 2;  // outputs per thread
   static_assert(kDim * kCols == kPer * kThreads && kPer % 4 == 0, "whole float4s per thread");
   extern __shared__ __align__(16) unsigned char smem_raw[];
-  auto& sm = *reinterpret_cast<ScanSmem<kCols, kBufs>*>(smem_raw);
+  auto& sm = *reinterpret_cast<ScanSmem<kCols>*>(smem_raw);
   const int tid = threadIdx.x;
   const int64_t seq = blockIdx.x / p.heads, h = blockIdx.x % p.heads;
   const int col0 = blockIdx.y * kCols;
@@ -64,12 +60,8 @@ cp_scan_kernel(const flashqla_gdn_cp_scan_params_t p) {
   const int64_t head_kv = int64_t(kDim) * kDim;  // elements of one (segment, head) tile
   auto tile = [&](int64_t seg) { return (seg * p.heads + h) * head_kv; };
 
-  // Phi_first .. Phi_{first+kBufs-2} ahead, one commit group each (empty past the last)
-#pragma unroll
-  for (int j = 0; j < kBufs - 1; ++j) {
-    if (first + j < end) load_phi(sm.phi[j], p.phi + tile(first + j), tid);
-    cp_commit();
-  }
+  if (first < end) load_phi(sm.phi[0], p.phi + tile(first), tid);
+  cp_commit();
   // init[first] = h0 (or zeros); this thread's kPer values in registers
   float4 acc[kPer / 4];
   {
@@ -99,11 +91,10 @@ cp_scan_kernel(const flashqla_gdn_cp_scan_params_t p) {
 #pragma unroll
     for (int j = 0; j < kPer / 4; ++j) bv[j] = bnext[j];
     if (i + 1 < end) load_b(i + 1);
-    const int buf = static_cast<int>((i - first) % kBufs);
-    // Phi_{i+kBufs-1} into the buffer Phi_{i-1} left (read by every thread before the previous step's last barrier)
-    if (i + kBufs - 1 < end) load_phi(sm.phi[(buf + kBufs - 1) % kBufs], p.phi + tile(i + kBufs - 1), tid);
+    const int buf = static_cast<int>((i - first) & 1);
+    if (i + 1 < end) load_phi(sm.phi[buf ^ 1], p.phi + tile(i + 1), tid);  // the next Phi, while this one is applied
     cp_commit();
-    cp_wait_prior<kBufs - 1>();  // Phi_i has landed (this thread's copies), then everyone's, and the state slice
+    cp_wait_prior1();  // Phi_i has landed (this thread's copies), then everyone's, and the state slice
     __syncthreads();
 #pragma unroll
     for (int j = 0; j < kPer / 4; ++j) acc[j] = bv[j];
@@ -126,20 +117,14 @@ cp_scan_kernel(const flashqla_gdn_cp_scan_params_t p) {
   warp::cp_async_wait_all();
 }
 
-template <int kCols, int kBufs>
+template <int kCols>
 cudaError_t launch_cols(const flashqla_gdn_cp_scan_params_t& p, cudaStream_t stream) {
-  const int smem = static_cast<int>(sizeof(ScanSmem<kCols, kBufs>));
-  cudaError_t err =
-      cudaFuncSetAttribute(cp_scan_kernel<kCols, kBufs>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
+  const int smem = static_cast<int>(sizeof(ScanSmem<kCols>));
+  cudaError_t err = cudaFuncSetAttribute(cp_scan_kernel<kCols>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
   if (err != cudaSuccess) return err;
   const dim3 grid(static_cast<unsigned>(p.num_seqs * p.heads), kDim / kCols);
-  cp_scan_kernel<kCols, kBufs><<<grid, kThreads, smem, stream>>>(p);
+  cp_scan_kernel<kCols><<<grid, kThreads, smem, stream>>>(p);
   return cudaGetLastError();
-}
-template <int kBufs>
-cudaError_t launch_bufs(const flashqla_gdn_cp_scan_params_t& p, int cols, cudaStream_t stream) {
-  return cols == 32 ? launch_cols<32, kBufs>(p, stream)
-         : cols == 8 ? launch_cols<8, kBufs>(p, stream) : launch_cols<16, kBufs>(p, stream);
 }
 
 }  // namespace
@@ -153,10 +138,7 @@ cudaError_t launch_gdn_cp_scan(const flashqla_gdn_cp_scan_params_t& p, cudaStrea
   // FLASHQLA_SCAN_COLS (8, 16, 32; measurements): the slice width, else 8 where those CTAs fit on the SMs, else 16
   const char* e = std::getenv("FLASHQLA_SCAN_COLS");
   const int cols = e != nullptr ? std::atoi(e) : (p.num_seqs * p.heads * (kDim / 8) <= sms ? 8 : 16);
-  // FLASHQLA_SCAN_BUFS=2: Phi one step ahead (as before); else (3, unset) two steps ahead. The same FMAs in the
-  // same order either way: the states are bitwise equal.
-  const char* b = std::getenv("FLASHQLA_SCAN_BUFS");
-  return b != nullptr && b[0] == '2' ? launch_bufs<2>(p, cols, stream) : launch_bufs<3>(p, cols, stream);
+  return cols == 32 ? launch_cols<32>(p, stream) : cols == 8 ? launch_cols<8>(p, stream) : launch_cols<16>(p, stream);
 }
 
 }  // namespace flashqla
