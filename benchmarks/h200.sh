@@ -27,6 +27,7 @@
 #             PHASE_DEFS="-DX=1;-DX=0" builds and runs it once per flag set)
 #   gradphases  per-phase cycle counts of the backward's gradient kernel (benchmarks/profile_bwd_grad_phases.cu;
 #             GRAD_PHASE_DEFS="-DX=1;-DX=0" builds and runs it once per flag set)
+#   scanphases  per-phase cycle counts of exact parallelism's scan (benchmarks/profile_scan_phases.cu; SCAN_PHASE_ARGS)
 #   probe     the state chain with wgmma vs mma.sync (benchmarks/wgmma_chain_probe.cu), and a chunk's loads by cp.async
 #             vs TMA with the swizzles compared (benchmarks/tma_load_probe.cu)
 #   rate      wgmma m64n32 / m64n64 (bf16) and m64n32k8 (tf32) products of depth 128 on one SM: latency alone and the
@@ -200,6 +201,15 @@ if has gradphases; then
     /tmp/fq_grad_phases ${GRAD_PHASE_ARGS:-} 2>&1 | tee -a "$LOG"
     [ "${PIPESTATUS[0]}" -eq 0 ] || status=1
   done
+fi
+
+if has scanphases; then
+  # SCAN_PHASE_ARGS: segments heads sequences (default 8 8 1, TP8 1 x 8192's plan); FLASHQLA_SCAN_COLS in the
+  # environment picks the slice width as it does for the library
+  say "exact parallelism's scan, phase timers (SCAN_PHASE_ARGS: S H seqs) ${SCAN_PHASE_ARGS:-}"
+  cuda_tool benchmarks/profile_scan_phases.cu /tmp/fq_scan_phases
+  /tmp/fq_scan_phases ${SCAN_PHASE_ARGS:-} 2>&1 | tee -a "$LOG"
+  [ "${PIPESTATUS[0]}" -eq 0 ] || status=1
 fi
 
 if has probe; then

@@ -28,6 +28,37 @@ struct ScanSmem {
   float s[kDim * kCols];            // the running state's slice, [K][kCols]
 };
 
+// FLASHQLA_SCAN_TIMERS (benchmarks/profile_scan_phases.cu only): thread 0 of every CTA adds clock64() deltas per
+// phase of the walk into g_scan_cycles (kScanMarks slots; the tool divides by the CTAs), slot kScanSteps counts the
+// steps. The library's build has none of it.
+enum ScanMark : int {
+  kScanPrologue,   // kernel start -> the loop: h0, B_first, the first Phi's issue
+  kScanStore,      // init_i out, the state slice into shared memory
+  kScanIssue,      // B_{i+1}'s load and Phi_{i+1}'s copies issued
+  kScanWaitPhi,    // cp.async.wait_group: Phi_i landed (this thread's copies)
+  kScanBar1,       // the barrier before the products (everyone's copies and slice stores)
+  kScanFma,        // acc = B_i + Phi_i S_i
+  kScanBar2,       // the barrier after them
+  kScanLast,       // the last init store and the exit's copy wait
+  kScanSteps,
+  kScanMarks
+};
+#ifdef FLASHQLA_SCAN_TIMERS
+__device__ unsigned long long g_scan_cycles[kScanMarks];
+#define FLASHQLA_SCAN_MARK(m)                                                    \
+  do {                                                                           \
+    if (tid == 0) {                                                              \
+      const long long now_ = clock64();                                          \
+      atomicAdd(&g_scan_cycles[m], static_cast<unsigned long long>(now_ - t_mark)); \
+      t_mark = now_;                                                             \
+    }                                                                            \
+  } while (0)
+#else
+#define FLASHQLA_SCAN_MARK(m) \
+  do {                        \
+  } while (0)
+#endif
+
 CUTLASS_DEVICE void cp_commit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
 CUTLASS_DEVICE void cp_wait_prior1() { asm volatile("cp.async.wait_group 1;\n" ::: "memory"); }
 
@@ -47,6 +78,11 @@ cp_scan_kernel(const flashqla_gdn_cp_scan_params_t p) {
   extern __shared__ __align__(16) unsigned char smem_raw[];
   auto& sm = *reinterpret_cast<ScanSmem<kCols>*>(smem_raw);
   const int tid = threadIdx.x;
+  long long t_mark = 0;
+#ifdef FLASHQLA_SCAN_TIMERS
+  t_mark = clock64();
+#endif
+  (void)t_mark;
   const int64_t seq = blockIdx.x / p.heads, h = blockIdx.x % p.heads;
   const int col0 = blockIdx.y * kCols;
   const int64_t* last = static_cast<const int64_t*>(p.last);
@@ -78,6 +114,7 @@ cp_scan_kernel(const flashqla_gdn_cp_scan_params_t p) {
     for (int j = 0; j < kPer / 4; ++j) bnext[j] = src[j];
   };
   if (first < end) load_b(first);
+  FLASHQLA_SCAN_MARK(kScanPrologue);
   for (int64_t i = first;; ++i) {
     float4* out = reinterpret_cast<float4*>(p.init + tile(i) + int64_t(row) * kDim + col0 + cs);
 #pragma unroll
@@ -85,6 +122,7 @@ cp_scan_kernel(const flashqla_gdn_cp_scan_params_t p) {
     if (i == end) break;
 #pragma unroll
     for (int j = 0; j < kPer / 4; ++j) *reinterpret_cast<float4*>(&sm.s[row * kCols + cs + 4 * j]) = acc[j];
+    FLASHQLA_SCAN_MARK(kScanStore);
     // acc = B_i + Phi_i S_i. B_i was loaded a step ahead, and B_{i+1}'s loads are issued now: ncu measured the
     // first FMA waiting on B_i's load (long scoreboard, 36% of the stalls) when it was issued here
     float4 bv[kPer / 4];
@@ -94,8 +132,11 @@ cp_scan_kernel(const flashqla_gdn_cp_scan_params_t p) {
     const int buf = static_cast<int>((i - first) & 1);
     if (i + 1 < end) load_phi(sm.phi[buf ^ 1], p.phi + tile(i + 1), tid);  // the next Phi, while this one is applied
     cp_commit();
+    FLASHQLA_SCAN_MARK(kScanIssue);
     cp_wait_prior1();  // Phi_i has landed (this thread's copies), then everyone's, and the state slice
+    FLASHQLA_SCAN_MARK(kScanWaitPhi);
     __syncthreads();
+    FLASHQLA_SCAN_MARK(kScanBar1);
 #pragma unroll
     for (int j = 0; j < kPer / 4; ++j) acc[j] = bv[j];
     const float* ph = &sm.phi[buf][row * kLdPhi];
@@ -112,9 +153,19 @@ cp_scan_kernel(const flashqla_gdn_cp_scan_params_t p) {
           acc[j].z = fmaf(av[kk], sv.z, acc[j].z); acc[j].w = fmaf(av[kk], sv.w, acc[j].w);
         }
     }
+#ifdef FLASHQLA_SCAN_TIMERS
+    // (the marks read the results first: otherwise the FMAs can be scheduled past the clock read)
+    if (tid == 0) asm volatile("" ::"f"(acc[0].x), "f"(acc[kPer / 4 - 1].w));
+#endif
+    FLASHQLA_SCAN_MARK(kScanFma);
     __syncthreads();  // every read of the state slice and of Phi_i is done before they are rewritten
+    FLASHQLA_SCAN_MARK(kScanBar2);
+#ifdef FLASHQLA_SCAN_TIMERS
+    if (tid == 0) atomicAdd(&g_scan_cycles[kScanSteps], 1ull);
+#endif
   }
   warp::cp_async_wait_all();
+  FLASHQLA_SCAN_MARK(kScanLast);
 }
 
 template <int kCols>
