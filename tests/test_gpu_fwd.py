@@ -495,6 +495,29 @@ def test_cp_scan_kernel_against_float64(h0, counts):
         torch.ops.flashqla.chunk_gdn_cp_scan(phi.contiguous(), b, h, last.int())
 
 
+@pytest.mark.parametrize("cols", ["8", "16", "32"])
+def test_cp_scan_tma_is_the_copies_bitwise(monkeypatch, cols):
+    # FLASHQLA_SCAN_TMA (on by default): Phi_i arrives as four swizzled 128 x 32 boxes by TMA instead of every
+    # thread's cp.async into padded rows; the FMAs read the same values in the same order, so the states are
+    # bitwise those of =0, for every slice width, on sequences of 1 to 9 segments with and without h0, and within
+    # 1e-5 of float64
+    S, H, counts = 17, 3, [9, 1, 4, 2, 1]
+    gen = torch.Generator(device=DEV).manual_seed(32)
+    phi = (torch.linalg.qr(torch.randn(S, H, D, D, device=DEV, generator=gen))[0] * 0.9).contiguous()
+    b = torch.randn(S, H, D, D, device=DEV, generator=gen)
+    last = torch.tensor(counts, device=DEV).cumsum(0) - 1
+    monkeypatch.setenv("FLASHQLA_SCAN_COLS", cols)
+    for h in (torch.randn(len(counts), H, D, D, device=DEV, generator=gen), None):
+        out = {}
+        for mode in ("0", "1"):
+            monkeypatch.setenv("FLASHQLA_SCAN_TMA", mode)
+            out[mode] = torch.ops.flashqla.chunk_gdn_cp_scan(phi, b, h, last)
+        assert torch.equal(out["0"], out["1"])
+        ref = torch.ops.flashqla.chunk_gdn_cp_scan(phi.double().cpu(), b.double().cpu(),
+                                                   None if h is None else h.double().cpu(), last.cpu())
+        assert rel_l2(out["1"], ref) < 1e-5
+
+
 @pytest.mark.parametrize("summary_ob", ["1", "1-copies", "0"])
 @pytest.mark.parametrize("split", ["1", "0"])
 def test_cp_pass_summaries_and_shared_chunk_products(monkeypatch, split, summary_ob):

@@ -5,12 +5,17 @@
 // in fp32 FMAs. One CTA per (sequence, value head, kCols-column slice of V) walks its sequence's segments,
 // so the whole scan is one launch. (It was two launches per rank, a copy and a cuBLAS GEMM, issued by the
 // host one after the other: on TP8 1 x 8192, ~50 us of a 0.21 ms graph and ~130 us of host time per eager
-// call.) Phi_{i+1} streams into shared memory (cp.async, double-buffered) while Phi_i is applied.
+// call.) Phi_{i+1} streams into shared memory (double-buffered) while Phi_i is applied: by TMA, four 128-row x
+// 32-column boxes in the 128-byte swizzle issued by one thread (kTma, where the map can be made), or by cp.async
+// from every thread into padded rows. (The phase timers, session 29: at TP8 1 x 8192 a step was ~5.8k cycles, of
+// them ~1.2k issuing the 16 copies a thread and ~1.1k in the init / slice stores behind them, ~3.2k the FMAs.)
 #include <cstdlib>
 
 #include "common.h"
 #include "kernels.h"
+#include "tma.cuh"
 #include "warp_mma.cuh"
+#include "wgmma.cuh"  // align_smem_1024
 
 namespace flashqla {
 namespace {
@@ -23,10 +28,15 @@ constexpr int kPhiChunks = kDim * kDim / 4 / kThreads;  // 16-byte copies per th
 // kCols V columns per CTA: 16 (8 CTAs per sequence and head), or 8 where twice the CTAs still fit on the
 // SMs (the per-step work halves; every CTA still streams the whole Phi_i)
 template <int kCols>
-struct ScanSmem {
-  float phi[2][kDim * kLdPhi];      // Phi_i and Phi_{i+1}
+struct alignas(1024) ScanSmem {
+  // Phi_i and Phi_{i+1}: padded rows (cp.async), or four swizzled [128][32] boxes (TMA; 64 KB of the 66, each
+  // buffer 1024-byte aligned: 66 KB is a multiple of 1 KB)
+  float phi[2][kDim * kLdPhi];
   float s[kDim * kCols];            // the running state's slice, [K][kCols]
+  uint64_t full[2];                 // (TMA) Phi's arrival in buffer b, one phase a fill
 };
+static_assert(sizeof(float) * kDim * kLdPhi % 1024 == 0, "the second Phi buffer 1024-byte aligned");
+constexpr int kPhiBoxCols = 32;     // fp32 columns of a 128-byte swizzled box (tma::encode_state_rows)
 
 // FLASHQLA_SCAN_TIMERS (benchmarks/profile_scan_phases.cu only): thread 0 of every CTA adds clock64() deltas per
 // phase of the walk into g_scan_cycles (kScanMarks slots; the tool divides by the CTAs), slot kScanSteps counts the
@@ -70,13 +80,25 @@ CUTLASS_DEVICE void load_phi(float* dst, const float* src, int tid) {
   }
 }
 
-template <int kCols>
+// (TMA) Phi of tile row0 (its first row in the [segments * heads * 128, 128] map) into buf, by one thread.
+CUTLASS_DEVICE void tma_phi(float* buf, const CUtensorMap* map, uint64_t* full, int64_t row0) {
+  tma::mbar_expect_tx(full, kDim * kDim * sizeof(float));
+#pragma unroll
+  for (int b = 0; b < kDim / kPhiBoxCols; ++b)
+    asm volatile(
+        "cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1, {%3, %4}], [%2];\n" ::"r"(
+            warp::smem_addr(buf + b * kDim * kPhiBoxCols)),
+        "l"(map), "r"(warp::smem_addr(full)), "r"(b * kPhiBoxCols), "r"(static_cast<int>(row0))
+        : "memory");
+}
+
+template <int kCols, bool kTma>
 __global__ void __launch_bounds__(kThreads, 1)
-cp_scan_kernel(const flashqla_gdn_cp_scan_params_t p) {
+cp_scan_kernel(const flashqla_gdn_cp_scan_params_t p, const __grid_constant__ CUtensorMap phi_map) {
   constexpr int kPer = kCols / 2;  // outputs per thread
   static_assert(kDim * kCols == kPer * kThreads && kPer % 4 == 0, "whole float4s per thread");
   extern __shared__ __align__(16) unsigned char smem_raw[];
-  auto& sm = *reinterpret_cast<ScanSmem<kCols>*>(smem_raw);
+  auto& sm = *reinterpret_cast<ScanSmem<kCols>*>(gmma::align_smem_1024(smem_raw));
   const int tid = threadIdx.x;
   long long t_mark = 0;
 #ifdef FLASHQLA_SCAN_TIMERS
@@ -96,8 +118,19 @@ cp_scan_kernel(const flashqla_gdn_cp_scan_params_t p) {
   const int64_t head_kv = int64_t(kDim) * kDim;  // elements of one (segment, head) tile
   auto tile = [&](int64_t seg) { return (seg * p.heads + h) * head_kv; };
 
-  if (first < end) load_phi(sm.phi[0], p.phi + tile(first), tid);
-  cp_commit();
+  if constexpr (kTma) {
+    if (tid < 2) tma::mbar_init(&sm.full[tid]);
+    __syncthreads();  // the barriers initialised before anyone waits on them
+    if (tid == 0 && first < end) tma_phi(sm.phi[0], &phi_map, &sm.full[0], tile(first) / kDim);
+  } else {
+    if (first < end) load_phi(sm.phi[0], p.phi + tile(first), tid);
+    cp_commit();
+  }
+  // (TMA) this thread's Phi row in each buffer's boxes, and its 16-byte pieces' swizzled offsets: piece c of a
+  // box row lands at piece c ^ (row % 8)
+  int piece_off[kPhiBoxCols / 4];
+#pragma unroll
+  for (int c = 0; c < kPhiBoxCols / 4; ++c) piece_off[c] = row * kPhiBoxCols + 4 * (c ^ (row & 7));
   // init[first] = h0 (or zeros); this thread's kPer values in registers
   float4 acc[kPer / 4];
   {
@@ -130,19 +163,29 @@ cp_scan_kernel(const flashqla_gdn_cp_scan_params_t p) {
     for (int j = 0; j < kPer / 4; ++j) bv[j] = bnext[j];
     if (i + 1 < end) load_b(i + 1);
     const int buf = static_cast<int>((i - first) & 1);
-    if (i + 1 < end) load_phi(sm.phi[buf ^ 1], p.phi + tile(i + 1), tid);  // the next Phi, while this one is applied
-    cp_commit();
+    // the next Phi, while this one is applied (into the buffer Phi_{i-1} left: read before the last barrier)
+    if constexpr (kTma) {
+      if (tid == 0 && i + 1 < end) tma_phi(sm.phi[buf ^ 1], &phi_map, &sm.full[buf ^ 1], tile(i + 1) / kDim);
+    } else {
+      if (i + 1 < end) load_phi(sm.phi[buf ^ 1], p.phi + tile(i + 1), tid);
+      cp_commit();
+    }
     FLASHQLA_SCAN_MARK(kScanIssue);
-    cp_wait_prior1();  // Phi_i has landed (this thread's copies), then everyone's, and the state slice
+    if constexpr (kTma)
+      tma::mbar_wait(&sm.full[buf], static_cast<uint32_t>(((i - first) >> 1) & 1));  // buffer buf's fill (i - first) / 2
+    else
+      cp_wait_prior1();  // Phi_i has landed (this thread's copies), then everyone's, and the state slice
     FLASHQLA_SCAN_MARK(kScanWaitPhi);
     __syncthreads();
     FLASHQLA_SCAN_MARK(kScanBar1);
 #pragma unroll
     for (int j = 0; j < kPer / 4; ++j) acc[j] = bv[j];
-    const float* ph = &sm.phi[buf][row * kLdPhi];
-#pragma unroll 4
+    const float* ph = kTma ? sm.phi[buf] : &sm.phi[buf][row * kLdPhi];
+#pragma unroll (kTma ? 32 : 4)
     for (int k = 0; k < kDim; k += 4) {
-      const float4 a = *reinterpret_cast<const float4*>(ph + k);
+      // (TMA: box k / 32, piece (k % 32) / 4 of this thread's row: offsets known at compile time but the row's)
+      const float4 a = *reinterpret_cast<const float4*>(
+          kTma ? ph + (k / kPhiBoxCols) * kDim * kPhiBoxCols + piece_off[(k % kPhiBoxCols) / 4] : ph + k);
       const float av[4] = {a.x, a.y, a.z, a.w};
 #pragma unroll
       for (int kk = 0; kk < 4; ++kk)
@@ -168,13 +211,21 @@ cp_scan_kernel(const flashqla_gdn_cp_scan_params_t p) {
   FLASHQLA_SCAN_MARK(kScanLast);
 }
 
+// FLASHQLA_SCAN_TMA=0: Phi by cp.async everywhere; else (1, unset) by TMA where the map can be made (the same
+// values in the same FMA order: bitwise the same states).
 template <int kCols>
 cudaError_t launch_cols(const flashqla_gdn_cp_scan_params_t& p, cudaStream_t stream) {
-  const int smem = static_cast<int>(sizeof(ScanSmem<kCols>));
-  cudaError_t err = cudaFuncSetAttribute(cp_scan_kernel<kCols>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
+  const char* e = std::getenv("FLASHQLA_SCAN_TMA");
+  CUtensorMap map{};
+  const bool use_tma = !(e != nullptr && e[0] == '0') &&
+                       tma::encode_state_rows(map, p.phi, CU_TENSOR_MAP_DATA_TYPE_FLOAT32, 4,
+                                              p.segments * p.heads * kDim);
+  const auto kernel = use_tma ? cp_scan_kernel<kCols, true> : cp_scan_kernel<kCols, false>;
+  const int smem = static_cast<int>(sizeof(ScanSmem<kCols>) + 1024);  // (+ align_smem_1024's slack)
+  cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
   if (err != cudaSuccess) return err;
   const dim3 grid(static_cast<unsigned>(p.num_seqs * p.heads), kDim / kCols);
-  cp_scan_kernel<kCols><<<grid, kThreads, smem, stream>>>(p);
+  kernel<<<grid, kThreads, smem, stream>>>(p, map);
   return cudaGetLastError();
 }
 
