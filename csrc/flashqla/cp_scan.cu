@@ -45,7 +45,7 @@ enum ScanMark : int {
   kScanPrologue,   // kernel start -> the loop: h0, B_first, the first Phi's issue
   kScanStore,      // init_i out, the state slice into shared memory
   kScanIssue,      // B_{i+1}'s load and Phi_{i+1}'s copies issued
-  kScanWaitPhi,    // cp.async.wait_group: Phi_i landed (this thread's copies)
+  kScanWaitPhi,    // Phi_i landed: this thread's copies (cp.async.wait_group) or the TMA's mbarrier
   kScanBar1,       // the barrier before the products (everyone's copies and slice stores)
   kScanFma,        // acc = B_i + Phi_i S_i
   kScanBar2,       // the barrier after them
@@ -85,11 +85,7 @@ CUTLASS_DEVICE void tma_phi(float* buf, const CUtensorMap* map, uint64_t* full, 
   tma::mbar_expect_tx(full, kDim * kDim * sizeof(float));
 #pragma unroll
   for (int b = 0; b < kDim / kPhiBoxCols; ++b)
-    asm volatile(
-        "cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1, {%3, %4}], [%2];\n" ::"r"(
-            warp::smem_addr(buf + b * kDim * kPhiBoxCols)),
-        "l"(map), "r"(warp::smem_addr(full)), "r"(b * kPhiBoxCols), "r"(static_cast<int>(row0))
-        : "memory");
+    tma::load_box2(buf + b * kDim * kPhiBoxCols, map, full, b * kPhiBoxCols, static_cast<int>(row0));
 }
 
 template <int kCols, bool kTma>

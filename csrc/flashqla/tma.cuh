@@ -63,6 +63,16 @@ CUTLASS_DEVICE void load_box(void* dst, const CUtensorMap* map, uint64_t* bar, i
       : "memory");
 }
 
+// One box of a 2D map (as encode_state_rows': 128 rows x 128 bytes) at (column c0, row) into dst (1024-byte aligned),
+// on bar.
+CUTLASS_DEVICE void load_box2(void* dst, const CUtensorMap* map, uint64_t* bar, int c0, int row) {
+  asm volatile(
+      "cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1, {%3, %4}], [%2];\n" ::"r"(
+          warp::smem_addr(dst)),
+      "l"(map), "r"(warp::smem_addr(bar)), "r"(c0), "r"(row)
+      : "memory");
+}
+
 // One 64 x 64 box from src (1024-byte aligned, as load_box3 leaves it) to (column c0, head, row) of a
 // [rows, heads, cols] map, in the issuing thread's bulk group (bulk_commit, then bulk_wait_read before src changes).
 CUTLASS_DEVICE void store_box3(const CUtensorMap* map, const void* src, int c0, int head, int row) {
