@@ -509,10 +509,11 @@ def test_cp_scan_tma_is_the_copies_bitwise(monkeypatch, cols):
     monkeypatch.setenv("FLASHQLA_SCAN_COLS", cols)
     for h in (torch.randn(len(counts), H, D, D, device=DEV, generator=gen), None):
         out = {}
-        for mode in ("0", "1"):
-            monkeypatch.setenv("FLASHQLA_SCAN_TMA", mode)
+        for mode in ("0", "1", "1-rows2"):  # (and two rows a thread, FLASHQLA_SCAN_ROWS=2: the same FMA order)
+            monkeypatch.setenv("FLASHQLA_SCAN_TMA", mode[0])
+            monkeypatch.setenv("FLASHQLA_SCAN_ROWS", "2" if mode.endswith("rows2") else "1")
             out[mode] = torch.ops.flashqla.chunk_gdn_cp_scan(phi, b, h, last)
-        assert torch.equal(out["0"], out["1"])
+        assert torch.equal(out["0"], out["1"]) and torch.equal(out["0"], out["1-rows2"])
         ref = torch.ops.flashqla.chunk_gdn_cp_scan(phi.double().cpu(), b.double().cpu(),
                                                    None if h is None else h.double().cpu(), last.cpu())
         assert rel_l2(out["1"], ref) < 1e-5

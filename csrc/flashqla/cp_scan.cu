@@ -88,11 +88,16 @@ CUTLASS_DEVICE void tma_phi(float* buf, const CUtensorMap* map, uint64_t* full, 
     tma::load_box2(buf + b * kDim * kPhiBoxCols, map, full, b * kPhiBoxCols, static_cast<int>(row0));
 }
 
-template <int kCols, bool kTma>
-__global__ void __launch_bounds__(kThreads, 1)
+// kRows (TMA only): rows of the slice per thread, kThreads / kRows threads a CTA. With 2, a thread's rows r and r + 64
+// share each load of the state slice: half the slice's shared loads per FMA (its 128 LDS.128 a step served 512
+// FFMAs; the loop was ~2.9k of a step's ~4.2k cycles, session 29), at half the warps.
+template <int kCols, bool kTma, int kRows = 1>
+__global__ void __launch_bounds__(kThreads / kRows, 1)
 cp_scan_kernel(const flashqla_gdn_cp_scan_params_t p, const __grid_constant__ CUtensorMap phi_map) {
-  constexpr int kPer = kCols / 2;  // outputs per thread
+  constexpr int kPer = kCols / 2;  // outputs per thread and row
   static_assert(kDim * kCols == kPer * kThreads && kPer % 4 == 0, "whole float4s per thread");
+  static_assert(kRows == 1 || (kRows == 2 && kTma), "two rows a thread: the TMA form (one thread issues the loads)");
+  constexpr int kRowStep = kDim / kRows;  // a thread's rows: row, row + kRowStep, ...
   extern __shared__ __align__(16) unsigned char smem_raw[];
   auto& sm = *reinterpret_cast<ScanSmem<kCols>*>(gmma::align_smem_1024(smem_raw));
   const int tid = threadIdx.x;
@@ -122,41 +127,54 @@ cp_scan_kernel(const flashqla_gdn_cp_scan_params_t p, const __grid_constant__ CU
     if (first < end) load_phi(sm.phi[0], p.phi + tile(first), tid);
     cp_commit();
   }
-  // (TMA) this thread's Phi row in each buffer's boxes, and its 16-byte pieces' swizzled offsets: piece c of a
-  // box row lands at piece c ^ (row % 8)
+  // (TMA) this thread's first Phi row in each buffer's boxes, and its 16-byte pieces' swizzled offsets: piece c of a
+  // box row lands at piece c ^ (row % 8) (the same for its other rows: kRowStep is a multiple of 8)
   int piece_off[kPhiBoxCols / 4];
 #pragma unroll
   for (int c = 0; c < kPhiBoxCols / 4; ++c) piece_off[c] = row * kPhiBoxCols + 4 * (c ^ (row & 7));
-  // init[first] = h0 (or zeros); this thread's kPer values in registers
-  float4 acc[kPer / 4];
-  {
-    const float4* src = p.h0 != nullptr
-        ? reinterpret_cast<const float4*>(p.h0 + (seq * p.heads + h) * head_kv + int64_t(row) * kDim + col0 + cs)
-        : nullptr;
+  // init[first] = h0 (or zeros); this thread's kPer values a row in registers
+  float4 acc[kRows][kPer / 4];
 #pragma unroll
-    for (int j = 0; j < kPer / 4; ++j) acc[j] = src ? src[j] : make_float4(0.f, 0.f, 0.f, 0.f);
+  for (int q = 0; q < kRows; ++q) {
+    const float4* src = p.h0 != nullptr ? reinterpret_cast<const float4*>(p.h0 + (seq * p.heads + h) * head_kv +
+                                                                         int64_t(row + q * kRowStep) * kDim + col0 + cs)
+                                        : nullptr;
+#pragma unroll
+    for (int j = 0; j < kPer / 4; ++j) acc[q][j] = src ? src[j] : make_float4(0.f, 0.f, 0.f, 0.f);
   }
-  float4 bnext[kPer / 4];
+  float4 bnext[kRows][kPer / 4];
   auto load_b = [&](int64_t seg) {
-    const float4* src = reinterpret_cast<const float4*>(p.b + tile(seg) + int64_t(row) * kDim + col0 + cs);
 #pragma unroll
-    for (int j = 0; j < kPer / 4; ++j) bnext[j] = src[j];
+    for (int q = 0; q < kRows; ++q) {
+      const float4* src =
+          reinterpret_cast<const float4*>(p.b + tile(seg) + int64_t(row + q * kRowStep) * kDim + col0 + cs);
+#pragma unroll
+      for (int j = 0; j < kPer / 4; ++j) bnext[q][j] = src[j];
+    }
   };
   if (first < end) load_b(first);
   FLASHQLA_SCAN_MARK(kScanPrologue);
   for (int64_t i = first;; ++i) {
-    float4* out = reinterpret_cast<float4*>(p.init + tile(i) + int64_t(row) * kDim + col0 + cs);
 #pragma unroll
-    for (int j = 0; j < kPer / 4; ++j) out[j] = acc[j];
+    for (int q = 0; q < kRows; ++q) {
+      float4* out = reinterpret_cast<float4*>(p.init + tile(i) + int64_t(row + q * kRowStep) * kDim + col0 + cs);
+#pragma unroll
+      for (int j = 0; j < kPer / 4; ++j) out[j] = acc[q][j];
+    }
     if (i == end) break;
 #pragma unroll
-    for (int j = 0; j < kPer / 4; ++j) *reinterpret_cast<float4*>(&sm.s[row * kCols + cs + 4 * j]) = acc[j];
+    for (int q = 0; q < kRows; ++q)
+#pragma unroll
+      for (int j = 0; j < kPer / 4; ++j)
+        *reinterpret_cast<float4*>(&sm.s[(row + q * kRowStep) * kCols + cs + 4 * j]) = acc[q][j];
     FLASHQLA_SCAN_MARK(kScanStore);
     // acc = B_i + Phi_i S_i. B_i was loaded a step ahead, and B_{i+1}'s loads are issued now: ncu measured the
     // first FMA waiting on B_i's load (long scoreboard, 36% of the stalls) when it was issued here
-    float4 bv[kPer / 4];
+    float4 bv[kRows][kPer / 4];
 #pragma unroll
-    for (int j = 0; j < kPer / 4; ++j) bv[j] = bnext[j];
+    for (int q = 0; q < kRows; ++q)
+#pragma unroll
+      for (int j = 0; j < kPer / 4; ++j) bv[q][j] = bnext[q][j];
     if (i + 1 < end) load_b(i + 1);
     const int buf = static_cast<int>((i - first) & 1);
     // the next Phi, while this one is applied (into the buffer Phi_{i-1} left: read before the last barrier)
@@ -175,26 +193,37 @@ cp_scan_kernel(const flashqla_gdn_cp_scan_params_t p, const __grid_constant__ CU
     __syncthreads();
     FLASHQLA_SCAN_MARK(kScanBar1);
 #pragma unroll
-    for (int j = 0; j < kPer / 4; ++j) acc[j] = bv[j];
+    for (int q = 0; q < kRows; ++q)
+#pragma unroll
+      for (int j = 0; j < kPer / 4; ++j) acc[q][j] = bv[q][j];
     const float* ph = kTma ? sm.phi[buf] : &sm.phi[buf][row * kLdPhi];
 #pragma unroll (kTma ? 32 : 4)
     for (int k = 0; k < kDim; k += 4) {
-      // (TMA: box k / 32, piece (k % 32) / 4 of this thread's row: offsets known at compile time but the row's)
-      const float4 a = *reinterpret_cast<const float4*>(
-          kTma ? ph + (k / kPhiBoxCols) * kDim * kPhiBoxCols + piece_off[(k % kPhiBoxCols) / 4] : ph + k);
-      const float av[4] = {a.x, a.y, a.z, a.w};
+      // (TMA: box k / 32, piece (k % 32) / 4 of this thread's rows: offsets known at compile time but the row's)
+      float av[kRows][4];
+#pragma unroll
+      for (int q = 0; q < kRows; ++q) {
+        const float4 a = *reinterpret_cast<const float4*>(
+            kTma ? ph + (k / kPhiBoxCols) * kDim * kPhiBoxCols + q * kRowStep * kPhiBoxCols +
+                       piece_off[(k % kPhiBoxCols) / 4]
+                 : ph + k);
+        av[q][0] = a.x, av[q][1] = a.y, av[q][2] = a.z, av[q][3] = a.w;
+      }
 #pragma unroll
       for (int kk = 0; kk < 4; ++kk)
 #pragma unroll
         for (int j = 0; j < kPer / 4; ++j) {
           const float4 sv = *reinterpret_cast<const float4*>(&sm.s[(k + kk) * kCols + cs + 4 * j]);
-          acc[j].x = fmaf(av[kk], sv.x, acc[j].x); acc[j].y = fmaf(av[kk], sv.y, acc[j].y);
-          acc[j].z = fmaf(av[kk], sv.z, acc[j].z); acc[j].w = fmaf(av[kk], sv.w, acc[j].w);
+#pragma unroll
+          for (int q = 0; q < kRows; ++q) {  // (the same k order for every output as with one row a thread)
+            acc[q][j].x = fmaf(av[q][kk], sv.x, acc[q][j].x); acc[q][j].y = fmaf(av[q][kk], sv.y, acc[q][j].y);
+            acc[q][j].z = fmaf(av[q][kk], sv.z, acc[q][j].z); acc[q][j].w = fmaf(av[q][kk], sv.w, acc[q][j].w);
+          }
         }
     }
 #ifdef FLASHQLA_SCAN_TIMERS
     // (the marks read the results first: otherwise the FMAs can be scheduled past the clock read)
-    if (tid == 0) asm volatile("" ::"f"(acc[0].x), "f"(acc[kPer / 4 - 1].w));
+    if (tid == 0) asm volatile("" ::"f"(acc[0][0].x), "f"(acc[kRows - 1][kPer / 4 - 1].w));
 #endif
     FLASHQLA_SCAN_MARK(kScanFma);
     __syncthreads();  // every read of the state slice and of Phi_i is done before they are rewritten
@@ -208,7 +237,8 @@ cp_scan_kernel(const flashqla_gdn_cp_scan_params_t p, const __grid_constant__ CU
 }
 
 // FLASHQLA_SCAN_TMA=0: Phi by cp.async everywhere; else (1, unset) by TMA where the map can be made (the same
-// values in the same FMA order: bitwise the same states).
+// values in the same FMA order: bitwise the same states). FLASHQLA_SCAN_ROWS=2: two rows a thread in the TMA form
+// (the same FMAs in the same order again); else one.
 template <int kCols>
 cudaError_t launch_cols(const flashqla_gdn_cp_scan_params_t& p, cudaStream_t stream) {
   const char* e = std::getenv("FLASHQLA_SCAN_TMA");
@@ -216,12 +246,15 @@ cudaError_t launch_cols(const flashqla_gdn_cp_scan_params_t& p, cudaStream_t str
   const bool use_tma = !(e != nullptr && e[0] == '0') &&
                        tma::encode_state_rows(map, p.phi, CU_TENSOR_MAP_DATA_TYPE_FLOAT32, 4,
                                               p.segments * p.heads * kDim);
-  const auto kernel = use_tma ? cp_scan_kernel<kCols, true> : cp_scan_kernel<kCols, false>;
+  const char* r = std::getenv("FLASHQLA_SCAN_ROWS");
+  const int rows = use_tma && r != nullptr && r[0] == '2' ? 2 : 1;
+  const auto kernel = !use_tma ? cp_scan_kernel<kCols, false>
+                      : rows == 2 ? cp_scan_kernel<kCols, true, 2> : cp_scan_kernel<kCols, true>;
   const int smem = static_cast<int>(sizeof(ScanSmem<kCols>) + 1024);  // (+ align_smem_1024's slack)
   cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
   if (err != cudaSuccess) return err;
   const dim3 grid(static_cast<unsigned>(p.num_seqs * p.heads), kDim / kCols);
-  kernel<<<grid, kThreads, smem, stream>>>(p, map);
+  kernel<<<grid, kThreads / rows, smem, stream>>>(p, map);
   return cudaGetLastError();
 }
 
