@@ -1,7 +1,8 @@
 // Where does a step of exact parallelism's scan go? Builds cp_scan_kernel with FLASHQLA_SCAN_TIMERS (thread 0 of
 // every CTA adds clock64() deltas per phase of the walk), runs it on one sequence of S segments and H value heads
-// (random maps, the library's slice width or FLASHQLA_SCAN_COLS), and prints cycles per CTA: the prologue, each
-// phase of a step (summed over the steps and per step) and the tail, with the event time of the timed build.
+// (random maps; the library's slice width and forms, or FLASHQLA_SCAN_COLS / _TMA / _ROWS as for the library), and
+// prints cycles per CTA: the prologue, each phase of a step (summed over the steps and per step) and the tail, with
+// the event time of the timed build.
 //   nvcc -O3 -std=c++17 -gencode=arch=compute_90a,code=sm_90a --expt-relaxed-constexpr \
 //        -Icsrc/include -Icsrc -I<cutlass include> benchmarks/profile_scan_phases.cu -o /tmp/scan_phases
 //   /tmp/scan_phases [S] [H] [seqs]  (default 8 8 1: TP8 1 x 8192's plan, 8 segments of 8 heads)
