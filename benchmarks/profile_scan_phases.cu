@@ -46,15 +46,13 @@ int main(int argc, char** argv) {
                                   [] { zero_symbol(fq::g_scan_cycles); });
   unsigned long long cyc[fq::kScanMarks];
   CUDA_OK(cudaMemcpyFromSymbol(cyc, fq::g_scan_cycles, sizeof(cyc)));
-  int sms = 0, clk_khz = 0;
-  CUDA_OK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0));
+  int clk_khz = 0;
   CUDA_OK(cudaDeviceGetAttribute(&clk_khz, cudaDevAttrClockRate, 0));
-  const char* e = std::getenv("FLASHQLA_SCAN_COLS");  // (the launcher's choice, repeated)
-  const int cols = e != nullptr ? std::atoi(e) : (N * H * (D / 8) <= sms ? 8 : 16);
-  const double ctas = double(N) * H * (D / cols), steps = cyc[fq::kScanSteps] / ctas;
-  std::printf("scan (timed build), %lld segments, %lld heads, %lld sequences, %d columns a CTA (%.0f CTAs): %.1f us,"
+  // (the CTAs that walked, as the kernel counted them: every sequence has a segment here, so all of them)
+  const double ctas = double(cyc[fq::kScanCtas]), steps = cyc[fq::kScanSteps] / ctas;
+  std::printf("scan (timed build), %lld segments, %lld heads, %lld sequences, %.0f columns a CTA (%.0f CTAs): %.1f us,"
               " %.1f steps a CTA\n",
-              (long long)S, (long long)H, (long long)N, cols, ctas, 1000.0 * ms, steps);
+              (long long)S, (long long)H, (long long)N, double(N) * H * D / ctas, ctas, 1000.0 * ms, steps);
   const char* names[fq::kScanSteps] = {"prologue: h0, B, the first Phi issued", "init out, slice to shared memory",
                                        "B and Phi ahead issued", "wait: Phi_i landed", "barrier 1",
                                        "FMAs: B_i + Phi_i S_i", "barrier 2", "last init out, exit"};

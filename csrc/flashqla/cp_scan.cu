@@ -39,8 +39,8 @@ static_assert(sizeof(float) * kDim * kLdPhi % 1024 == 0, "the second Phi buffer 
 constexpr int kPhiBoxCols = 32;     // fp32 columns of a 128-byte swizzled box (tma::encode_state_rows)
 
 // FLASHQLA_SCAN_TIMERS (benchmarks/profile_scan_phases.cu only): thread 0 of every CTA adds clock64() deltas per
-// phase of the walk into g_scan_cycles (kScanMarks slots; the tool divides by the CTAs), slot kScanSteps counts the
-// steps. The library's build has none of it.
+// phase of the walk into g_scan_cycles (kScanMarks slots), slot kScanSteps counts the steps and kScanCtas the CTAs
+// that walked (the tool divides by it). The library's build has none of it.
 enum ScanMark : int {
   kScanPrologue,   // kernel start -> the loop: h0, B_first, the first Phi's issue
   kScanStore,      // init_i out, the state slice into shared memory
@@ -51,6 +51,7 @@ enum ScanMark : int {
   kScanBar2,       // the barrier after them
   kScanLast,       // the last init store and the exit's copy wait
   kScanSteps,
+  kScanCtas,
   kScanMarks
 };
 #ifdef FLASHQLA_SCAN_TIMERS
@@ -153,6 +154,9 @@ cp_scan_kernel(const flashqla_gdn_cp_scan_params_t p, const __grid_constant__ CU
     }
   };
   if (first < end) load_b(first);
+#ifdef FLASHQLA_SCAN_TIMERS
+  if (tid == 0) atomicAdd(&g_scan_cycles[kScanCtas], 1ull);
+#endif
   FLASHQLA_SCAN_MARK(kScanPrologue);
   for (int64_t i = first;; ++i) {
 #pragma unroll
