@@ -241,8 +241,9 @@ cp_scan_kernel(const flashqla_gdn_cp_scan_params_t p, const __grid_constant__ CU
 }
 
 // FLASHQLA_SCAN_TMA=0: Phi by cp.async everywhere; else (1, unset) by TMA where the map can be made (the same
-// values in the same FMA order: bitwise the same states). FLASHQLA_SCAN_ROWS=2: two rows a thread in the TMA form
-// (the same FMAs in the same order again); else one.
+// values in the same FMA order: bitwise the same states). Rows a thread in the TMA form (the same FMAs in the same
+// order again): FLASHQLA_SCAN_ROWS=1 or 2; unset, two at 8-column slices (TP8 1 x 8192 -2.3%, the scan 16.8 -> 13.8
+// us), one at 16 (TP4 1 x 8192 +1.4% with two: half the warps for twice a thread's FMAs; session 30's A/B).
 template <int kCols>
 cudaError_t launch_cols(const flashqla_gdn_cp_scan_params_t& p, cudaStream_t stream) {
   const char* e = std::getenv("FLASHQLA_SCAN_TMA");
@@ -251,7 +252,7 @@ cudaError_t launch_cols(const flashqla_gdn_cp_scan_params_t& p, cudaStream_t str
                        tma::encode_state_rows(map, p.phi, CU_TENSOR_MAP_DATA_TYPE_FLOAT32, 4,
                                               p.segments * p.heads * kDim);
   const char* r = std::getenv("FLASHQLA_SCAN_ROWS");
-  const int rows = use_tma && r != nullptr && r[0] == '2' ? 2 : 1;
+  const int rows = !use_tma ? 1 : r != nullptr && (r[0] == '1' || r[0] == '2') ? r[0] - '0' : kCols == 8 ? 2 : 1;
   const auto kernel = !use_tma ? cp_scan_kernel<kCols, false>
                       : rows == 2 ? cp_scan_kernel<kCols, true, 2> : cp_scan_kernel<kCols, true>;
   const int smem = static_cast<int>(sizeof(ScanSmem<kCols>) + 1024);  // (+ align_smem_1024's slack)
