@@ -47,8 +47,9 @@ GAIN = 0.75           # run CP when its predicted time is below this fraction of
 # both summaries together ~1.07 full chunk steps (they were 2 x 0.7, and are again under FLASHQLA_SUMMARY_PAIR=0 or
 # where the paired launch cannot run). No anchor row's plan changes with it.
 # Since session 29 the scan brings Phi by TMA: at TP8 1 x 8192 its phase table went 22.8 -> 16.5 us for 7 ranks
-# (~2.4 us a rank, ~1 chunk step); RANK_STEP stays at 3 until the 1 x 2048 rows are measured again with a lower one
-# (=1 measured TP4 1x2048 0.064 -> 0.071 ms before the change).
+# (~2.4 us a rank, ~1 chunk step). Measured again in session 30 (`h200-ab-20261202T1910Z-ee63332-rankstep*.json`):
+# =1 or 1.5 plan the 1 x 2048 rows as four 8-chunk segments, TP8 0.0591 -> 0.0559 ms but TP4 0.0640 -> 0.0673 (its
+# 128 CTAs fill the GPU; the model's one wave misses that), =2 plans as 3; so RANK_STEP stays at 3.
 SUMMARIES_STEP = 1.07
 RANK_STEP = 3.0       # in chunk steps
 
