@@ -30,6 +30,8 @@
 #   scanphases  per-phase cycle counts of exact parallelism's scan (benchmarks/profile_scan_phases.cu; SCAN_PHASE_ARGS)
 #   probe     the state chain with wgmma vs mma.sync (benchmarks/wgmma_chain_probe.cu), and a chunk's loads by cp.async
 #             vs TMA with the swizzles compared (benchmarks/tma_load_probe.cu)
+#   syncprobe compute-sanitizer synccheck on the O-beside chain's stage protocol alone (benchmarks/synccheck_probe.cu):
+#             does the tool accept the kernel's bar.arrive / bar.sync pattern? (SAN_TOOLS=synccheck runs it on the library)
 #   rate      wgmma m64n32 / m64n64 (bf16) and m64n32k8 (tf32) products of depth 128 on one SM: latency alone and the
 #             rate with several in flight (benchmarks/wgmma_rate_probe.cu; the fused reverse kernel's budget)
 #   cumsum    the cumsum kernel record (benchmarks/bench_cumsum.py)
@@ -227,6 +229,15 @@ if has rate; then
   cuda_tool benchmarks/wgmma_rate_probe.cu /tmp/fq_rate_probe
   timeout 60 /tmp/fq_rate_probe 2>&1 | tee -a "$LOG"
   [ "${PIPESTATUS[0]}" -eq 0 ] || status=1
+fi
+
+if has syncprobe; then
+  say "synccheck probe (the O-beside stage protocol alone; mode 2 is a deliberate mismatch synccheck should flag)"
+  cuda_tool benchmarks/synccheck_probe.cu /tmp/fq_sync_probe
+  for mode in 0 1 2; do
+    timeout 60 /tmp/fq_sync_probe "$mode" 2>&1 | tee -a "$LOG"
+    timeout 120 compute-sanitizer --tool synccheck --print-limit 4 /tmp/fq_sync_probe "$mode" 2>&1 | grep -v "Host Frame" | tail -12 | tee -a "$LOG"
+  done
 fi
 
 if has cumsum; then
