@@ -232,9 +232,9 @@ if has rate; then
 fi
 
 if has syncprobe; then
-  say "synccheck probe (the O-beside stage protocol alone; mode 2 is a deliberate mismatch synccheck should flag)"
+  say "synccheck probe (the O-beside stage protocol alone; mode 3 syncs only, 2 is a deliberate mismatch)"
   cuda_tool benchmarks/synccheck_probe.cu /tmp/fq_sync_probe
-  for mode in 0 1 2; do
+  for mode in 3 0 1 2; do
     timeout 60 /tmp/fq_sync_probe "$mode" 2>&1 | tee -a "$LOG"
     timeout 120 compute-sanitizer --tool synccheck --print-limit 4 /tmp/fq_sync_probe "$mode" 2>&1 | grep -v "Host Frame" | tail -12 | tee -a "$LOG"
   done

@@ -8,6 +8,7 @@
 // c + 3 < n, arrive on kEmpty + c % 6 (mode 0, the kernel's forward) or the O warps sync there instead (mode 1, the
 // kernel's summaries pass, whose O warps only keep the barriers in step). Mode 2 is mode 0 with a deliberate
 // mismatch (the O warps arrive for every chunk, three arrivals too many at the end): synccheck should report that one.
+// Mode 3: every participant syncs (no bar.arrive at all), the control the tool must accept.
 // Every thread checks the values it read: a protocol fault shows as a wrong sum even without the sanitizer.
 //   nvcc -O3 -gencode=arch=compute_90a,code=sm_90a benchmarks/synccheck_probe.cu -o /tmp/fq_sync_probe
 //   compute-sanitizer --tool synccheck /tmp/fq_sync_probe <mode> <chunks> <blocks>
@@ -40,7 +41,7 @@ __global__ void __launch_bounds__(kThreads, 1) probe(int mode, int n, unsigned* 
       const int v = stage[c % kStages][(t * 7 + role) % kRole];
       if (v != c * 1000 + (t * 7 + role) % kRole + static_cast<int>(blockIdx.x)) ++wrong;
       if (c + kStages < n || mode == 2) {
-        if (mode == 1 && role == 1) bar_sync(kEmpty + c % 6, kCount);
+        if ((mode == 1 && role == 1) || mode == 3) bar_sync(kEmpty + c % 6, kCount);
         else bar_arrive(kEmpty + c % 6, kCount);
       }
     }
