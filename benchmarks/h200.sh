@@ -30,8 +30,9 @@
 #   scanphases  per-phase cycle counts of exact parallelism's scan (benchmarks/profile_scan_phases.cu; SCAN_PHASE_ARGS)
 #   probe     the state chain with wgmma vs mma.sync (benchmarks/wgmma_chain_probe.cu), and a chunk's loads by cp.async
 #             vs TMA with the swizzles compared (benchmarks/tma_load_probe.cu)
-#   syncprobe compute-sanitizer synccheck on the O-beside chain's stage protocol alone (benchmarks/synccheck_probe.cu):
-#             does the tool accept the kernel's bar.arrive / bar.sync pattern? (SAN_TOOLS=synccheck runs it on the library)
+#   syncprobe compute-sanitizer synccheck (and racecheck) on the O-beside chain's stage protocol alone
+#             (benchmarks/synccheck_probe.cu): do the tools accept the kernel's bar.arrive / bar.sync pattern?
+#             (SAN_TOOLS=synccheck runs synccheck on the library)
 #   rate      wgmma m64n32 / m64n64 (bf16) and m64n32k8 (tf32) products of depth 128 on one SM: latency alone and the
 #             rate with several in flight (benchmarks/wgmma_rate_probe.cu; the fused reverse kernel's budget)
 #   cumsum    the cumsum kernel record (benchmarks/bench_cumsum.py)
@@ -237,6 +238,10 @@ if has syncprobe; then
   for mode in 3 0 1 2; do
     timeout 60 /tmp/fq_sync_probe "$mode" 2>&1 | tee -a "$LOG"
     timeout 120 compute-sanitizer --tool synccheck --print-limit 4 /tmp/fq_sync_probe "$mode" 2>&1 | grep -v "Host Frame" | tail -12 | tee -a "$LOG"
+  done
+  # and racecheck on the same protocol: does it order a stage's writes and reads through bar.arrive -> bar.sync?
+  for mode in 3 0; do
+    timeout 120 compute-sanitizer --tool racecheck --print-limit 4 /tmp/fq_sync_probe "$mode" 2>&1 | grep -v "Host Frame" | tail -12 | tee -a "$LOG"
   done
 fi
 
