@@ -1808,8 +1808,9 @@ CUTLASS_DEVICE int64_t chunk_offset(const flashqla_gdn_fwd_params_t& p, int64_t 
 // kKSplit: the K-split chain (32-column V blocks, state_role<T, true>); kWg: the products as wgmma (swizzled
 // stages, SharedStorageSw, 1 KB of alignment slack in the launch); both split mode only (the K split borrows the
 // loader groups' product scratch; the fused mode's aux products read the padded tiles).
-template <typename T, typename IndexT, typename PrepS>
-CUTLASS_DEVICE void prep_worker(const flashqla_gdn_fwd_params_t& p, const PrepBuffers<T>& pb, PrepS& sm, int unit);
+template <typename T, typename IndexT, bool kStoreBoxes, typename PrepS>
+CUTLASS_DEVICE void prep_worker(const flashqla_gdn_fwd_params_t& p, const PrepBuffers<T>& pb, PrepS& sm, int unit,
+                                const tma::ChainMaps* cmaps);
 
 // kOb (with kWg): O beside the chain (o_role; 512 threads: state, O, two loader groups). kOverlap (with kOb): the
 // first pb.prep_ctas CTAs are prep workers (prep_worker), the chain waits for their flags; kPrepWg: the workers
@@ -1843,7 +1844,8 @@ __global__ void __launch_bounds__(kOb ? kObThreads : kThreads, 1)
     if (block < pb.prep_ctas) {
       const int unit = __shfl_sync(0xffffffffu, threadIdx.x / kAuxThreads, 0);
       using PrepS = std::conditional_t<kPrepWg, PrepStorageWg<T>, PrepStorage<T>>;  // (base: 1024-byte aligned)
-      prep_worker<T, IndexT>(p, pb, reinterpret_cast<PrepS*>(base)[unit], unit);
+      // (the wgmma workers of the TMA form store X and W as the prep kernel does, by boxes on the chain's maps)
+      prep_worker<T, IndexT, kPrepWg && kTmaChain>(p, pb, reinterpret_cast<PrepS*>(base)[unit], unit, &cmaps);
       return;
     }
     block -= pb.prep_ctas;
@@ -2107,8 +2109,10 @@ CUTLASS_DEVICE void prep_head(const flashqla_gdn_fwd_params_t& p, const PrepBuff
 // CTA: the copies issue one at a time; session 20's phase table) and every thread 16 4-byte stores for W. A chunk
 // that ends early (a sequence's last) stores its rows from the staged X tile and W's fragments instead: a box
 // would write the next sequence's first rows. Otherwise (the workers beside the chain,
-// which loop over chunks and release a flag once X is written): cp.async and stores.
-template <typename T, bool kKernel = false>
+// which loop over chunks and release a flag once X is written): cp.async and stores, or with kStoreBoxes (the
+// workers of the chain's TMA form, whose maps hold X's and W's: maps->x, maps->w only) the kernel's box stores,
+// waited for in full by their issuing thread (the flag is released after them).
+template <typename T, bool kKernel = false, bool kStoreBoxes = kKernel>
 CUTLASS_DEVICE void prep_head_wg(const flashqla_gdn_fwd_params_t& p, const PrepBuffers<T>& pb, PrepStorageWg<T>& sm,
                                  const Work<T>& wk, int64_t c, int tid, uint32_t bar, long long& t_mark,
                                  const tma::QkMaps* maps = nullptr) {
@@ -2129,7 +2133,7 @@ CUTLASS_DEVICE void prep_head_wg(const flashqla_gdn_fwd_params_t& p, const PrepB
   float qk[8][4];
   aux_gram_inverse_wg<T>(sm, sm, tid, bar, t_mark, qk);
   const WToGlobal<T> w_out{pb.w + row0 * p.heads_v * kChunk + wk.h * kChunk, p.heads_v * kChunk, rows};
-  if constexpr (kKernel) {
+  if constexpr (kStoreBoxes) {
     aux_mwx_wg<T>(sm, sm, tid, bar, t_mark, qk, WToSwizzledM<T>{w_out}, XToSwizzledQ{});
     warp::fence_async_smem();  // this thread's stores of X and W, before the TMA (the async proxy) reads them
     warp::bar_sync(bar, kPrepThreads);
@@ -2140,7 +2144,10 @@ CUTLASS_DEVICE void prep_head_wg(const flashqla_gdn_fwd_params_t& p, const PrepB
           tma::store_box3(&maps->x, sm.q[half], 64 * half, static_cast<int>(wk.h), static_cast<int>(row0));
         tma::store_box3(&maps->w, sm.m, 0, static_cast<int>(wk.h), static_cast<int>(row0));
         warp::bulk_commit();
-        warp::bulk_wait_read();  // the tile lives until the boxes have been read
+        if constexpr (kKernel)
+          warp::bulk_wait_read();  // the tile lives until the boxes have been read
+        else
+          warp::bulk_wait();  // a worker: written, before this thread's fences and the chunk's flag
       }
     } else {  // the staged tile's rows (rows past the sequence's end are not written)
       store_prep_x<T>(p, pb, sm, row0, rows, wk.h, tid, [](const PrepStorageWg<T>& S, int r, int c8) {
@@ -2231,8 +2238,11 @@ __global__ void __launch_bounds__(kPrepThreads, kGroup ? kPrepGroupCtasPerSm : k
 // chunk's flag before copying its X and W. The workers come first in blockIdx, are dispatched first and wait for
 // nothing, so the chain's waits end also when the CTAs run one at a time (compute-sanitizer) or on fewer SMs.
 constexpr int kPrepUnits = kObThreads / kPrepThreads;
-template <typename T, typename IndexT, typename PrepS>
-CUTLASS_DEVICE void prep_worker(const flashqla_gdn_fwd_params_t& p, const PrepBuffers<T>& pb, PrepS& sm, int unit) {
+// kStoreBoxes (wgmma workers of the chain's TMA form): X and W leave as the prep kernel's boxes, on cmaps' X and W
+// maps (the chain's loads use the same encoding: kqx_maps, w_map).
+template <typename T, typename IndexT, bool kStoreBoxes, typename PrepS>
+CUTLASS_DEVICE void prep_worker(const flashqla_gdn_fwd_params_t& p, const PrepBuffers<T>& pb, PrepS& sm, int unit,
+                                const tma::ChainMaps* cmaps) {
   const int tid = threadIdx.x % kPrepThreads;
   const uint32_t bar = 1 + unit;
   long long t_mark = 0;
@@ -2262,7 +2272,10 @@ CUTLASS_DEVICE void prep_worker(const flashqla_gdn_fwd_params_t& p, const PrepBu
       ct.hq = ct.h / (p.heads_v / p.heads_qk);
       sequence_bounds<IndexT>(p, ct.n, ct.b, ct.bos, ct.eos);
       ct.col0 = 0;
-      if constexpr (kSwizzledStage<PrepS>)
+      if constexpr (kSwizzledStage<PrepS> && kStoreBoxes)
+        prep_head_wg<T, false, true>(p, pb, sm, make_work<T>(p, ct), sm.chunk, tid, bar, t_mark,
+                                     reinterpret_cast<const tma::QkMaps*>(cmaps));
+      else if constexpr (kSwizzledStage<PrepS>)
         prep_head_wg<T>(p, pb, sm, make_work<T>(p, ct), sm.chunk, tid, bar, t_mark);
       else
         prep_head<T>(p, pb, sm, make_work<T>(p, ct), sm.chunk, tid, bar, t_mark);
