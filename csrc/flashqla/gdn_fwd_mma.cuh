@@ -2110,12 +2110,13 @@ CUTLASS_DEVICE void prep_head(const flashqla_gdn_fwd_params_t& p, const PrepBuff
 // that ends early (a sequence's last) stores its rows from the staged X tile and W's fragments instead: a box
 // would write the next sequence's first rows. Otherwise (the workers beside the chain,
 // which loop over chunks and release a flag once X is written): cp.async and stores, or with kStoreBoxes (the
-// workers of the chain's TMA form, whose maps hold X's and W's: maps->x, maps->w only) the kernel's box stores,
-// waited for in full by their issuing thread (the flag is released after them).
+// workers of the chain's TMA form, on the chain's X and W maps) the kernel's box stores, waited for in full by
+// their issuing thread (the flag is released after them). x_map, w_map: the maps the boxes go to (kStoreBoxes).
 template <typename T, bool kKernel = false, bool kStoreBoxes = kKernel>
 CUTLASS_DEVICE void prep_head_wg(const flashqla_gdn_fwd_params_t& p, const PrepBuffers<T>& pb, PrepStorageWg<T>& sm,
                                  const Work<T>& wk, int64_t c, int tid, uint32_t bar, long long& t_mark,
-                                 const tma::QkMaps* maps = nullptr) {
+                                 const tma::QkMaps* maps = nullptr, const CUtensorMap* x_map = nullptr,
+                                 const CUtensorMap* w_map = nullptr) {
   const int rows = static_cast<int>(wk.len - c * kChunk < kChunk ? wk.len - c * kChunk : kChunk);
   const int64_t row0 = wk.flat0 + c * kChunk;
   if constexpr (kKernel) {
@@ -2141,8 +2142,8 @@ CUTLASS_DEVICE void prep_head_wg(const flashqla_gdn_fwd_params_t& p, const PrepB
       if (tid == 0) {
 #pragma unroll
         for (int half = 0; half < 2; ++half)
-          tma::store_box3(&maps->x, sm.q[half], 64 * half, static_cast<int>(wk.h), static_cast<int>(row0));
-        tma::store_box3(&maps->w, sm.m, 0, static_cast<int>(wk.h), static_cast<int>(row0));
+          tma::store_box3(x_map, sm.q[half], 64 * half, static_cast<int>(wk.h), static_cast<int>(row0));
+        tma::store_box3(w_map, sm.m, 0, static_cast<int>(wk.h), static_cast<int>(row0));
         warp::bulk_commit();
         if constexpr (kKernel)
           warp::bulk_wait_read();  // the tile lives until the boxes have been read
@@ -2207,7 +2208,7 @@ __global__ void __launch_bounds__(kPrepThreads, kGroup ? kPrepGroupCtasPerSm : k
     store_prep_x<T>(p, pb, sm, row0, rows, ct.h, tid);
     FLASHQLA_ROLE_PHASE(1, kAuxWaitEmpty);  // (the prep's slot for its stores)
   } else if constexpr (kWg) {
-    prep_head_wg<T, true>(p, pb, sm, wk, c, tid, kBarAux, t_mark, &maps);
+    prep_head_wg<T, true>(p, pb, sm, wk, c, tid, kBarAux, t_mark, &maps, &maps.x, &maps.w);
     FLASHQLA_ROLE_PHASE(1, kAuxWaitEmpty);  // (the prep's slot for its stores)
   } else if constexpr (!kGroup) {
     prep_head<T>(p, pb, sm, wk, c, tid, kBarAux, t_mark);
@@ -2273,8 +2274,8 @@ CUTLASS_DEVICE void prep_worker(const flashqla_gdn_fwd_params_t& p, const PrepBu
       sequence_bounds<IndexT>(p, ct.n, ct.b, ct.bos, ct.eos);
       ct.col0 = 0;
       if constexpr (kSwizzledStage<PrepS> && kStoreBoxes)
-        prep_head_wg<T, false, true>(p, pb, sm, make_work<T>(p, ct), sm.chunk, tid, bar, t_mark,
-                                     reinterpret_cast<const tma::QkMaps*>(cmaps));
+        prep_head_wg<T, false, true>(p, pb, sm, make_work<T>(p, ct), sm.chunk, tid, bar, t_mark, nullptr, &cmaps->x,
+                                     &cmaps->w);
       else if constexpr (kSwizzledStage<PrepS>)
         prep_head_wg<T>(p, pb, sm, make_work<T>(p, ct), sm.chunk, tid, bar, t_mark);
       else

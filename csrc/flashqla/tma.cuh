@@ -9,7 +9,6 @@
 #include <cuda.h>
 #include <cudaTypedefs.h>
 
-#include <cstddef>  // offsetof
 #include <cstdint>
 
 #include "common.h"
@@ -39,10 +38,6 @@ struct ChainMaps {
   CUtensorMap v;
   CUtensorMap states;  // the state recompute's chunk states (encode_state_rows), for its TMA stores
 };
-// (the prep workers beside the chain read ChainMaps' first four maps as QkMaps)
-static_assert(offsetof(ChainMaps, k) == offsetof(QkMaps, k) && offsetof(ChainMaps, q) == offsetof(QkMaps, q) &&
-                  offsetof(ChainMaps, x) == offsetof(QkMaps, x) && offsetof(ChainMaps, w) == offsetof(QkMaps, w),
-              "ChainMaps begins as QkMaps");
 
 CUTLASS_DEVICE void mbar_init(uint64_t* bar) {
   asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;\n" ::"r"(warp::smem_addr(bar)) : "memory");
