@@ -419,10 +419,10 @@ def is_wg_prep(name):
     return args[-1].strip() in ("true", "(bool)1")
 
 
-# the wgmma prep (the prep kernel's default; FLASHQLA_PREP_WG=0: mma.sync, =1: wgmma in the workers too): the
+# the wgmma prep (the default, in the prep kernel and in the workers beside the chain; FLASHQLA_PREP_WG=0: mma.sync): the
 # mma.sync prep's products with K K^T, Q K^T, W = P M and X as wgmma, so X and W can differ from that prep's in
 # rounding only (accumulation order): outputs close to its outputs, as accurate against float64, deterministic;
-# the workers of the prep beside the chain run it too under =1 (bitwise the same)
+# the workers of the prep beside the chain run it too (bitwise the same)
 @pytest.mark.parametrize("case", ["varlen", "dense", "l2norm_fp16"])
 def test_wgmma_prep_matches_the_mma_prep(monkeypatch, case):
     for name in ("FLASHQLA_WGMMA", "FLASHQLA_KSPLIT", "FLASHQLA_PREP_HEADS", "FLASHQLA_FWD_SPLIT"):
@@ -439,12 +439,11 @@ def test_wgmma_prep_matches_the_mma_prep(monkeypatch, case):
         preps = [n for n in names if "gdn_prep_kernel<" in n]
         assert preps and all(is_wg_prep(n) == (mode == "1") for n in preps), preps
     assert rel_l2(out["1"][0], out["0"][0]) < 2e-3 and rel_l2(out["1"][1], out["0"][1]) < 2e-3
-    monkeypatch.delenv("FLASHQLA_PREP_WG")  # the default: the wgmma form in the prep kernel
+    monkeypatch.delenv("FLASHQLA_PREP_WG")  # the default: the wgmma form
     again = {}
     preps = [n for n in gpu_kernel_names(lambda: again.update(enumerate(run_ours(d, **kw)))) if "gdn_prep_kernel<" in n]
     assert preps and all(map(is_wg_prep, preps)), preps
     assert torch.equal(again[0], out["1"][0]) and torch.equal(again[1], out["1"][1])
-    monkeypatch.setenv("FLASHQLA_PREP_WG", "1")
     monkeypatch.setenv("FLASHQLA_OVERLAP", "1")  # the same prep by the workers beside the chain: the same bits
     beside = run_ours(d, **kw)
     assert torch.equal(beside[0], out["1"][0]) and torch.equal(beside[1], out["1"][1])

@@ -1814,7 +1814,7 @@ CUTLASS_DEVICE void prep_worker(const flashqla_gdn_fwd_params_t& p, const PrepBu
 
 // kOb (with kWg): O beside the chain (o_role; 512 threads: state, O, two loader groups). kOverlap (with kOb): the
 // first pb.prep_ctas CTAs are prep workers (prep_worker), the chain waits for their flags; kPrepWg: the workers
-// run the wgmma prep (prep_head_wg; FLASHQLA_PREP_WG=1, prep_wg).
+// run the wgmma prep (prep_head_wg; the default, FLASHQLA_PREP_WG=0 turns it off: prep_wg).
 template <typename T, typename IndexT, AuxMode kMode, bool kKSplit = false, bool kWg = false, bool kOb = false,
           bool kOverlap = false, bool kPrepWg = false, bool kTma = false>
 __global__ void __launch_bounds__(kOb ? kObThreads : kThreads, 1)
@@ -2317,14 +2317,13 @@ inline int prep_heads_per_cta(const flashqla_gdn_fwd_params_t& p, int64_t chunks
   return 1;
 }
 
-// The wgmma prep (gdn_prep_kernel's kWg) or the mma.sync one? FLASHQLA_PREP_WG=0: mma.sync everywhere; 1: wgmma
-// everywhere; unset: wgmma in the per-head prep kernel, mma.sync in the workers beside the chain (read per call,
-// like the other forms' switches). Session 13's A/B: the prep kernel 0.94 -> 0.86 ms at TP1 1x32768 (forward rows
-// -1..-3%); the workers' wgmma form (more spills at the chain kernel's 128 registers) +4% on the rows they serve.
-inline bool prep_wg(bool workers) {
+// The wgmma prep (gdn_prep_kernel's kWg, and the workers beside the chain storing X and W as TMA boxes) or the
+// mma.sync one? FLASHQLA_PREP_WG=0: mma.sync everywhere; unset or 1: wgmma everywhere (read per call, like the other
+// forms' switches). Session 13: the prep kernel 0.94 -> 0.86 ms at TP1 1x32768. Session 31: the workers' wgmma form
+// with TMA-box stores -10..-15% on 35B / TP2 1x8192 and 1x2048 (h200-ab-20261205T0512Z-*-prepwg*.json).
+inline bool prep_wg() {
   const char* e = std::getenv("FLASHQLA_PREP_WG");
-  if (e != nullptr && *e != '\0') return e[0] == '1';
-  return !workers;
+  return e == nullptr || *e == '\0' || e[0] == '1';
 }
 
 // The caller's workspace when it is large enough, else a stream-ordered allocation (a graph allocation node
@@ -2791,7 +2790,7 @@ cudaError_t launch(const flashqla_gdn_fwd_params_t& p, cudaStream_t stream,
       pb.ready = static_cast<int*>(flags.ptr);
       pb.ready_chunks = chunks;
       pb.prep_ctas = prep_ctas;
-      err = prep_wg(true) ? launch_recurrent<T, AuxMode::kLoadPrepared, false, true, true, true, true>(p, pb, stream)
+      err = prep_wg() ? launch_recurrent<T, AuxMode::kLoadPrepared, false, true, true, true, true>(p, pb, stream)
                       : launch_recurrent<T, AuxMode::kLoadPrepared, false, true, true, true>(p, pb, stream);
     }
     return ws.release(flags.release(err, stream), stream);
@@ -2801,7 +2800,7 @@ cudaError_t launch(const flashqla_gdn_fwd_params_t& p, cudaStream_t stream,
   // a call with o)
   const int hpc = states_only(p) ? 1 : prep_heads_per_cta(p, chunks);
   tma::QkMaps maps{};  // (the wgmma prep's K, Q, X and W by TMA: strides TMA can describe, else the mma.sync prep)
-  const bool wg = !states_only(p) && hpc == 1 && prep_wg(false) && kqx_maps(p, pb, maps.k, maps.q, maps.x) &&
+  const bool wg = !states_only(p) && hpc == 1 && prep_wg() && kqx_maps(p, pb, maps.k, maps.q, maps.x) &&
                   w_map(p, pb, maps.w);
   // (the chain's TMA form must run too: chain_maps' K, Q, X and W maps are wg's, just made; V's decides)
   CUtensorMap v_probe{};
