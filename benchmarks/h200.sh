@@ -24,7 +24,8 @@
 #   cmake     libflashqla + the C++ examples through CMake, run by ctest on the GPU
 #   sanitize  compute-sanitizer memcheck + racecheck on small kernel calls
 #   phases    per-phase cycle counts of the forward kernels and the backward's chains (benchmarks/profile_fwd_phases.cu;
-#             PHASE_DEFS="-DX=1;-DX=0" builds and runs it once per flag set)
+#             PHASE_DEFS="-DX=1;-DX=0" builds and runs it once per flag set; PHASE_ARGS="shape T hq hv": the O-beside
+#             chain alone at that dense shape, beside the prep workers and with FLASHQLA_OVERLAP=0)
 #   gradphases  per-phase cycle counts of the backward's gradient kernel (benchmarks/profile_bwd_grad_phases.cu;
 #             GRAD_PHASE_DEFS="-DX=1;-DX=0" builds and runs it once per flag set)
 #   scanphases  per-phase cycle counts of exact parallelism's scan (benchmarks/profile_scan_phases.cu; SCAN_PHASE_ARGS)
@@ -189,7 +190,7 @@ if has phases; then
   for defs in "${defsets[@]}"; do
     say "forward v1 phase timers ${defs}"
     cuda_tool benchmarks/profile_fwd_phases.cu /tmp/fq_phases "$defs"
-    timeout ${PHASES_TIMEOUT:-150} /tmp/fq_phases 2>&1 | tee -a "$LOG"
+    timeout ${PHASES_TIMEOUT:-150} /tmp/fq_phases ${PHASE_ARGS:-} 2>&1 | tee -a "$LOG"
     [ "${PIPESTATUS[0]}" -eq 0 ] || status=1
   done
 fi
@@ -235,12 +236,12 @@ fi
 if has syncprobe; then
   say "synccheck probe (the O-beside stage protocol alone; mode 3 syncs only, 2 is a deliberate mismatch)"
   cuda_tool benchmarks/synccheck_probe.cu /tmp/fq_sync_probe
-  for mode in 3 0 1 2; do
+  for mode in 3 0 1 2 4 5 6; do
     timeout 60 /tmp/fq_sync_probe "$mode" 2>&1 | tee -a "$LOG"
     timeout 120 compute-sanitizer --tool synccheck --print-limit 4 /tmp/fq_sync_probe "$mode" 2>&1 | grep -v "Host Frame" | tail -12 | tee -a "$LOG"
   done
   # and racecheck on the same protocol: does it order a stage's writes and reads through bar.arrive -> bar.sync?
-  for mode in 3 0; do
+  for mode in 3 0 6; do
     timeout 120 compute-sanitizer --tool racecheck --print-limit 4 /tmp/fq_sync_probe "$mode" 2>&1 | grep -v "Host Frame" | tail -12 | tee -a "$LOG"
   done
 fi

@@ -19,8 +19,13 @@
 namespace fs = flashqla::gdn_fwd_simple;
 namespace fm = flashqla::gdn_fwd_mma;
 
-int main() {
-  const int64_t T = 8192, Hq = 16, Hv = 64, D = 128;
+// `fq_phases shape T hq hv`: only the O-beside chain's role tables at that dense shape, as the library launches it
+// (the prep beside the chain where overlap_prep_ctas allows), then with FLASHQLA_OVERLAP=0 (the prep kernel first):
+// what the chain's step costs beside the prep workers and alone (session 30: ~3.8k against ~3.0k cycles at 35B).
+int main(int argc, char** argv) {
+  const bool shape = argc >= 5 && std::string(argv[1]) == "shape";
+  const int64_t T = shape ? std::atoll(argv[2]) : 8192, Hq = shape ? std::atoll(argv[3]) : 16,
+                Hv = shape ? std::atoll(argv[4]) : 64, D = 128;
   flashqla_gdn_fwd_params_t p = dense_bf16_problem(T, Hq, Hv);
 
   float ms = warm_then_time([&] { return fs::launch<__nv_bfloat16>(p, nullptr); },
@@ -84,10 +89,17 @@ int main() {
     return 0;
   };
   const auto fwd = [&] { return fm::launch<__nv_bfloat16>(p, nullptr); };
-  // O beside the chain (FLASHQLA_WGMMA=2): the state warps' phases without O, and the publishing of S^T, Z^T
   const char* ob_names[fm::kStPhases] = {"wait full", "KS^T", "gates, V^T, Z, Y, publish",
                                          "(O beside)", "S^T update (hi + lo)", "(O beside)",
                                          "S->bf16, wait free, publish"};
+  if (shape) {
+    if (roles("forward as launched (O beside the chain)", ob_names, fwd) != 0) return 1;
+    setenv("FLASHQLA_OVERLAP", "0", 1);
+    if (roles("forward, FLASHQLA_OVERLAP=0 (the prep kernel first; its time included)", ob_names, fwd) != 0) return 1;
+    unsetenv("FLASHQLA_OVERLAP");
+    return 0;
+  }
+  // O beside the chain (FLASHQLA_WGMMA=2): the state warps' phases without O (ob_names), and the publishing of S^T, Z^T
   setenv("FLASHQLA_WGMMA", "0", 1);
   if (roles("v2 forward (TP1-like, the GPU full, mma.sync chain)", st_names, fwd) != 0) return 1;
   setenv("FLASHQLA_WGMMA", "1", 1);  // the same with the chain's products as wgmma (swizzled stages)

@@ -8,7 +8,12 @@
 // c + 3 < n, arrive on kEmpty + c % 6 (mode 0, the kernel's forward) or the O warps sync there instead (mode 1, the
 // kernel's summaries pass, whose O warps only keep the barriers in step). Mode 2 is mode 0 with a deliberate
 // mismatch (the O warps arrive for every chunk, three arrivals too many at the end): synccheck should report that one.
-// Mode 3: every participant syncs (no bar.arrive at all), the control the tool must accept.
+// Mode 3: every consumer syncs on the empty barriers (no bar.arrive there), the control the tool must accept.
+// Session 31's first run: synccheck reported "Divergent thread(s)" on modes 3 and 1 (more than one code site
+// syncing on one barrier) and nothing on 0 and 2. Modes 4 and 5 are 3 and 1 with the non-aligned barrier.sync
+// (no claim that the whole warp arrives at that instruction together): does the report go with .aligned?
+// Mode 6: 3 with bar.sync on the full barriers too (no bar.arrive anywhere): racecheck reported hazards between the
+// stage's writes and reads on modes 3 and 0 (0 wrong reads); are they gone when every barrier is a bar.sync?
 // Every thread checks the values it read: a protocol fault shows as a wrong sum even without the sanitizer.
 //   nvcc -O3 -gencode=arch=compute_90a,code=sm_90a benchmarks/synccheck_probe.cu -o /tmp/fq_sync_probe
 //   compute-sanitizer --tool synccheck /tmp/fq_sync_probe <mode> <chunks> <blocks>
@@ -23,25 +28,32 @@ static_assert(kIds <= 16, "named barrier ids");
 constexpr unsigned kCount = 3 * kRole;  // state + O + one aux group, for both kinds of barrier
 
 __device__ __forceinline__ void bar_sync(unsigned id, unsigned n) { asm volatile("bar.sync %0, %1;" ::"r"(id), "r"(n) : "memory"); }
+__device__ __forceinline__ void bar_sync_any(unsigned id, unsigned n) { asm volatile("barrier.sync %0, %1;" ::"r"(id), "r"(n) : "memory"); }
 __device__ __forceinline__ void bar_arrive(unsigned id, unsigned n) { asm volatile("bar.arrive %0, %1;" ::"r"(id), "r"(n) : "memory"); }
 
 __global__ void __launch_bounds__(kThreads, 1) probe(int mode, int n, unsigned* bad) {
   __shared__ int stage[kStages][kRole];
+  const bool any = mode == 4 || mode == 5;  // modes 4, 5: 3, 1 with barrier.sync
+  if (any) mode -= 2;
+  const bool all_sync = mode == 6;  // mode 6: 3 with the aux groups syncing on the full barriers too (no arrive)
+  if (all_sync) mode = 3;
   const int tid = threadIdx.x, role = tid / kRole, t = tid % kRole;
   unsigned wrong = 0;
   if (role >= 2) {  // the aux groups: chunks role - 2, role, ...
     for (int c = role - 2; c < n; c += 2) {
-      if (c >= kStages) bar_sync(kEmpty + (c - kStages) % 6, kCount);
+      if (c >= kStages) any ? bar_sync_any(kEmpty + (c - kStages) % 6, kCount) : bar_sync(kEmpty + (c - kStages) % 6, kCount);
       stage[c % kStages][t] = c * 1000 + t + blockIdx.x;
-      bar_arrive(kFull + c % kStages, kCount);
+      if (all_sync) bar_sync(kFull + c % kStages, kCount);
+      else bar_arrive(kFull + c % kStages, kCount);
     }
   } else {  // state (0) and O (1) warps
     for (int c = 0; c < n; ++c) {
-      bar_sync(kFull + c % kStages, kCount);
+      any ? bar_sync_any(kFull + c % kStages, kCount) : bar_sync(kFull + c % kStages, kCount);
       const int v = stage[c % kStages][(t * 7 + role) % kRole];
       if (v != c * 1000 + (t * 7 + role) % kRole + static_cast<int>(blockIdx.x)) ++wrong;
       if (c + kStages < n || mode == 2) {
-        if ((mode == 1 && role == 1) || mode == 3) bar_sync(kEmpty + c % 6, kCount);
+        if ((mode == 1 && role == 1) || mode == 3)
+          any ? bar_sync_any(kEmpty + c % 6, kCount) : bar_sync(kEmpty + c % 6, kCount);
         else bar_arrive(kEmpty + c % 6, kCount);
       }
     }
