@@ -126,6 +126,51 @@ def _plan(lengths: tuple, heads_v: int, sms: int, chunk: int, rank_step: float):
     return Plan(tuple(cu), tuple(seq_of), tuple(rank_of), tuple(last), seg)
 
 
+PREP_UNITS = 4         # per-head preps a worker CTA runs at once (the C++ kPrepUnits)
+
+
+def overlap_mode() -> str:
+    """FLASHQLA_SEQ_ORDER: 1 (the default) = overlap_plan's schedule for packed batches where it applies, 0 = off."""
+    return os.environ.get("FLASHQLA_SEQ_ORDER", "1").strip() or "1"
+
+
+def overlap_plan(lengths, heads_v: int, sms: int, chunk: int = CHUNK):
+    """A schedule for a packed batch of one long sequence and short ones, or None: (order, workers), the
+    sequences in the order their chains start (longest first) and the prep workers beside them. Without it
+    (flashqla_gdn_fwd's default for several sequences) the prep kernel runs on the whole GPU first, then every
+    chain, and the short sequences' chains leave their SMs idle for most of the long one's (TP2 28672+4096: 64
+    of 128 chain CTAs done after 64 of 448 chunk steps). With it the long sequence's chains start at once beside
+    the workers, which prep its chunks first, and the short ones' chains take the workers' SMs when the prep is
+    done, well inside the long chain's time. Taken where: the longest sequence's chains leave a quarter of the
+    SMs to the workers (as for single sequences); the others' chains fit on the workers' SMs in one wave and are
+    at most half as long; the prep is at least two waves of the workers' units."""
+    if len(lengths) < 2 or overlap_mode() == "0":
+        return None
+    return _overlap_plan(tuple(int(x) for x in lengths), int(heads_v), int(sms), int(chunk))
+
+
+@functools.lru_cache(maxsize=256)
+def _overlap_plan(lengths: tuple, heads_v: int, sms: int, chunk: int):
+    chunks = [-(-n // chunk) for n in lengths]
+    order = sorted(range(len(lengths)), key=lambda s: (-chunks[s], s))
+    per_seq = heads_v * V_BLOCKS
+    workers = sms - per_seq
+    if per_seq > sms - sms // 4:
+        return None
+    rest = order[1:]
+    if (len(lengths) - 1) * per_seq > workers or 2 * max(chunks[s] for s in rest) > chunks[order[0]]:
+        return None
+    if sum(chunks) * heads_v < 2 * workers * PREP_UNITS:
+        return None
+    return tuple(order), workers
+
+
+def device_order(order: tuple, device: torch.device):
+    """overlap_plan's order as a device int32 tensor (cached; None during capture without a cached copy)."""
+    return _plan_tensors(("order", order, str(device)), device,
+                         lambda: torch.tensor(order, dtype=torch.int32).to(device))
+
+
 _DEVICE_PLANS: dict = {}
 _CONSTANTS: dict = {}
 _PINNED: set = set()  # cache keys a CUDA graph captured: their tensors must outlive every replay

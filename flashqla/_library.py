@@ -9,8 +9,11 @@ from . import reference
 _lib = torch.library.Library("flashqla", "DEF")
 _lib.define("chunk_local_cumsum(Tensor g, int chunk_size, bool reverse, float scale, Tensor? cu_seqlens) -> Tensor")
 
+# seq_order / prep_workers: a packed batch's schedule from _cp.overlap_plan (the chains' start order, int32 [N], and
+# the prep workers beside them; None / 0: the library's default); the same results either way.
 _lib.define("chunk_gdn_fwd(Tensor q, Tensor k, Tensor v, Tensor g, Tensor beta, float scale, Tensor? initial_state, "
-            "bool output_final_state, Tensor? cu_seqlens, bool use_qk_l2norm) -> (Tensor, Tensor)")
+            "bool output_final_state, Tensor? cu_seqlens, bool use_qk_l2norm, Tensor? seq_order=None, "
+            "int prep_workers=0) -> (Tensor, Tensor)")
 # The backward's recompute: the state at the start of every chunk, [chunk bound, H_v, K, V] in q's dtype (no o:
 # the kernel skips the output products and the o pass over HBM).
 _lib.define("chunk_gdn_fwd_states(Tensor q, Tensor k, Tensor v, Tensor g, Tensor beta, float scale, "
@@ -88,7 +91,8 @@ def _tile_dtype(q):
 
 
 @torch.library.register_fake("flashqla::chunk_gdn_fwd")
-def _chunk_gdn_fwd_fake(q, k, v, g, beta, scale, initial_state, output_final_state, cu_seqlens, use_qk_l2norm):
+def _chunk_gdn_fwd_fake(q, k, v, g, beta, scale, initial_state, output_final_state, cu_seqlens, use_qk_l2norm,
+                        seq_order=None, prep_workers=0):
     N = cu_seqlens.shape[0] - 1 if cu_seqlens is not None else q.shape[0]
     sd = _state_dtype(q)
     final = (v.new_empty((N, v.shape[2], k.shape[3], v.shape[3]), dtype=sd) if output_final_state
@@ -178,7 +182,8 @@ def _chunk_local_cumsum_fake(g, chunk_size, reverse, scale, cu_seqlens):
 
 
 @torch.library.impl("flashqla::chunk_gdn_fwd", "cpu")
-def _chunk_gdn_fwd_cpu(q, k, v, g, beta, scale, initial_state, output_final_state, cu_seqlens, use_qk_l2norm):
+def _chunk_gdn_fwd_cpu(q, k, v, g, beta, scale, initial_state, output_final_state, cu_seqlens, use_qk_l2norm,
+                       seq_order=None, prep_workers=0):  # (a schedule: nothing to do here)
     o, final = reference.chunk_gdn_torch(q, k, v, g, beta, scale=scale, initial_state=initial_state,
                                          output_final_state=output_final_state, cu_seqlens=cu_seqlens,
                                          use_qk_l2norm_in_kernel=use_qk_l2norm)

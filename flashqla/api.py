@@ -131,8 +131,9 @@ def _checked(q, k, v, g, beta, scale, initial_state, cu_seqlens, cu_seqlens_cpu)
 
 
 def _host_lengths(shape, cu_seqlens, cu_seqlens_cpu):
-    """Sequence lengths known on the host without a sync (for context parallelism), else None."""
-    if _cp.mode() == "0":
+    """Sequence lengths known on the host without a sync (for context parallelism and a packed batch's
+    schedule), else None."""
+    if _cp.mode() == "0" and _cp.overlap_mode() == "0":
         return None
     if cu_seqlens is None:
         return [shape.T] if shape.B == 1 else None
@@ -163,7 +164,7 @@ def _forward(shape, q, k, v, g, beta, scale, initial_state, output_final_state, 
         q, k, v = (_vector_ready(x) for x in (q, k, v))
         h0 = None if initial_state is None else initial_state.contiguous()
         cu = None if cu_seqlens is None else cu_seqlens.contiguous()
-        if lengths is not None and shape.K == shape.V:
+        if lengths is not None and shape.K == shape.V and _cp.mode() != "0":
             plan = _cp.plan(lengths, shape.H_v, _sms(dev))
             if plan is not None:
                 out = _cp.forward(torch.ops.flashqla.chunk_gdn_fwd, q, k, v, g, beta, scale, h0, plan, l2norm,
@@ -172,7 +173,14 @@ def _forward(shape, q, k, v, g, beta, scale, initial_state, output_final_state, 
                                   else torch.ops.flashqla.chunk_gdn_fwd_pass)  # v1 has no summaries-only mode
                 if out is not None:
                     return out[0], (out[1] if output_final_state else None)
-        o, final = torch.ops.flashqla.chunk_gdn_fwd(q, k, v, g, beta, scale, h0, output_final_state, cu, l2norm)
+        order, workers = None, 0
+        if lengths is not None and cu is not None:  # a packed batch: the schedule of one long sequence and short ones
+            sched = _cp.overlap_plan(lengths, shape.H_v, _sms(dev))
+            if sched is not None:
+                order = _cp.device_order(sched[0], dev)
+                workers = sched[1] if order is not None else 0
+        o, final = torch.ops.flashqla.chunk_gdn_fwd(q, k, v, g, beta, scale, h0, output_final_state, cu, l2norm,
+                                                    order, workers)
         return o, (final if output_final_state else None)
     _warn_fallback(hopper, dev, why, "forward")
     return reference.chunk_gdn_torch(q, k, v, g, beta, scale=scale, initial_state=initial_state,
@@ -209,7 +217,8 @@ def _kernel_backward(shape, q, k, v, g, beta, do, dht, scale, initial_state, l2n
     chains = None
     # FLASHQLA_BWD_CP=1 (off: measured slower, 3.00 vs 2.93 ms on hk4_hv8 32k_1seq): both chains through
     # segments where the forward's planner would cut the sequences (few sequences x heads)
-    if lengths is not None and shape.K == shape.V and os.environ.get("FLASHQLA_BWD_CP", "0").strip() == "1":
+    if lengths is not None and shape.K == shape.V and _cp.mode() != "0" and \
+            os.environ.get("FLASHQLA_BWD_CP", "0").strip() == "1":
         plan = _cp.plan(lengths, shape.H_v, _sms(q.device))
         if plan is not None:
             chains = _cp.backward_chains(torch.ops.flashqla, qv, kv, vv, g, beta, dov, dht_, sc, h0, plan, l2norm,

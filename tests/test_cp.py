@@ -211,3 +211,20 @@ def test_cp_scan_op_walks_each_sequence(h0):
     res = torch.library.opcheck(torch.ops.flashqla.chunk_gdn_cp_scan.default, (phi, b, h, last),
                                 test_utils=("test_schema", "test_faketensor"))
     assert all(v == "SUCCESS" for v in res.values()), res
+
+
+def test_overlap_plan_only_for_one_long_sequence_and_short_ones(monkeypatch):
+    monkeypatch.delenv("FLASHQLA_SEQ_ORDER", raising=False)
+    # TP2 28672+4096: the long sequence's 64 chain CTAs first, 68 prep workers, the short one's chains after them
+    assert _cp.overlap_plan([28672, 4096], 32, 132) == ((0, 1), 68)
+    assert _cp.overlap_plan([4096, 28672], 32, 132) == ((1, 0), 68)          # longest first, whatever the packing
+    assert _cp.overlap_plan([300, 8000, 0, 100], 8, 132) == ((1, 0, 3, 2), 116)  # ties and empty ones in order
+    assert _cp.overlap_plan([8192] * 4, 32, 132) is None     # equal sequences: the prep kernel, then the chains
+    assert _cp.overlap_plan([28672, 4096], 64, 132) is None  # 128 chain CTAs for the long one: no room for workers
+    assert _cp.overlap_plan([28672, 16384], 32, 132) is None  # the second one is more than half as long
+    assert _cp.overlap_plan([8000, 100, 100, 100], 32, 132) is None  # three short ones do not fit on 68 SMs
+    assert _cp.overlap_plan([2000, 300], 32, 132) == ((0, 1), 68)
+    assert _cp.overlap_plan([600, 64], 32, 132) is None      # too little prep for two waves of the workers
+    assert _cp.overlap_plan([32768], 32, 132) is None        # one sequence: the kernel's own rule
+    monkeypatch.setenv("FLASHQLA_SEQ_ORDER", "0")
+    assert _cp.overlap_plan([28672, 4096], 32, 132) is None

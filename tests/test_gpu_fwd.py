@@ -700,3 +700,63 @@ def test_prep_beside_the_chain_matches_the_prep_kernel(monkeypatch, case):
         graph.replay()
         torch.cuda.synchronize()
         assert torch.equal(go, out["1"][0]) and torch.equal(gs, out["1"][1])
+
+
+# A packed batch of one long sequence and short ones (flashqla._cp.overlap_plan, from host-known lengths): the long
+# sequence's chains start first beside prep workers, the others' chains take the workers' SMs when the prep is
+# done. A schedule only: bitwise the default's outputs, whatever the order and the worker count the op is given
+# (few workers: the chains wait longer for their chunks; more workers than SMs: every chain starts after them);
+# captured in a CUDA graph after a warm-up call; a malformed schedule is a clear error.
+def test_packed_schedule_is_the_default_bitwise(monkeypatch):
+    from flashqla import _cp
+    from flashqla.api import _sms
+    for name in ("FLASHQLA_WGMMA", "FLASHQLA_KSPLIT", "FLASHQLA_OVERLAP", "FLASHQLA_CP"):
+        monkeypatch.delenv(name, raising=False)
+    seqlens, hq, hv = [300, 8000, 0, 100], 2, 8
+    d = make(seqlens, hq, hv, seed=51)
+    cpu = d["cu_seqlens"].cpu()
+    sms = _sms(torch.device(DEV))
+    assert _cp.plan(seqlens, hv, sms) is None  # (no context parallelism here: the schedule is what runs)
+    sched = _cp.overlap_plan(seqlens, hv, sms)
+    assert sched is not None and sched[0] == (1, 0, 3, 2), sched
+    monkeypatch.setenv("FLASHQLA_SEQ_ORDER", "0")
+    base = {}
+    base_names = gpu_kernel_names(lambda: base.update(enumerate(run_ours(d, cu_seqlens_cpu=cpu))))
+    assert any("gdn_prep_kernel<" in n for n in base_names), base_names  # the default: the prep kernel first
+    monkeypatch.setenv("FLASHQLA_SEQ_ORDER", "1")
+    out = {}
+    names = gpu_kernel_names(lambda: out.update(enumerate(run_ours(d, cu_seqlens_cpu=cpu))))
+    assert not any("gdn_prep_kernel<" in n for n in names), names  # the workers made X and W
+    assert torch.equal(out[0], base[0]) and torch.equal(out[1], base[1])
+    ro, rs = ref64(d)
+    assert rel_l2(out[0], ro) <= 4e-3 and rel_l2(out[1], rs) <= 4e-3
+    # the op with other schedules: any permutation, any worker count, the same bits
+    op = torch.ops.flashqla.chunk_gdn_fwd
+    args = (d["q"], d["k"], d["v"], d["g"], d["beta"], D ** -0.5, d["initial_state"], True, d["cu_seqlens"], False)
+    plain = op(*args)
+    assert torch.equal(plain[0], base[0]) and torch.equal(plain[1], base[1])
+    for order, workers in (([3, 2, 1, 0], 3), ([1, 0, 3, 2], 1000), ([0, 1, 2, 3], 0), ([2, 3, 1, 0], 5)):
+        o, s = op(*args, torch.tensor(order, dtype=torch.int32, device=DEV), workers)
+        torch.cuda.synchronize()
+        assert torch.equal(o, base[0]) and torch.equal(s, base[1]), (order, workers)
+    # CUDA graph: the plan's device order is cached by the warm-up call above
+    graph = torch.cuda.CUDAGraph()
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        flashqla.chunk_gdn(**d, output_final_state=True, cu_seqlens_cpu=cpu)
+    torch.cuda.current_stream().wait_stream(side)
+    with torch.cuda.graph(graph):
+        go, gs = flashqla.chunk_gdn(**d, output_final_state=True, cu_seqlens_cpu=cpu)
+    for _ in range(2):
+        go.fill_(float("nan"))
+        graph.replay()
+        torch.cuda.synchronize()
+        assert torch.equal(go, base[0]) and torch.equal(gs, base[1])
+    order = torch.tensor([1, 0, 3, 2], dtype=torch.int32, device=DEV)
+    with pytest.raises(RuntimeError, match="seq_order"):
+        op(*args, order.long(), 10)
+    with pytest.raises(RuntimeError, match="seq_order"):
+        op(*args, order[:3], 10)
+    with pytest.raises(RuntimeError, match="prep_workers"):
+        op(*args, order, -1)

@@ -188,6 +188,10 @@ flashqla_status_t validate_gdn(const flashqla_gdn_fwd_params_t* p, bool* run) {
     return fail(FLASHQLA_ERROR_INVALID_ARGUMENT, "workspace must be 16-byte aligned");
   if (p->prep_ready && (p->workspace == nullptr || p->workspace_bytes < flashqla_gdn_fwd_workspace_bytes(p)))
     return fail(FLASHQLA_ERROR_INVALID_ARGUMENT, "prep_ready needs the workspace of the call that filled it");
+  if (p->prep_workers < 0 || p->prep_workers > 4096)
+    return fail(FLASHQLA_ERROR_INVALID_ARGUMENT, "prep_workers must be in [0, 4096] (got %d)", (int)p->prep_workers);
+  if (p->seq_order && reinterpret_cast<uintptr_t>(p->seq_order) % 4)
+    return fail(FLASHQLA_ERROR_INVALID_ARGUMENT, "seq_order must be 4-byte aligned");
   flashqla_status_t st = check_current_device();
   if (st != FLASHQLA_SUCCESS) return st;
   *run = true;

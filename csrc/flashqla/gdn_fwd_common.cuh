@@ -60,6 +60,8 @@ CUTLASS_DEVICE CtaTile decode_cta(const flashqla_gdn_fwd_params_t& p, int64_t bl
   c.vb = static_cast<int>(block % vblocks);
   c.h = (block / vblocks) % p.heads_v;
   c.n = block / (vblocks * p.heads_v);
+  if (p.seq_order != nullptr)  // the host's start order (a permutation; clamped so that nothing reads out of range)
+    c.n = min(max(static_cast<int64_t>(__ldg(p.seq_order + c.n)), int64_t(0)), p.num_seqs - 1);
   c.hq = c.h / (p.heads_v / p.heads_qk);
   sequence_bounds<IndexT>(p, c.n, c.b, c.bos, c.eos);
   c.col0 = int64_t(c.vb) * block_v;

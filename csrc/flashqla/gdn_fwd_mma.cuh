@@ -1958,10 +1958,11 @@ CUTLASS_DEVICE void tma_qk_landed(StageT& S, int rows, int tid) {
 }
 
 // Chunk `k` (over all sequences, in order) -> (sequence, chunk within it); (-1, -1) past the last chunk.
-// Varlen: one warp scans the sequences' chunk counts 32 at a time.
+// Varlen: one warp scans the sequences' chunk counts 32 at a time; with `order` (varlen only: a permutation of
+// the sequences, clamped as decode_cta does) k counts the chunks of order[0], order[1], ... instead.
 template <typename IndexT>
 CUTLASS_DEVICE void locate_chunk(const flashqla_gdn_fwd_params_t& p, int64_t k, int lane, int64_t& seq,
-                                 int64_t& chunk) {
+                                 int64_t& chunk, const int32_t* order = nullptr) {
   seq = -1;
   chunk = -1;
   if (p.cu_seqlens == nullptr) {
@@ -1974,9 +1975,10 @@ CUTLASS_DEVICE void locate_chunk(const flashqla_gdn_fwd_params_t& p, int64_t k, 
   }
   int64_t base = 0;
   for (int64_t s0 = 0; s0 < p.num_seqs; s0 += 32) {
-    const int64_t s = s0 + lane;
+    int64_t s = s0 + lane;
     int64_t cnt = 0;
     if (s < p.num_seqs) {
+      if (order != nullptr) s = min(max(static_cast<int64_t>(__ldg(order + s)), int64_t(0)), p.num_seqs - 1);
       int64_t b, bos, eos;
       sequence_bounds<IndexT>(p, s, b, bos, eos);
       cnt = (eos - bos + kChunk - 1) / kChunk;
@@ -2254,11 +2256,13 @@ CUTLASS_DEVICE void prep_worker(const flashqla_gdn_fwd_params_t& p, const PrepBu
   for (int item = blockIdx.x * kPrepUnits + unit; item < items; item += step) {
     // item -> (chunk k of all sequences, head): dense batches by chunk position first (chunk c of every sequence
     // before any chunk c + 1: ordered by k, the chains of the later sequences waited for the earlier sequences'
-    // whole prep, measured 0.40 -> 0.52 ms at TP8 8192x4); varlen in k's order (the same for one sequence)
+    // whole prep, measured 0.40 -> 0.52 ms at TP8 8192x4); varlen in k's order (the same for one sequence), or
+    // with the host's p.seq_order the chunks of its sequences in that order (the chains that start first, first)
     const int k = p.cu_seqlens == nullptr ? (item % bh) / heads * per + item / bh : item / heads;
+    const int32_t* order = p.cu_seqlens != nullptr ? p.seq_order : nullptr;
     if (tid < 32) {
       int64_t seq, ch;
-      locate_chunk<IndexT>(p, k, tid, seq, ch);
+      locate_chunk<IndexT>(p, k, tid, seq, ch, order);
       if (tid == 0) {
         sm.seq = seq;
         sm.chunk = ch;
@@ -2285,8 +2289,15 @@ CUTLASS_DEVICE void prep_worker(const flashqla_gdn_fwd_params_t& p, const PrepBu
     // (it fences after its acquire too)
     asm volatile("fence.proxy.async.global;\n" ::: "memory");
     __threadfence();
+    // the flag of the chunk's index over all sequences in order (the chain's wk.chunk0 + c); past the last
+    // chunk, k itself (no chain waits there)
+    int64_t flag_k = k;
+    if (order != nullptr && tid < 32) {
+      const int64_t seq = sm.seq;  // (warp-uniform: the warp's calls to chunk_offset stay collective)
+      if (seq >= 0) flag_k = chunk_offset<IndexT>(p, seq, tid) + sm.chunk;
+    }
     warp::bar_sync(bar, kPrepThreads);  // (also: all have read sm.seq / sm.chunk before the next item's)
-    if (tid == 0) release_flag(pb.ready + int64_t(k) * heads + item % heads);
+    if (tid == 0) release_flag(pb.ready + flag_k * heads + item % heads);
   }
 }
 
@@ -2736,7 +2747,11 @@ inline int overlap_prep_ctas(const flashqla_gdn_fwd_params_t& p) {
   if ((e != nullptr && e[0] == '0') || p.o == nullptr || chain_form(p) != ChainForm::kWgmmaOb) return 0;
   const int sms = device_sm_count();
   const int64_t chain = p.num_seqs * p.heads_v * kVBlocks, items = chunk_bound(p) * p.heads_v;
-  if (items >= (int64_t(1) << 31) || chain > sms - sms / 4) return 0;  // (the workers count items in 32 bits)
+  if (items >= (int64_t(1) << 31)) return 0;  // (the workers count items in 32 bits)
+  // the host's plan for a packed batch (flashqla/_cp.py, overlap_plan): its worker count, however many chain CTAs
+  // wait for SMs behind them (the workers come first and wait for nothing)
+  if (p.prep_workers > 0) return p.prep_workers;
+  if (chain > sms - sms / 4) return 0;
   const int workers = static_cast<int>(sms - chain);
   if (forced) return workers;
   const bool even = p.cu_seqlens == nullptr || p.num_seqs == 1;

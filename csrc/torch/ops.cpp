@@ -157,7 +157,8 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> gdn_fwd(const at::Tensor& q, cons
                                                        const std::optional<at::Tensor>& cu_seqlens,
                                                        bool use_qk_l2norm, bool with_states,
                                                        const at::Tensor* workspace = nullptr, bool prep_ready = false,
-                                                       bool write_o = true, bool zero_v = false) {
+                                                       bool write_o = true, bool zero_v = false,
+                                                       const at::Tensor* seq_order = nullptr, int64_t prep_workers = 0) {
   c10::cuda::CUDAGuard guard(q.device());
   flashqla_gdn_fwd_params_t p = input_params("chunk_gdn_fwd", q, k, v, g, beta, scale, cu_seqlens, use_qk_l2norm);
   const int64_t N = p.num_seqs;
@@ -190,6 +191,17 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> gdn_fwd(const at::Tensor& q, cons
   at::Tensor ws = workspace != nullptr ? *workspace : at::empty({need + gates}, v.options().dtype(at::kByte));
   use_workspace(p, ws, q, "chunk_gdn_fwd_pass");
   p.prep_ready = prep_ready ? 1 : 0;
+  // the planner's schedule for a packed batch (flashqla/_cp.py, overlap_plan): a start order and prep workers
+  if (seq_order != nullptr) {
+    TORCH_CHECK(seq_order->is_cuda() && seq_order->device() == q.device() && seq_order->scalar_type() == at::kInt &&
+                    seq_order->dim() == 1 && seq_order->size(0) == N && seq_order->is_contiguous(),
+                "flashqla.chunk_gdn_fwd: seq_order must be a contiguous int32 tensor of ", N,
+                " sequence indices on q's device");
+    p.seq_order = seq_order->data_ptr<int32_t>();
+  }
+  TORCH_CHECK(prep_workers >= 0 && prep_workers <= 4096, "flashqla.chunk_gdn_fwd: prep_workers must be in [0, 4096], got ",
+              prep_workers);
+  p.prep_workers = static_cast<int32_t>(prep_workers);
   check_status(flashqla_gdn_fwd(&p, c10::cuda::getCurrentCUDAStream(q.device().index()).stream()), "chunk_gdn_fwd");
   return {o, final_state, states};
 }
@@ -199,8 +211,10 @@ std::tuple<at::Tensor, at::Tensor> chunk_gdn_fwd_cuda(const at::Tensor& q, const
                                                       const std::optional<at::Tensor>& initial_state,
                                                       bool output_final_state,
                                                       const std::optional<at::Tensor>& cu_seqlens,
-                                                      bool use_qk_l2norm) {
-  auto r = gdn_fwd(q, k, v, g, beta, scale, initial_state, output_final_state, cu_seqlens, use_qk_l2norm, false);
+                                                      bool use_qk_l2norm, const std::optional<at::Tensor>& seq_order,
+                                                      int64_t prep_workers) {
+  auto r = gdn_fwd(q, k, v, g, beta, scale, initial_state, output_final_state, cu_seqlens, use_qk_l2norm, false, nullptr,
+                   false, true, false, seq_order.has_value() ? &*seq_order : nullptr, prep_workers);
   return {std::get<0>(r), std::get<1>(r)};
 }
 

@@ -141,6 +141,15 @@ typedef struct flashqla_gdn_fwd_params {
                                             backward's recompute) computes X alone, as flashqla_gdn_bwd_prep's
                                             states_workspace holds it: such a workspace cannot serve a later
                                             prep_ready call that writes o. */
+  /* Scheduling hints for packed batches of unequal sequences (zero-initialise both for the default; the
+     results are the same bits either way). seq_order: NULL, or a device int32 permutation of the num_seqs
+     sequences in the order their chains should start (longest first), read by every chain CTA (values are
+     clamped into range, but only a permutation computes every sequence). prep_workers > 0 (with o): run the
+     chunk products on that many worker CTAs beside the chain in one launch (the chains of the first sequences
+     of seq_order start at once and wait for their chunks, the others take the workers' SMs when they finish);
+     0: the library decides (single sequences and dense batches only). */
+  const int32_t* seq_order;
+  int32_t prep_workers;
 } flashqla_gdn_fwd_params_t;
 
 FLASHQLA_API flashqla_status_t flashqla_gdn_fwd(const flashqla_gdn_fwd_params_t* params, cudaStream_t stream);
