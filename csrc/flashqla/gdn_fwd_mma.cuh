@@ -1289,7 +1289,8 @@ CUTLASS_DEVICE void aux_role(const flashqla_gdn_fwd_params_t& p, Storage& sm, co
     const int st = kOb ? static_cast<int>(it % kObStages) : group;
     auto& S = sm.stage[st];
     if constexpr (kOb) {
-      if (it >= kObStages) bar_sync(ob::kEmpty + (it - kObStages) % 6, ob::kEmptyThreads);
+      // (non-aligned: a summaries pass's O warps sync here too, from o_role)
+      if (it >= kObStages) bar_sync_sites(ob::kEmpty + (it - kObStages) % 6, ob::kEmptyThreads);
     } else {
       if (it >= kStages) bar_sync(kBarEmpty + st, kHandoffThreads);
     }
@@ -1724,7 +1725,7 @@ CUTLASS_DEVICE void o_role(const flashqla_gdn_fwd_params_t& p, Storage& sm, cons
   const int tid = threadIdx.x - kStateThreads, w = tid >> 5, lane = tid & 31, tq = lane & 3;
   const LdsmOffsets ld(lane);
   if (wk.o == nullptr) {  // a summaries pass: no O; the stage barriers still count these warps (bar.sync: in step)
-    for (int64_t c = 0; c + kObStages < wk.num_chunks; ++c) bar_sync(ob::kEmpty + c % 6, ob::kEmptyThreads);
+    for (int64_t c = 0; c + kObStages < wk.num_chunks; ++c) bar_sync_sites(ob::kEmpty + c % 6, ob::kEmptyThreads);
     return;
   }
   for (int64_t c = 0; c < wk.num_chunks; ++c) {

@@ -255,6 +255,13 @@ CUTLASS_DEVICE void fence_async_smem() { asm volatile("fence.proxy.async.shared:
 CUTLASS_DEVICE void bar_sync(uint32_t id, uint32_t threads) {
   asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
 }
+// The non-aligned form, for a barrier that warps reach from different instructions (PTX: bar.sync is
+// barrier.sync.aligned, which promises that every participating thread of the CTA executes the same instruction;
+// compute-sanitizer's synccheck reports the aligned form synced from two sites, and accepts this one:
+// benchmarks/synccheck_probe.cu, NOTES session 31).
+CUTLASS_DEVICE void bar_sync_sites(uint32_t id, uint32_t threads) {
+  asm volatile("barrier.sync %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
+}
 CUTLASS_DEVICE void bar_arrive(uint32_t id, uint32_t threads) {
   asm volatile("bar.arrive %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
 }
