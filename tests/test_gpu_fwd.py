@@ -42,6 +42,20 @@ def run_ours(d, **kw):
     return o, s
 
 
+def captured(fn):
+    """fn run once on a side stream (the caches a capture needs filled outside it), then captured: (graph, fn()'s
+    outputs in the graph's memory)."""
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        fn()
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = fn()
+    return graph, out
+
+
 def ref64(d, **kw):
     x = {k: (v.double() if isinstance(v, torch.Tensor) and v.is_floating_point() else v) for k, v in d.items()}
     return recurrent_gdn(**x, output_final_state=True, **kw)
@@ -204,14 +218,7 @@ def test_context_parallel_forward(monkeypatch):
     eo, es, po, ps = rel_l2(o, ro), rel_l2(s, rs), rel_l2(plain_o, ro), rel_l2(plain_s, rs)
     print(f"CP: o {eo:.2e} final {es:.2e} (plain: o {po:.2e} final {ps:.2e})")
     assert eo <= max(1.25 * po, 3.2e-3) and es <= max(1.25 * ps, 3.0e-3)
-    graph = torch.cuda.CUDAGraph()
-    s_ = torch.cuda.Stream()
-    s_.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(s_):
-        flashqla.chunk_gdn(**d, output_final_state=True, cu_seqlens_cpu=cu_cpu)
-    torch.cuda.current_stream().wait_stream(s_)
-    with torch.cuda.graph(graph):
-        go, gs = flashqla.chunk_gdn(**d, output_final_state=True, cu_seqlens_cpu=cu_cpu)
+    graph, (go, gs) = captured(lambda: flashqla.chunk_gdn(**d, output_final_state=True, cu_seqlens_cpu=cu_cpu))
     graph.replay()
     torch.cuda.synchronize()
     assert torch.equal(go, o) and torch.equal(gs, s)
@@ -740,14 +747,7 @@ def test_packed_schedule_is_the_default_bitwise(monkeypatch):
         torch.cuda.synchronize()
         assert torch.equal(o, base[0]) and torch.equal(s, base[1]), (order, workers)
     # CUDA graph: the plan's device order is cached by the warm-up call above
-    graph = torch.cuda.CUDAGraph()
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):
-        flashqla.chunk_gdn(**d, output_final_state=True, cu_seqlens_cpu=cpu)
-    torch.cuda.current_stream().wait_stream(side)
-    with torch.cuda.graph(graph):
-        go, gs = flashqla.chunk_gdn(**d, output_final_state=True, cu_seqlens_cpu=cpu)
+    graph, (go, gs) = captured(lambda: flashqla.chunk_gdn(**d, output_final_state=True, cu_seqlens_cpu=cpu))
     for _ in range(2):
         go.fill_(float("nan"))
         graph.replay()
