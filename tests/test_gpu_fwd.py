@@ -251,14 +251,7 @@ def test_low_level_backward_captures_in_a_cuda_graph():
     dht = torch.randn_like(d["initial_state"])
     call = lambda: flashqla.chunk_gdn_bwd(d["q"], d["k"], d["v"], d["g"], d["beta"], do, dht,  # noqa: E731
                                           initial_state=d["initial_state"], cu_seqlens=d["cu_seqlens"])
-    s = torch.cuda.Stream()
-    s.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(s):
-        call()
-    torch.cuda.current_stream().wait_stream(s)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        out = call()
+    graph, out = captured(call)
     do.copy_(torch.randn_like(do))
     graph.replay()
     torch.cuda.synchronize()
