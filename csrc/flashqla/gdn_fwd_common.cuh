@@ -47,6 +47,12 @@ CUTLASS_DEVICE void sequence_bounds(const flashqla_gdn_fwd_params_t& p, int64_t 
   if (eos < bos) eos = bos;
 }
 
+// Sequence s of the host's start order (flashqla_gdn_fwd_params_t::seq_order; clamped so that a malformed order
+// reads nothing out of range).
+CUTLASS_DEVICE int64_t ordered_seq(const int32_t* order, int64_t s, int64_t num_seqs) {
+  return min(max(static_cast<int64_t>(__ldg(order + s)), int64_t(0)), num_seqs - 1);
+}
+
 // What one forward CTA works on: V block vb (of `block_v` columns) of value head h of sequence n.
 struct CtaTile {
   int vb;
@@ -60,8 +66,7 @@ CUTLASS_DEVICE CtaTile decode_cta(const flashqla_gdn_fwd_params_t& p, int64_t bl
   c.vb = static_cast<int>(block % vblocks);
   c.h = (block / vblocks) % p.heads_v;
   c.n = block / (vblocks * p.heads_v);
-  if (p.seq_order != nullptr)  // the host's start order (a permutation; clamped so that nothing reads out of range)
-    c.n = min(max(static_cast<int64_t>(__ldg(p.seq_order + c.n)), int64_t(0)), p.num_seqs - 1);
+  if (p.seq_order != nullptr) c.n = ordered_seq(p.seq_order, c.n, p.num_seqs);
   c.hq = c.h / (p.heads_v / p.heads_qk);
   sequence_bounds<IndexT>(p, c.n, c.b, c.bos, c.eos);
   c.col0 = int64_t(c.vb) * block_v;

@@ -1979,7 +1979,7 @@ CUTLASS_DEVICE void locate_chunk(const flashqla_gdn_fwd_params_t& p, int64_t k, 
     int64_t s = s0 + lane;
     int64_t cnt = 0;
     if (s < p.num_seqs) {
-      if (order != nullptr) s = min(max(static_cast<int64_t>(__ldg(order + s)), int64_t(0)), p.num_seqs - 1);
+      if (order != nullptr) s = ordered_seq(order, s, p.num_seqs);
       int64_t b, bos, eos;
       sequence_bounds<IndexT>(p, s, b, bos, eos);
       cnt = (eos - bos + kChunk - 1) / kChunk;
