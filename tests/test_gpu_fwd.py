@@ -687,6 +687,13 @@ def test_prep_beside_the_chain_matches_the_prep_kernel(monkeypatch, case):
     monkeypatch.setenv("FLASHQLA_OVERLAP", "1")
     again = run_ours(d, **kw)
     assert torch.equal(again[0], out["1"][0]) and torch.equal(again[1], out["1"][1])
+    # the workers paced by the chain (FLASHQLA_PREP_AHEAD: a worker waits until the chain has taken the chunk
+    # `ahead` chunks back): a schedule only, so the same bits, however tight the pace
+    for ahead in ("1", "3"):
+        monkeypatch.setenv("FLASHQLA_PREP_AHEAD", ahead)
+        paced = run_ours(d, **kw)
+        assert torch.equal(paced[0], out["1"][0]) and torch.equal(paced[1], out["1"][1])
+    monkeypatch.delenv("FLASHQLA_PREP_AHEAD")
     side = torch.cuda.Stream()
     side.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(side):

@@ -385,6 +385,10 @@ struct PrepBuffers {
   int* ready = nullptr;
   int64_t ready_chunks = 0;
   int prep_ctas = 0;
+  // The workers' pace (FLASHQLA_PREP_AHEAD; 0 = free): a worker starts chunk c of a sequence once the chain has
+  // taken chunk c - ahead of that head (its loader marks the flag 2), so X and W are still in L2 when the chain
+  // loads them. A bounded wait (kAheadWaitNs): a chain that is not resident cannot stall the workers.
+  int ahead = 0;
   // Not null (gates_from_prep): the wgmma prep kernel also writes each chunk's gamma and decay here, [chunk of all
   // sequences, heads_v, 128] fp32 (gamma's 64 then decay's 64, as a stage holds them), and the O-beside chain's
   // TMA loader brings them with one 512-byte copy instead of computing them (compute_gates: ~2k cycles of its
@@ -395,6 +399,26 @@ struct PrepBuffers {
 // of them releases the flag; the reader acquires it and its group meets at a barrier before copying. A wait that
 // outlasts any prep (~2^26 polls, seconds) traps: an error instead of a hang.
 CUTLASS_DEVICE void release_flag(int* f) { asm volatile("st.release.gpu.global.s32 [%0], %1;\n" ::"l"(f), "r"(1) : "memory"); }
+// The chain's loader has taken the chunk (its TMA copies of X and W are issued): the workers' pace (pb.ahead)
+CUTLASS_DEVICE void mark_taken(int* f) { asm volatile("st.relaxed.gpu.global.s32 [%0], %1;\n" ::"l"(f), "r"(2) : "memory"); }
+// A worker's wait for the chain to take a chunk: a hint, not a dependency (X and W never depend on it), so it
+// gives up after budget_ns: workers never wait on chain CTAs that are not running (the sanitizers run CTAs one
+// at a time; a packed batch's later chains start on the workers' SMs).
+constexpr uint64_t kAheadWaitNs = 20000;
+CUTLASS_DEVICE uint64_t global_ns() {
+  uint64_t t;
+  asm volatile("mov.u64 %0, %%globaltimer;\n" : "=l"(t));
+  return t;
+}
+CUTLASS_DEVICE void wait_taken(const int* f, uint64_t budget_ns) {
+  const uint64_t t0 = global_ns();
+  for (;;) {
+    int v;
+    asm volatile("ld.relaxed.gpu.global.s32 %0, [%1];\n" : "=r"(v) : "l"(f) : "memory");
+    if (v == 2 || global_ns() - t0 > budget_ns) return;
+    __nanosleep(128);
+  }
+}
 CUTLASS_DEVICE void wait_flag(const int* f) {
   for (long long n = 0;; ++n) {
     int v;
@@ -1169,7 +1193,11 @@ CUTLASS_DEVICE void aux_chunk(const flashqla_gdn_fwd_params_t& p, StageT& S, Ax&
       }
       if (with_v) tma::load_box(S.v, &cmaps->v, tma_bar, static_cast<int>(wk.col0), h, t, b);
       if constexpr (kReady) {  // prep beside the chain: X and W once the workers' flag says they are written
-        if (wk.chunk0 + c < pb.ready_chunks) wait_flag(pb.ready + (wk.chunk0 + c) * p.heads_v + wk.h);
+        if (wk.chunk0 + c < pb.ready_chunks) {
+          int* flag = pb.ready + (wk.chunk0 + c) * p.heads_v + wk.h;
+          wait_flag(flag);
+          if (pb.ahead > 0) mark_taken(flag);
+        }
         // (the workers wrote them through the generic proxy; the TMA reads through the async one)
         asm volatile("fence.proxy.async.global;\n" ::: "memory");
       }
@@ -1196,7 +1224,11 @@ CUTLASS_DEVICE void aux_chunk(const flashqla_gdn_fwd_params_t& p, StageT& S, Ax&
     // 64 columns of U (backward, rows 128 wide) into w
     const int64_t row0 = wk.flat0 + c * kChunk;
     if constexpr (kReady && !kTmaChain) {  // prep beside the chain: X, W may be on the way (TMA: waited above)
-      if (tid == 0 && wk.chunk0 + c < pb.ready_chunks) wait_flag(pb.ready + (wk.chunk0 + c) * p.heads_v + wk.h);
+      if (tid == 0 && wk.chunk0 + c < pb.ready_chunks) {
+        int* flag = pb.ready + (wk.chunk0 + c) * p.heads_v + wk.h;
+        wait_flag(flag);
+        if (pb.ahead > 0) mark_taken(flag);
+      }
       bar_sync(bar_aux, kAuxThreads);
     }
     const T* xs = pb.x + row0 * p.heads_v * kDimK + wk.h * kDimK;
@@ -2267,6 +2299,10 @@ CUTLASS_DEVICE void prep_worker(const flashqla_gdn_fwd_params_t& p, const PrepBu
       if (tid == 0) {
         sm.seq = seq;
         sm.chunk = ch;
+        // the pace: chunk ch - ahead of this sequence and head taken by the chain (without seq_order, which
+        // prep_ahead excludes, k is the chunk's flag index and a sequence's flags are consecutive)
+        if (pb.ahead > 0 && seq >= 0 && ch >= pb.ahead)
+          wait_taken(pb.ready + (k - pb.ahead) * heads + item % heads, kAheadWaitNs);
       }
     }
     warp::bar_sync(bar, kPrepThreads);
@@ -2759,6 +2795,16 @@ inline int overlap_prep_ctas(const flashqla_gdn_fwd_params_t& p) {
   return even && items >= 2LL * workers * kPrepUnits ? workers : 0;
 }
 
+// The workers' pace (PrepBuffers::ahead) beside prep_ctas workers: FLASHQLA_PREP_AHEAD=n chunks (unset or 0:
+// free). Only where every chain CTA runs beside the workers from the start (a chain CTA waiting for a worker's SM
+// would leave the workers waiting out their budget; the varlen tail CTAs come after the chain's and wait for
+// nothing), and without seq_order (the workers' wait reads the flag index off their item).
+inline int prep_ahead(const flashqla_gdn_fwd_params_t& p, int prep_ctas) {
+  const char* e = std::getenv("FLASHQLA_PREP_AHEAD");
+  const int n = e != nullptr ? std::atoi(e) : 0;
+  const int64_t chain = p.num_seqs * p.heads_v * kVBlocks;
+  return n > 0 && p.seq_order == nullptr && chain + prep_ctas <= device_sm_count() ? n : 0;
+}
 
 // pt (flashqla_gdn_fwd_cp_summaries): p is exact parallelism's B pass (o and chunk states NULL) and pt its
 // transition pass on the same chunks; both run after the one prep (launch_summaries).
@@ -2806,6 +2852,7 @@ cudaError_t launch(const flashqla_gdn_fwd_params_t& p, cudaStream_t stream,
       pb.ready = static_cast<int*>(flags.ptr);
       pb.ready_chunks = chunks;
       pb.prep_ctas = prep_ctas;
+      pb.ahead = prep_ahead(p, prep_ctas);
       err = prep_wg() ? launch_recurrent<T, AuxMode::kLoadPrepared, false, true, true, true, true>(p, pb, stream)
                       : launch_recurrent<T, AuxMode::kLoadPrepared, false, true, true, true>(p, pb, stream);
     }
