@@ -402,20 +402,21 @@ CUTLASS_DEVICE void release_flag(int* f) { asm volatile("st.release.gpu.global.s
 // The chain's loader has taken the chunk (its TMA copies of X and W are issued): the workers' pace (pb.ahead)
 CUTLASS_DEVICE void mark_taken(int* f) { asm volatile("st.relaxed.gpu.global.s32 [%0], %1;\n" ::"l"(f), "r"(2) : "memory"); }
 // A worker's wait for the chain to take a chunk: a hint, not a dependency (X and W never depend on it), so it
-// gives up after budget_ns: workers never wait on chain CTAs that are not running (the sanitizers run CTAs one
-// at a time; a packed batch's later chains start on the workers' SMs).
+// gives up after budget_ns (false; the worker then stops pacing itself): workers never wait long on chain CTAs
+// that are not running (the sanitizers run CTAs one at a time; other kernels may hold the SMs).
 constexpr uint64_t kAheadWaitNs = 20000;
 CUTLASS_DEVICE uint64_t global_ns() {
   uint64_t t;
   asm volatile("mov.u64 %0, %%globaltimer;\n" : "=l"(t));
   return t;
 }
-CUTLASS_DEVICE void wait_taken(const int* f, uint64_t budget_ns) {
+CUTLASS_DEVICE bool wait_taken(const int* f, uint64_t budget_ns) {
   const uint64_t t0 = global_ns();
   for (;;) {
     int v;
     asm volatile("ld.relaxed.gpu.global.s32 %0, [%1];\n" : "=r"(v) : "l"(f) : "memory");
-    if (v == 2 || global_ns() - t0 > budget_ns) return;
+    if (v == 2) return true;
+    if (global_ns() - t0 > budget_ns) return false;
     __nanosleep(128);
   }
 }
@@ -2286,6 +2287,7 @@ CUTLASS_DEVICE void prep_worker(const flashqla_gdn_fwd_params_t& p, const PrepBu
   const int heads = static_cast<int>(p.heads_v), items = static_cast<int>(pb.ready_chunks * p.heads_v);
   const int step = pb.prep_ctas * kPrepUnits;
   const int per = static_cast<int>((p.seqlen + kChunk - 1) / kChunk), bh = static_cast<int>(p.batch) * heads;
+  bool paced = pb.ahead > 0;  // (thread 0's: off for good once a wait runs out)
   for (int item = blockIdx.x * kPrepUnits + unit; item < items; item += step) {
     // item -> (chunk k of all sequences, head): dense batches by chunk position first (chunk c of every sequence
     // before any chunk c + 1: ordered by k, the chains of the later sequences waited for the earlier sequences'
@@ -2301,8 +2303,8 @@ CUTLASS_DEVICE void prep_worker(const flashqla_gdn_fwd_params_t& p, const PrepBu
         sm.chunk = ch;
         // the pace: chunk ch - ahead of this sequence and head taken by the chain (without seq_order, which
         // prep_ahead excludes, k is the chunk's flag index and a sequence's flags are consecutive)
-        if (pb.ahead > 0 && seq >= 0 && ch >= pb.ahead)
-          wait_taken(pb.ready + (k - pb.ahead) * heads + item % heads, kAheadWaitNs);
+        if (paced && seq >= 0 && ch >= pb.ahead)
+          paced = wait_taken(pb.ready + (k - pb.ahead) * heads + item % heads, kAheadWaitNs);
       }
     }
     warp::bar_sync(bar, kPrepThreads);
