@@ -402,7 +402,7 @@ CUTLASS_DEVICE void release_flag(int* f) { asm volatile("st.release.gpu.global.s
 // The chain's loader has taken the chunk (its TMA copies of X and W are issued): the workers' pace (pb.ahead)
 CUTLASS_DEVICE void mark_taken(int* f) { asm volatile("st.relaxed.gpu.global.s32 [%0], %1;\n" ::"l"(f), "r"(2) : "memory"); }
 // A worker's wait for the chain to take a chunk: a hint, not a dependency (X and W never depend on it), so it
-// gives up after budget_ns (false; the worker then stops pacing itself): workers never wait long on chain CTAs
+// gives up after kAheadWaitNs (false; the worker then stops pacing itself): workers never wait long on chain CTAs
 // that are not running (the sanitizers run CTAs one at a time; other kernels may hold the SMs).
 constexpr uint64_t kAheadWaitNs = 20000;
 CUTLASS_DEVICE uint64_t global_ns() {
@@ -410,13 +410,13 @@ CUTLASS_DEVICE uint64_t global_ns() {
   asm volatile("mov.u64 %0, %%globaltimer;\n" : "=l"(t));
   return t;
 }
-CUTLASS_DEVICE bool wait_taken(const int* f, uint64_t budget_ns) {
+CUTLASS_DEVICE bool wait_taken(const int* f) {
   const uint64_t t0 = global_ns();
   for (;;) {
     int v;
     asm volatile("ld.relaxed.gpu.global.s32 %0, [%1];\n" : "=r"(v) : "l"(f) : "memory");
     if (v == 2) return true;
-    if (global_ns() - t0 > budget_ns) return false;
+    if (global_ns() - t0 > kAheadWaitNs) return false;
     __nanosleep(128);
   }
 }
@@ -428,6 +428,15 @@ CUTLASS_DEVICE void wait_flag(const int* f) {
     if (n > (1LL << 26)) __trap();
     __nanosleep(64);
   }
+}
+// The chain's loader taking chunk `chunk` (of all sequences) of head h: waits for its flag, then (paced workers)
+// marks it taken
+template <typename T>
+CUTLASS_DEVICE void take_ready_chunk(const PrepBuffers<T>& pb, int64_t chunk, int64_t heads, int64_t h) {
+  if (chunk >= pb.ready_chunks) return;  // (never prepared as a flagged chunk: malformed cu_seqlens' extra chunks)
+  int* flag = pb.ready + chunk * heads + h;
+  wait_flag(flag);
+  if (pb.ahead > 0) mark_taken(flag);
 }
 // A state tile in the state warps' registers: S^T (or dS^T), 16 V rows x 8 NT K columns per warp as NT C tiles
 // (NT = 16: all 128 K; 8: one half, the K-split chain); in memory [K][V] rows of kDimV floats (states, their
@@ -1194,11 +1203,7 @@ CUTLASS_DEVICE void aux_chunk(const flashqla_gdn_fwd_params_t& p, StageT& S, Ax&
       }
       if (with_v) tma::load_box(S.v, &cmaps->v, tma_bar, static_cast<int>(wk.col0), h, t, b);
       if constexpr (kReady) {  // prep beside the chain: X and W once the workers' flag says they are written
-        if (wk.chunk0 + c < pb.ready_chunks) {
-          int* flag = pb.ready + (wk.chunk0 + c) * p.heads_v + wk.h;
-          wait_flag(flag);
-          if (pb.ahead > 0) mark_taken(flag);
-        }
+        take_ready_chunk(pb, wk.chunk0 + c, p.heads_v, wk.h);
         // (the workers wrote them through the generic proxy; the TMA reads through the async one)
         asm volatile("fence.proxy.async.global;\n" ::: "memory");
       }
@@ -1225,11 +1230,7 @@ CUTLASS_DEVICE void aux_chunk(const flashqla_gdn_fwd_params_t& p, StageT& S, Ax&
     // 64 columns of U (backward, rows 128 wide) into w
     const int64_t row0 = wk.flat0 + c * kChunk;
     if constexpr (kReady && !kTmaChain) {  // prep beside the chain: X, W may be on the way (TMA: waited above)
-      if (tid == 0 && wk.chunk0 + c < pb.ready_chunks) {
-        int* flag = pb.ready + (wk.chunk0 + c) * p.heads_v + wk.h;
-        wait_flag(flag);
-        if (pb.ahead > 0) mark_taken(flag);
-      }
+      if (tid == 0) take_ready_chunk(pb, wk.chunk0 + c, p.heads_v, wk.h);
       bar_sync(bar_aux, kAuxThreads);
     }
     const T* xs = pb.x + row0 * p.heads_v * kDimK + wk.h * kDimK;
@@ -2304,7 +2305,7 @@ CUTLASS_DEVICE void prep_worker(const flashqla_gdn_fwd_params_t& p, const PrepBu
         // the pace: chunk ch - ahead of this sequence and head taken by the chain (without seq_order, which
         // prep_ahead excludes, k is the chunk's flag index and a sequence's flags are consecutive)
         if (paced && seq >= 0 && ch >= pb.ahead)
-          paced = wait_taken(pb.ready + (k - pb.ahead) * heads + item % heads, kAheadWaitNs);
+          paced = wait_taken(pb.ready + (k - pb.ahead) * heads + item % heads);
       }
     }
     warp::bar_sync(bar, kPrepThreads);
@@ -2780,12 +2781,14 @@ cudaError_t launch_summaries(const flashqla_gdn_fwd_params_t& p, const flashqla_
 // varlen sequences the later chains wait for the earlier ones' prep) whose prep takes at least two waves of the
 // workers (one wave ends all at once, so the chain starts no earlier and the flags cost a memset: TP8 1x2048
 // measured 0.082 -> 0.094 ms).
+// The O-beside chain's CTAs (V blocks of every sequence and value head; the varlen tail CTAs not counted)
+inline int64_t chain_ctas(const flashqla_gdn_fwd_params_t& p) { return p.num_seqs * p.heads_v * kVBlocks; }
 inline int overlap_prep_ctas(const flashqla_gdn_fwd_params_t& p) {
   const char* e = std::getenv("FLASHQLA_OVERLAP");
   const bool forced = e != nullptr && e[0] == '1';
   if ((e != nullptr && e[0] == '0') || p.o == nullptr || chain_form(p) != ChainForm::kWgmmaOb) return 0;
   const int sms = device_sm_count();
-  const int64_t chain = p.num_seqs * p.heads_v * kVBlocks, items = chunk_bound(p) * p.heads_v;
+  const int64_t chain = chain_ctas(p), items = chunk_bound(p) * p.heads_v;
   if (items >= (int64_t(1) << 31)) return 0;  // (the workers count items in 32 bits)
   // the host's plan for a packed batch (flashqla/_cp.py, overlap_plan): its worker count, however many chain CTAs
   // wait for SMs behind them (the workers come first and wait for nothing)
@@ -2804,8 +2807,7 @@ inline int overlap_prep_ctas(const flashqla_gdn_fwd_params_t& p) {
 inline int prep_ahead(const flashqla_gdn_fwd_params_t& p, int prep_ctas) {
   const char* e = std::getenv("FLASHQLA_PREP_AHEAD");
   const int n = e != nullptr ? std::atoi(e) : 0;
-  const int64_t chain = p.num_seqs * p.heads_v * kVBlocks;
-  return n > 0 && p.seq_order == nullptr && chain + prep_ctas <= device_sm_count() ? n : 0;
+  return n > 0 && p.seq_order == nullptr && chain_ctas(p) + prep_ctas <= device_sm_count() ? n : 0;
 }
 
 // pt (flashqla_gdn_fwd_cp_summaries): p is exact parallelism's B pass (o and chunk states NULL) and pt its
