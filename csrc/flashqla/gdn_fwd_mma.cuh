@@ -385,7 +385,7 @@ struct PrepBuffers {
   int* ready = nullptr;
   int64_t ready_chunks = 0;
   int prep_ctas = 0;
-  // The workers' pace (FLASHQLA_PREP_AHEAD; 0 = free): a worker starts chunk c of a sequence once the chain has
+  // The workers' pace (prep_ahead: 8 chunks, FLASHQLA_PREP_AHEAD another, 0 = free): a worker starts chunk c of a sequence once the chain has
   // taken chunk c - ahead of that head (its loader marks the flag 2), so X and W are still in L2 when the chain
   // loads them. A bounded wait (kAheadWaitNs): a chain that is not resident cannot stall the workers.
   int ahead = 0;
@@ -2800,13 +2800,16 @@ inline int overlap_prep_ctas(const flashqla_gdn_fwd_params_t& p) {
   return even && items >= 2LL * workers * kPrepUnits ? workers : 0;
 }
 
-// The workers' pace (PrepBuffers::ahead) beside prep_ctas workers: FLASHQLA_PREP_AHEAD=n chunks (unset or 0:
-// free). Only where every chain CTA runs beside the workers from the start (a chain CTA waiting for a worker's SM
-// would leave the workers waiting out their budget; the varlen tail CTAs come after the chain's and wait for
-// nothing), and without seq_order (the workers' wait reads the flag index off their item).
+// The workers' pace (PrepBuffers::ahead) beside prep_ctas workers: kPrepAhead chunks, FLASHQLA_PREP_AHEAD=n
+// another (0: free). Fewer starve the chain (4: +40% on an H100), more let X and W leave L2 before the chain
+// reads them (32 gives back most of 8's gain). Only where every chain CTA runs beside the workers from the start (a
+// chain CTA waiting for a worker's SM would leave the workers waiting out their budget; the varlen tail CTAs come
+// after the chain's and wait for nothing), and without seq_order (the workers' wait reads the flag index off their
+// item).
+constexpr int kPrepAhead = 8;
 inline int prep_ahead(const flashqla_gdn_fwd_params_t& p, int prep_ctas) {
   const char* e = std::getenv("FLASHQLA_PREP_AHEAD");
-  const int n = e != nullptr ? std::atoi(e) : 0;
+  const int n = e != nullptr ? std::atoi(e) : kPrepAhead;
   return n > 0 && p.seq_order == nullptr && chain_ctas(p) + prep_ctas <= device_sm_count() ? n : 0;
 }
 
