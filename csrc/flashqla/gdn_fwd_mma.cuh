@@ -2346,15 +2346,20 @@ CUTLASS_DEVICE void prep_worker(const flashqla_gdn_fwd_params_t& p, const PrepBu
 // n allows, or with 0 as keeps two full waves of prep CTAs on the GPU. Off by default: the group kernel
 // measured no faster than the per-head one on the H200 anchors (NOTES, session 5).
 // Per process: the SM count of the first device asked (a hint for launch shapes, not a correctness input).
-inline int device_sm_count() {
-  static int sms = 0;
-  if (sms == 0) {
+// An attribute of the current device, read once (the launch rules run on the host every call); kFallback where
+// the runtime cannot say.
+template <cudaDeviceAttr kAttr, int kFallback>
+inline int device_attribute() {
+  static int value = 0;
+  if (value == 0) {
     int dev = 0, n = 0;
-    sms = cudaGetDevice(&dev) == cudaSuccess && cudaDeviceGetAttribute(&n, cudaDevAttrMultiProcessorCount, dev) ==
-                                                    cudaSuccess && n > 0 ? n : 132;
+    value = cudaGetDevice(&dev) == cudaSuccess && cudaDeviceGetAttribute(&n, kAttr, dev) == cudaSuccess && n > 0
+                ? n : kFallback;
   }
-  return sms;
+  return value;
 }
+inline int device_sm_count() { return device_attribute<cudaDevAttrMultiProcessorCount, 132>(); }
+inline int64_t device_l2_bytes() { return device_attribute<cudaDevAttrL2CacheSize, 50 << 20>(); }
 inline int prep_heads_per_cta(const flashqla_gdn_fwd_params_t& p, int64_t chunks) {
   const int group = static_cast<int>(p.heads_v / p.heads_qk);
   const char* e = std::getenv("FLASHQLA_PREP_HEADS");
@@ -2800,16 +2805,18 @@ inline int overlap_prep_ctas(const flashqla_gdn_fwd_params_t& p) {
   return even && items >= 2LL * workers * kPrepUnits ? workers : 0;
 }
 
-// The workers' pace (PrepBuffers::ahead) beside prep_ctas workers: kPrepAhead chunks, FLASHQLA_PREP_AHEAD=n
-// another (0: free). Fewer starve the chain (4: +40% on an H100), more let X and W leave L2 before the chain
-// reads them (32 gives back most of 8's gain). Only where every chain CTA runs beside the workers from the start (a
-// chain CTA waiting for a worker's SM would leave the workers waiting out their budget; the varlen tail CTAs come
-// after the chain's and wait for nothing), and without seq_order (the workers' wait reads the flag index off their
-// item).
+// The workers' pace (PrepBuffers::ahead) beside prep_ctas workers: kPrepAhead chunks where X and W do not fit in
+// L2 (where they do, they stay there unpaced and the waits only cost: TP2 1x2048 +8% on an H100),
+// FLASHQLA_PREP_AHEAD=n another everywhere (0: free). Fewer starve the chain (4: +40% on an H100), more let X and W
+// leave L2 before the chain reads them (32 gives back most of 8's gain). Only where every chain CTA runs beside the
+// workers from the start (a chain CTA waiting for a worker's SM would leave the workers waiting out their budget;
+// the varlen tail CTAs come after the chain's and wait for nothing), and without seq_order (the workers' wait reads
+// the flag index off their item).
 constexpr int kPrepAhead = 8;
 inline int prep_ahead(const flashqla_gdn_fwd_params_t& p, int prep_ctas) {
   const char* e = std::getenv("FLASHQLA_PREP_AHEAD");
-  const int n = e != nullptr ? std::atoi(e) : kPrepAhead;
+  const bool spills = static_cast<int64_t>(prep_workspace_bytes(p, kFwdPrepCols)) > device_l2_bytes();
+  const int n = e != nullptr ? std::atoi(e) : spills ? kPrepAhead : 0;
   return n > 0 && p.seq_order == nullptr && chain_ctas(p) + prep_ctas <= device_sm_count() ? n : 0;
 }
 
