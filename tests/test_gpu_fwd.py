@@ -689,7 +689,7 @@ def test_prep_beside_the_chain_matches_the_prep_kernel(monkeypatch, case):
     assert torch.equal(again[0], out["1"][0]) and torch.equal(again[1], out["1"][1])
     # the workers paced by the chain (FLASHQLA_PREP_AHEAD: a worker waits until the chain has taken the chunk
     # `ahead` chunks back): a schedule only, so the same bits, however tight the pace
-    for ahead in ("0", "1", "3"):  # (0: free; the default above is paced)
+    for ahead in ("0", "1", "3"):  # (0: free; the default paces only where X and W outgrow L2, not these cases)
         monkeypatch.setenv("FLASHQLA_PREP_AHEAD", ahead)
         paced = run_ours(d, **kw)
         assert torch.equal(paced[0], out["1"][0]) and torch.equal(paced[1], out["1"][1])

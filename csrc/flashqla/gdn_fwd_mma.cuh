@@ -385,7 +385,7 @@ struct PrepBuffers {
   int* ready = nullptr;
   int64_t ready_chunks = 0;
   int prep_ctas = 0;
-  // The workers' pace (prep_ahead: 8 chunks, FLASHQLA_PREP_AHEAD another, 0 = free): a worker starts chunk c of a sequence once the chain has
+  // The workers' pace (prep_ahead's rule; 0 = free): a worker starts chunk c of a sequence once the chain has
   // taken chunk c - ahead of that head (its loader marks the flag 2), so X and W are still in L2 when the chain
   // loads them. A bounded wait (kAheadWaitNs): a chain that is not resident cannot stall the workers.
   int ahead = 0;
@@ -2345,9 +2345,8 @@ CUTLASS_DEVICE void prep_worker(const flashqla_gdn_fwd_params_t& p, const PrepBu
 // asks for the group kernel: then as many of a GVA group's heads (a divisor of the group size, at most n) as
 // n allows, or with 0 as keeps two full waves of prep CTAs on the GPU. Off by default: the group kernel
 // measured no faster than the per-head one on the H200 anchors (NOTES, session 5).
-// Per process: the SM count of the first device asked (a hint for launch shapes, not a correctness input).
-// An attribute of the current device, read once (the launch rules run on the host every call); kFallback where
-// the runtime cannot say.
+// An attribute of the first device asked, read once per process (the launch rules run on the host every call;
+// a hint for launch shapes and schedules, not a correctness input); kFallback where the runtime cannot say.
 template <cudaDeviceAttr kAttr, int kFallback>
 inline int device_attribute() {
   static int value = 0;
