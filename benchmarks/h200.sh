@@ -19,7 +19,8 @@
 # ($OUT/kcache-tilelang.tar.xz, kcache-triton.tar.xz: the device tool brings back files of 16 MiB at most, and
 # session 13's one gzip tarball of both was 42 MB), for a later session to carry (in the z3 call, whose 28 MB
 # of wheels leave ~36 MB).
-#   build     pip-install carried wheels into $SITE, build the extension (MAX_JOBS=16)
+#   build     pip-install carried wheels into $SITE, build the extension (MAX_JOBS=16), unless a carried build (or
+#             one an earlier call of this machine start left in /tmp/flashqla-build) has FLASHQLA_SOURCES' digest
 #   test      pytest tests (GPU tests run here)
 #   cmake     libflashqla + the C++ examples through CMake, run by ctest on the GPU
 #   sanitize  compute-sanitizer memcheck + racecheck on small kernel calls
@@ -149,12 +150,27 @@ if has build; then
   whls=$(ls .whl/build/*.whl .whl/fla/*.whl .whl/qla/*.whl 2>/dev/null)
   [ -n "$whls" ] && python3 -m pip install -q --no-index --no-deps --no-compile --upgrade --target "$SITE" $whls \
     2>&1 | grep -v "^WARNING: Target directory" | tail -3 | tee -a "$LOG"
-  say "build"
-  t0=$(date +%s)
-  MAX_JOBS=16 FLASHQLA_REQUIRE_CUDA=1 python3 setup.py build_ext --inplace > "$OUT/build.log" 2>&1 \
-    || { tail -40 "$OUT/build.log" | tee -a "$LOG"; say "BUILD FAILED"; exit 1; }
-  grep -iE "warning|spill" "$OUT/build.log" | grep -v "^W1" | head -20 | tee -a "$LOG"
-  say "build took $(( $(date +%s) - t0 )) s"
+  # A build made on the development machine and carried (flashqla/_C*.so), or kept in /tmp/flashqla-build by an
+  # earlier call of the same machine start (a later call's carry may lack room for it), is used as it is when its
+  # digest is FLASHQLA_SOURCES: the compile costs ~84 s of device time
+  so=$(ls flashqla/_C.cpython-312-*.so 2>/dev/null | head -1)
+  if [ -z "$so" ] && [ -n "${FLASHQLA_SOURCES:-}" ] && ls /tmp/flashqla-build/_C.cpython-312-*.so > /dev/null 2>&1; then
+    cp /tmp/flashqla-build/_C.cpython-312-*.so flashqla/ && so=$(ls flashqla/_C.cpython-312-*.so | head -1)
+  fi
+  carried=""
+  [ -n "$so" ] && [ -n "${FLASHQLA_SOURCES:-}" ] && \
+    [ "$(python3 -m flashqla.bench fingerprint --so "$so" 2>&1 | tail -1)" = "$FLASHQLA_SOURCES" ] && carried=1
+  if [ -n "$carried" ]; then
+    say "carried build $so (sources $FLASHQLA_SOURCES): not compiled here"
+  else
+    say "build"
+    t0=$(date +%s)
+    MAX_JOBS=16 FLASHQLA_REQUIRE_CUDA=1 python3 setup.py build_ext --inplace > "$OUT/build.log" 2>&1 \
+      || { tail -40 "$OUT/build.log" | tee -a "$LOG"; say "BUILD FAILED"; exit 1; }
+    grep -iE "warning|spill" "$OUT/build.log" | grep -v "^W1" | head -20 | tee -a "$LOG"
+    say "build took $(( $(date +%s) - t0 )) s"
+  fi
+  mkdir -p /tmp/flashqla-build && cp flashqla/_C.cpython-312-*.so /tmp/flashqla-build/
   python3 -c "import flashqla, torch; assert flashqla.kernels_available(torch.device('cuda')), 'kernels unavailable'; print('flashqla kernels available on', torch.cuda.get_device_name())" 2>&1 | tee -a "$LOG"
   # the digest of csrc/ compiled into the extension (records carry it as kernel_sources; compare it here with
   # `python -m flashqla.bench fingerprint --rev <commit>` before trusting a record's commit)
