@@ -343,7 +343,7 @@ def _reverse_plan(p: Plan, device: torch.device):
 
 def backward_chains(ops, q, k, v, g, beta, do, dht, scale, initial_state, p: Plan, l2norm: bool,
                     output_dh0: bool, output_a: bool, index_dtype=torch.int32):
-    """The backward's two serial chains through segments (unmeasured on the H200; FLASHQLA_BWD_CP=1):
+    """The backward's two serial chains through segments (FLASHQLA_BWD_CP=1; the chunk_gdn_bwd_chains_cp op):
     (states, dh, dh0, a) as chunk_gdn_fwd_states and chunk_gdn_bwd_dh give them for the unsegmented call
     (the chunk-indexed buffers hold at least as many chunks; the chunks are the same, in the same order, since
     segments start on chunk boundaries). `ops` is torch.ops.flashqla. The states: the forward's passes 1-2
@@ -356,26 +356,32 @@ def backward_chains(ops, q, k, v, g, beta, do, dht, scale, initial_state, p: Pla
     rp = _reverse_plan(p, q.device)
     if dp is None or rp is None:
         return None
-    # passes 1-2 summaries only, sharing one prep (the chunk_gdn_fwd_pass op), as the forward's CP does
-    init, _ = _initial_states(ops.chunk_gdn_fwd, q, k, v, g, beta, scale, initial_state, p, l2norm, index_dtype,
-                              ops.chunk_gdn_fwd_pass)
-    cu, last = dp
-    rev, first = rp
+    from ._library import _state_dtype
+    H, K = v.shape[2], k.shape[3]
+    sd = _state_dtype(q)
+    eye = _cached(("eye", p.segments, H, K, sd, str(q.device)),
+                  lambda: torch.eye(K, dtype=sd, device=q.device).expand(p.segments, H, K, K).contiguous(), q.device)
+    return ops.chunk_gdn_bwd_chains_cp(q, k, v, g, beta, do, dht, scale, initial_state, *dp, *rp, eye, l2norm,
+                                       output_dh0, output_a)
+
+
+def backward_chain_passes(ops, q, k, v, g, beta, do, dht, scale, initial_state, cu, last, rev, first, eye,
+                          l2norm: bool, output_dh0: bool, output_a: bool):
+    """chunk_gdn_bwd_chains_cp's steps op by op (its CPU implementation; the GPU's runs them in C++ from one prep):
+    the states from the forward's summaries passes, scan and states pass; the dS chain's B pass (zero end
+    gradients), L pass (dO = 0, identity end gradients), reverse scan and last pass."""
+    sd = eye.dtype
+    zero_v = _zero_v(v)
+    _, b_end = ops.chunk_gdn_fwd(q, k, v, g, beta, scale, None, True, cu, l2norm)
+    _, phi = ops.chunk_gdn_fwd(q, k, zero_v, g, beta, scale, eye, True, cu, l2norm)
+    h0 = None if initial_state is None else initial_state.to(sd).contiguous()
+    init = ops.chunk_gdn_cp_scan(phi, b_end, h0, last)
     states = ops.chunk_gdn_fwd_states(q, k, v, g, beta, scale, init, cu, l2norm)
-    H, K, NS = v.shape[2], k.shape[3], p.segments
-    # B: zero end gradients (dht enters through the scan's first rank, as h0 does in the forward's)
     _, b_start, _ = ops.chunk_gdn_bwd_dh(q, k, g, beta, do, None, scale, cu, l2norm, True, False)
-    sd = b_start.dtype  # the segment maps and the scan in the start gradients' dtype (fp32; the states are q's)
-    # dO = 0 for the transition pass, a real zero tensor cached per shape (the dh op reads dO in its prep and
-    # chain; a stride-0 one would send every CTA to one L2 line, as the forward's transition pass measured)
-    zero_do = _cached(("zero_do", tuple(do.shape), do.dtype, str(do.device)), lambda: torch.zeros_like(do),
-                      do.device)
-    eye = _cached(("eye", NS, H, K, sd, str(q.device)),
-                  lambda: torch.eye(K, dtype=sd, device=q.device).expand(NS, H, K, K).contiguous(), q.device)
-    _, l_map, _ = ops.chunk_gdn_bwd_dh(q, k, g, beta, zero_do, eye, scale, cu, l2norm, True, False)
-    # the reverse scan, E_0 = dht, E_{j+1} = L_j E_j + B_j from each sequence's last segment back: the forward's
-    # scan op over the segments reversed within each sequence (position j of the reversed order holds the end
-    # gradient of segment rev[j])
+    _, l_map, _ = ops.chunk_gdn_bwd_dh(q, k, g, beta, torch.zeros_like(do), eye, scale, cu, l2norm, True, False)
+    # E_0 = dht, E_{j+1} = L_j E_j + B_j from each sequence's last segment back: the forward's scan over the
+    # segments reversed within each sequence (position j of the reversed order holds the end gradient of segment
+    # rev[j])
     dht_ = None if dht is None else dht.to(sd).contiguous()
     ends = ops.chunk_gdn_cp_scan(l_map.index_select(0, rev), b_start.index_select(0, rev), dht_, last).index_select(0, rev)
     dh, dh0_seg, a = ops.chunk_gdn_bwd_dh(q, k, g, beta, do, ends, scale, cu, l2norm, True, output_a)

@@ -57,6 +57,13 @@ _lib.define("chunk_gdn_bwd_chains(Tensor q, Tensor k, Tensor v, Tensor g, Tensor
             "float scale, Tensor? initial_state, Tensor? cu_seqlens, bool use_qk_l2norm, bool output_dh0, "
             "bool output_a=False) -> (Tensor, Tensor, Tensor, Tensor)")
 
+# The same through exact parallelism's segments (FLASHQLA_BWD_CP; flashqla/_cp.py, backward_chains): seg_cu, last,
+# rev, first from _cp.device_plan and _cp._reverse_plan, eye [segments, H_v, K, K] in the states' fp32; on the GPU one
+# prep for every pass, the states on a side stream. dh0 per sequence (first's length).
+_lib.define("chunk_gdn_bwd_chains_cp(Tensor q, Tensor k, Tensor v, Tensor g, Tensor beta, Tensor dout, Tensor? dht, "
+            "float scale, Tensor? initial_state, Tensor seg_cu, Tensor last, Tensor rev, Tensor first, Tensor eye, "
+            "bool use_qk_l2norm, bool output_dh0, bool output_a=False) -> (Tensor, Tensor, Tensor, Tensor)")
+
 # The backward's chunk-parallel gradient step (the default; FLASHQLA_BWD_GRAD=0 runs it in PyTorch): from the
 # chunk-start states and the chunk-end state gradients, (dq, dk [B, T, H_qk, K] summed over each GVA group in
 # fp32, then in q's dtype, or in fp32 with use_qk_l2norm, whose backward the caller applies; dv like v, dg, dbeta
@@ -176,6 +183,17 @@ def _chunk_gdn_bwd_chains_fake(q, k, v, g, beta, dout, dht, scale, initial_state
                                               output_a)
 
 
+@torch.library.register_fake("flashqla::chunk_gdn_bwd_chains_cp")
+def _chunk_gdn_bwd_chains_cp_fake(q, k, v, g, beta, dout, dht, scale, initial_state, seg_cu, last, rev, first, eye,
+                                  use_qk_l2norm, output_dh0, output_a=False):
+    states, dh, _, a = _chunk_gdn_bwd_chains_fake(q, k, v, g, beta, dout, dht, scale, initial_state, seg_cu,
+                                                  use_qk_l2norm, False, output_a)
+    H, K, V = v.shape[2], q.shape[3], v.shape[3]
+    sd = _state_dtype(q)
+    return states, dh, (dout.new_empty((first.shape[0], H, K, V), dtype=sd) if output_dh0
+                        else dout.new_empty((0,), dtype=sd)), a
+
+
 @torch.library.register_fake("flashqla::chunk_local_cumsum")
 def _chunk_local_cumsum_fake(g, chunk_size, reverse, scale, cu_seqlens):
     return g.new_empty(g.shape, dtype=torch.float32)
@@ -249,6 +267,14 @@ def _chunk_gdn_bwd_chains_cpu(q, k, v, g, beta, dout, dht, scale, initial_state,
     states = ops.chunk_gdn_fwd_states(q, k, v, g, beta, scale, initial_state, cu_seqlens, use_qk_l2norm)
     return (states,) + tuple(ops.chunk_gdn_bwd_dh(q, k, g, beta, dout, dht, scale, cu_seqlens, use_qk_l2norm,
                                                   output_dh0, output_a))
+
+
+@torch.library.impl("flashqla::chunk_gdn_bwd_chains_cp", "cpu")
+def _chunk_gdn_bwd_chains_cp_cpu(q, k, v, g, beta, dout, dht, scale, initial_state, seg_cu, last, rev, first, eye,
+                                 use_qk_l2norm, output_dh0, output_a=False):
+    from . import _cp  # (the passes op by op, through the ops' CPU implementations)
+    return _cp.backward_chain_passes(torch.ops.flashqla, q, k, v, g, beta, dout, dht, scale, initial_state, seg_cu,
+                                     last, rev, first, eye, use_qk_l2norm, output_dh0, output_a)
 
 
 @torch.library.impl("flashqla::chunk_gdn_bwd_grad", "cpu")

@@ -307,6 +307,33 @@ def test_backward_context_parallelism_matches_float64(monkeypatch):
         assert torch.isfinite(a).all() and ec <= max(1.5 * ep, 6e-3), n
 
 
+@pytest.mark.parametrize("lengths", [[4096], [3000, 0, 1100, 70]])
+def test_segmented_chains_op_matches_the_plain_chains(monkeypatch, lengths):
+    # chunk_gdn_bwd_chains_cp (one prep for every pass, the states on a side stream, the dS chain's summaries
+    # passes without dh and with dO = 0 as NULL) against chunk_gdn_bwd_chains on the same inputs: the inverse rows
+    # bitwise (the same prep), the states, dh and dh0 within the segments' rounding (the maps and the scans in fp32,
+    # the L maps through the chain's bf16 products, as the forward's Phi)
+    from flashqla import _cp
+    monkeypatch.setattr(_cp, "MIN_SEGMENT_CHUNKS", 4)
+    d = make(lengths, 2, 4, seed=60)
+    gen = torch.Generator(device=DEV).manual_seed(61)
+    v = torch.randn(d["do"].shape, device=DEV, generator=gen).bfloat16()
+    h0 = torch.randn(len(lengths), 4, D, D, device=DEV, generator=gen) / 8
+    cu = torch.tensor([0] + torch.tensor(lengths).cumsum(0).tolist(), device=DEV, dtype=torch.int32)
+    p = _cp.plan(lengths, 4, 132)
+    assert p is not None and p.segments > len(lengths)
+    args = (d["q"], d["k"], v, d["g"], d["beta"], d["do"], d["dht"], D ** -0.5, h0)
+    ref = torch.ops.flashqla.chunk_gdn_bwd_chains(*args, cu, False, True, True)
+    got = _cp.backward_chains(torch.ops.flashqla, *args[:6], d["dht"], D ** -0.5, h0, p, False, True, True)
+    torch.cuda.synchronize()
+    n = d["chunks"]
+    assert torch.equal(got[3], ref[3]), "inverse rows"
+    for name, a, b in (("states", got[0][:n], ref[0][:n]), ("dh", got[1][:n], ref[1][:n]), ("dh0", got[2], ref[2])):
+        e = rel_l2(a, b)
+        print(f"segmented chains {lengths} {name}: {e:.2e} against the plain op")
+        assert torch.isfinite(a.float()).all() and e < 1e-2, name
+
+
 def test_gradient_step_names_the_tiles_it_needs():
     # the chunk-indexed tiles in the wrong dtype (e.g. fp32 states from an older caller) or of too few chunks:
     # a clear error naming them, not a kernel reading garbage

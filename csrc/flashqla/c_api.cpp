@@ -320,8 +320,10 @@ static flashqla_status_t bwd_dh_view(const flashqla_gdn_bwd_dh_params_t* p, flas
   *run = false;
   if (p == nullptr) return fail(FLASHQLA_ERROR_INVALID_ARGUMENT, "params is NULL");
   *f = p->fwd;
-  if (p->dout == nullptr && f->batch * f->seqlen > 0)  // (a NULL v would pass as zeros)
-    return fail(FLASHQLA_ERROR_INVALID_ARGUMENT, "dout must not be NULL");
+  // NULL dout is dO = 0 (exact parallelism's transition pass): then U = 0 too, so only W' comes from a prep's
+  // workspace, which must exist (the prep reads dO)
+  if (p->dout == nullptr && f->batch * f->seqlen > 0 && !f->prep_ready)
+    return fail(FLASHQLA_ERROR_INVALID_ARGUMENT, "dout must not be NULL (NULL, dO = 0, needs fwd.prep_ready = 1)");
   f->v = p->dout;  // validated as v: alignment, strides
   f->v_stride_batch = p->dout_stride_batch;
   f->v_stride_time = p->dout_stride_time;
@@ -347,8 +349,7 @@ flashqla_status_t flashqla_gdn_bwd_dh(const flashqla_gdn_bwd_dh_params_t* p, cud
   bool run = false;
   const flashqla_status_t vs = bwd_dh_view(p, &f, &run);
   if (vs != FLASHQLA_SUCCESS || !run) return vs;
-  if (flashqla_gdn_chunk_bound(&f) > 0 && (p->dh == nullptr || reinterpret_cast<uintptr_t>(p->dh) % 32))
-    return fail(FLASHQLA_ERROR_INVALID_ARGUMENT, "dh must be non-NULL and 32-byte aligned");
+  if (reinterpret_cast<uintptr_t>(p->dh) % 32) return fail(FLASHQLA_ERROR_INVALID_ARGUMENT, "dh must be 32-byte aligned");
   if (f.prep_ready && !bwd_workspace_ok(p))
     return fail(FLASHQLA_ERROR_INVALID_ARGUMENT, "fwd.prep_ready needs the workspace flashqla_gdn_bwd_prep filled "
                                                  "(at least flashqla_gdn_bwd_dh_workspace_bytes)");
@@ -363,6 +364,7 @@ flashqla_status_t flashqla_gdn_bwd_prep(const flashqla_gdn_bwd_dh_params_t* p, v
   bool run = false;
   const flashqla_status_t vs = bwd_dh_view(p, &f, &run);
   if (vs != FLASHQLA_SUCCESS || !run) return vs;
+  if (p->dout == nullptr && f.batch * f.seqlen > 0) return fail(FLASHQLA_ERROR_INVALID_ARGUMENT, "dout must not be NULL");
   if (flashqla_gdn_chunk_bound(&f) == 0) return ok();
   if (!bwd_workspace_ok(p))
     return fail(FLASHQLA_ERROR_INVALID_ARGUMENT, "fwd.workspace must hold at least flashqla_gdn_bwd_dh_workspace_bytes "

@@ -201,7 +201,8 @@ CUTLASS_DEVICE void dh_state_role(const flashqla_gdn_fwd_params_t& p, Storage& s
     // <S0, dS'> reads it unrounded)
     // (malformed cu_seqlens can name more chunks than dh has slots; uniform: the wgmma chain stores while its
     // products are in flight)
-    const bool store_ds = uniform<kWg>(wk.chunk0 + c < chunk_bound(p));
+    // (dh NULL: exact parallelism's summaries passes, which want only dh0)
+    const bool store_ds = uniform<kWg>(dh != nullptr && wk.chunk0 + c < chunk_bound(p));
     float* ds_dst = dh + ((wk.chunk0 + c) * p.heads_v + wk.h) * int64_t(kDimK) * kDimV + koff + wk.col0;
 
     uint32_t sa[kKS][4];
@@ -389,8 +390,8 @@ cudaError_t launch(const flashqla_gdn_fwd_params_t& p, float* dh, float* a, cuda
     // dS' by TMA (FLASHQLA_STATES_TMA: states_tma_mode)
     CUtensorMap ds_map{};
     const int mode = states_tma_mode();
-    const bool tma = wg && mode != 0 && state_map(p, dh, true, ds_map);
-    if (wg && !tma && mode == 2) return ws.release(cudaErrorNotSupported, stream);
+    const bool tma = wg && mode != 0 && dh != nullptr && state_map(p, dh, true, ds_map);
+    if (wg && !tma && mode == 2 && dh != nullptr) return ws.release(cudaErrorNotSupported, stream);
     auto kernel = tma      ? (ix64 ? gdn_bwd_dh_kernel<T, int64_t, false, true, true> : gdn_bwd_dh_kernel<T, int32_t, false, true, true>)
                   : wg     ? (ix64 ? gdn_bwd_dh_kernel<T, int64_t, false, true> : gdn_bwd_dh_kernel<T, int32_t, false, true>)
                   : ksplit ? (ix64 ? gdn_bwd_dh_kernel<T, int64_t, true> : gdn_bwd_dh_kernel<T, int32_t, true>)

@@ -1245,7 +1245,8 @@ CUTLASS_DEVICE void aux_chunk(const flashqla_gdn_fwd_params_t& p, StageT& S, Ax&
     for (int i = tid; i < kChunk * kWCols / 8 && (kMode == AuxMode::kLoadBwd || wk.o != nullptr) && !tma_on;
          i += kAuxThreads) {
       const int r = i / (kWCols / 8), c8 = (i % (kWCols / 8)) * 8;
-      const bool ok = r < rows;
+      // (the backward with dO = 0, NULL: U = scale P^T dO is 0 too, zero-filled, whatever dO the prep had)
+      const bool ok = r < rows && (kMode != AuxMode::kLoadBwd || wk.v != nullptr);
       cp_async_16(tile16(S.w, r, c8), ok ? ws + int64_t(r) * p.heads_v * kWRow + c8 : ws, ok);
     }
   }

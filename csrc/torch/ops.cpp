@@ -7,6 +7,7 @@
 #include <ATen/core/Tensor.h>
 #include <ATen/ops/empty.h>
 #include <ATen/ops/empty_like.h>
+#include <ATen/ops/index_select.h>
 #include <ATen/ops/zeros.h>
 #include <c10/cuda/CUDAGuard.h>
 #include <c10/cuda/CUDAStream.h>
@@ -369,6 +370,125 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> chunk_gdn_bwd_chains_
   return {states, r.dh, r.dh0, r.a};
 }
 
+at::Tensor chunk_gdn_cp_scan_cuda(const at::Tensor& phi, const at::Tensor& b, const std::optional<at::Tensor>& initial_state,
+                                  const at::Tensor& last);
+
+// Both of the backward's chains through exact parallelism's segments (flashqla/_cp.py, backward_chains; the
+// returns of chunk_gdn_bwd_chains) from one prep, as chunk_gdn_bwd_chains shares it: the Gram products, the inverse,
+// the dS chain's W' and U and the recompute's X once for every pass. seg_cu: the segments' cu_seqlens; last: each
+// sequence's last segment, rev: the permutation reversing each sequence's segments in place, first: each
+// sequence's first segment (int64, _cp.device_plan and _cp._reverse_plan); eye [segments, H_v, K, K] fp32.
+// On a side stream, the states: the two summaries passes (B from zero, the transition from eye with v = 0), the
+// scan from initial_state, the states pass. On the current stream, the dS chain, affine backwards too
+// (dS_start = L dS_end + B per segment): B from the real dO with zero end gradients, L from dO = 0 with eye as the
+// end gradients (neither writes dh), the scan over each sequence's segments reversed starting from dht, then the
+// pass from each segment's true end gradient. Joined before returning.
+std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> chunk_gdn_bwd_chains_cp_cuda(
+    const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& g, const at::Tensor& beta,
+    const at::Tensor& dout, const std::optional<at::Tensor>& dht, double scale,
+    const std::optional<at::Tensor>& initial_state, const at::Tensor& seg_cu, const at::Tensor& last,
+    const at::Tensor& rev, const at::Tensor& first, const at::Tensor& eye, bool use_qk_l2norm, bool output_dh0,
+    bool output_a) {
+  c10::cuda::CUDAGuard guard(q.device());
+  const char* op = "chunk_gdn_bwd_chains_cp";
+  const std::optional<at::Tensor> cu(seg_cu);
+  // the dS chain's params on the segments; dh0 here is each segment's B (start gradient from zero end gradients)
+  BwdDh r = bwd_dh_setup(op, q, k, g, beta, dout, std::nullopt, scale, cu, use_qk_l2norm, true, output_a);
+  flashqla_gdn_fwd_params_t f = input_params(op, q, k, v, g, beta, scale, cu, use_qk_l2norm);
+  const int64_t NS = r.p.fwd.num_seqs;
+  const int64_t H = v.size(2), K = k.size(3), V = v.size(3);
+  auto fopts = dout.options().dtype(at::kFloat);
+  TORCH_CHECK(eye.device() == q.device() && eye.scalar_type() == at::kFloat && eye.is_contiguous() &&
+                  eye.sizes() == at::IntArrayRef({NS, H, K, K}),
+              "flashqla.", op, ": eye must be contiguous float32 [segments, H_v, K, K] on q's device");
+  for (const at::Tensor* t : {&last, &rev, &first})
+    TORCH_CHECK(t->device() == q.device() && t->scalar_type() == at::kLong && t->dim() == 1 && t->is_contiguous(),
+                "flashqla.", op, ": last, rev and first must be contiguous int64 vectors on q's device");
+  TORCH_CHECK(rev.numel() == NS, "flashqla.", op, ": rev must hold one index per segment (", NS, ")");
+  at::Tensor states = at::empty({flashqla_gdn_chunk_bound(&f), H, K, V}, q.options());
+  at::Tensor ws_b = byte_workspace(flashqla_gdn_bwd_dh_workspace_bytes(&r.p), dout);
+  at::Tensor ws_f = byte_workspace(flashqla_gdn_fwd_workspace_bytes(&f), dout);
+  TORCH_CHECK(ws_f.numel() > 0 || ws_b.numel() == 0, "flashqla.", op,
+              ": needs the split forward (FLASHQLA_FWD_SPLIT=0 is set)");
+  r.p.fwd.workspace = ws_b.numel() > 0 ? ws_b.data_ptr() : nullptr;
+  r.p.fwd.workspace_bytes = static_cast<size_t>(ws_b.numel());
+  f.workspace = ws_f.numel() > 0 ? ws_f.data_ptr() : nullptr;
+  f.workspace_bytes = static_cast<size_t>(ws_f.numel());
+  const c10::DeviceIndex dev = q.device().index();
+  c10::cuda::CUDAStream main = c10::cuda::getCurrentCUDAStream(dev);
+  if (ws_b.numel() > 0) {  // (no token rows: nothing to prepare; the passes only carry dht / h0 through)
+    check_status(flashqla_gdn_bwd_prep(&r.p, f.workspace, f.workspace_bytes, main.stream()), op);
+    r.p.fwd.prep_ready = 1;
+    f.prep_ready = 1;
+  }
+  at::Tensor b_end = at::empty({NS, H, K, V}, fopts), phi = at::empty({NS, H, K, K}, fopts);
+  at::Tensor l_map = at::empty({NS, H, K, V}, fopts);
+  at::Tensor h0;
+  if (initial_state.has_value()) {
+    TORCH_CHECK(initial_state->is_contiguous() && initial_state->scalar_type() == at::kFloat,
+                "flashqla.", op, ": initial_state must be contiguous float32");
+    h0 = *initial_state;
+  }
+  c10::cuda::CUDAStream side = c10::cuda::getStreamFromPool(false, dev);
+  struct Event {  // destroyed on every exit, exceptions included
+    cudaEvent_t e = nullptr;
+    ~Event() { if (e != nullptr) cudaEventDestroy(e); }
+  } prepared, recomputed;
+  cuda_check(cudaEventCreateWithFlags(&prepared.e, cudaEventDisableTiming), op);
+  cuda_check(cudaEventCreateWithFlags(&recomputed.e, cudaEventDisableTiming), op);
+  cuda_check(cudaEventRecord(prepared.e, main.stream()), op);
+  cuda_check(cudaStreamWaitEvent(side.stream(), prepared.e, 0), op);
+  // the states, on the side stream; its tensors were all allocated above on the current stream, which waits for
+  // the side stream before anything else can reuse them
+  flashqla_status_t fs;
+  {
+    c10::cuda::CUDAStreamGuard on_side(side);
+    flashqla_gdn_fwd_params_t fb = f;
+    fb.final_state = b_end.data_ptr<float>();
+    fs = flashqla_gdn_fwd_cp_summaries(&fb, eye.data_ptr<float>(), phi.data_ptr<float>(), side.stream());
+    if (fs == FLASHQLA_SUCCESS) {
+      at::Tensor init = chunk_gdn_cp_scan_cuda(phi, b_end, initial_state.has_value() ? std::optional<at::Tensor>(h0)
+                                                                                       : std::nullopt, last);
+      flashqla_gdn_fwd_params_t fp = f;
+      fp.initial_state = init.data_ptr<float>();
+      fp.chunk_states = states.data_ptr();
+      fs = flashqla_gdn_fwd(&fp, side.stream());
+      // (init was allocated on the side stream: its memory is not reused before the side stream's work is done)
+    }
+  }
+  // the dS chain, on the current stream
+  flashqla_gdn_bwd_dh_params_t pb = r.p;  // B: zero end gradients, dh0 = B, dh not written
+  pb.dht = nullptr;
+  pb.dh = nullptr;
+  pb.a = nullptr;
+  pb.dh0 = r.dh0.data_ptr<float>();
+  flashqla_status_t ds = fs == FLASHQLA_SUCCESS ? flashqla_gdn_bwd_dh(&pb, main.stream()) : fs;
+  flashqla_gdn_bwd_dh_params_t pl = pb;  // L: dO = 0 (U = 0), eye as the end gradients
+  pl.dout = nullptr;
+  pl.dht = eye.data_ptr<float>();
+  pl.dh0 = l_map.data_ptr<float>();
+  if (ds == FLASHQLA_SUCCESS) ds = flashqla_gdn_bwd_dh(&pl, main.stream());
+  at::Tensor dh0;
+  if (ds == FLASHQLA_SUCCESS) {
+    // E_0 = dht, E_{j+1} = L_j E_j + B_j from each sequence's last segment back: the forward's scan over the
+    // segments reversed within each sequence (position j of the reversed order holds segment rev[j])
+    at::Tensor ends = at::index_select(
+        chunk_gdn_cp_scan_cuda(at::index_select(l_map, 0, rev), at::index_select(r.dh0, 0, rev), dht, last), 0, rev);
+    flashqla_gdn_bwd_dh_params_t pr = r.p;  // the pass from each segment's true end gradient
+    pr.dht = ends.data_ptr<float>();
+    pr.a = nullptr;
+    at::Tensor dh0_seg = output_dh0 ? at::empty({NS, H, K, V}, fopts) : at::Tensor();
+    pr.dh0 = output_dh0 ? dh0_seg.data_ptr<float>() : nullptr;
+    ds = flashqla_gdn_bwd_dh(&pr, main.stream());
+    dh0 = output_dh0 ? at::index_select(dh0_seg, 0, first) : at::empty({0}, fopts);
+  }
+  cuda_check(cudaEventRecord(recomputed.e, side.stream()), op);  // the join, also after a failed launch
+  cuda_check(cudaStreamWaitEvent(main.stream(), recomputed.e, 0), op);
+  check_status(fs, op);
+  check_status(ds, op);
+  return {states, r.dh, dh0, r.a};
+}
+
 // The chunk-parallel gradient step: (dq, dk [B, T, H_qk, K] summed over each GVA group, in q's dtype, or fp32
 // with use_qk_l2norm (the caller's l2norm backward takes them), dv like v, dg,
 // dbeta fp32 [B, T, H_v]); rows past cu_seqlens[-1] are zeros. See flashqla_gdn_bwd_grad.
@@ -466,6 +586,7 @@ TORCH_LIBRARY_IMPL(flashqla, CUDA, m) {
   m.impl("chunk_gdn_cp_summaries", &chunk_gdn_cp_summaries_cuda);
   m.impl("chunk_gdn_bwd_dh", &chunk_gdn_bwd_dh_cuda);
   m.impl("chunk_gdn_bwd_chains", &chunk_gdn_bwd_chains_cuda);
+  m.impl("chunk_gdn_bwd_chains_cp", &chunk_gdn_bwd_chains_cp_cuda);
   m.impl("chunk_gdn_bwd_grad", &chunk_gdn_bwd_grad_cuda);
   m.impl("l2norm_bwd", &l2norm_bwd_cuda);
   m.impl("chunk_gdn_cp_scan", &chunk_gdn_cp_scan_cuda);

@@ -163,9 +163,11 @@ FLASHQLA_API size_t flashqla_gdn_fwd_gates_workspace_bytes(const flashqla_gdn_fw
  * Backward, step 1 of 2: the gradients of the chunk states (the reverse chain over 64-token chunks).
  * `fwd` describes the forward's inputs as for flashqla_gdn_fwd (q, k, g, beta, shapes, cu_seqlens, scale,
  * use_qk_l2norm); its v, o, initial_state and final_state are ignored. dout (the gradient of o) has v's
- * layout and dtype. Writes dh[c, h] = the gradient of the state at the end of chunk c (chunks of all
+ * layout and dtype; NULL means dO = 0 and needs fwd.prep_ready = 1 (the workspace of a prep with any dO: its W'
+ * is read, its U is not). Writes dh[c, h] = the gradient of the state at the end of chunk c (chunks of all
  * sequences in order, each sequence's last one possibly partial), fp32 [num_chunks, heads_v, K, V]; dh must
- * hold flashqla_gdn_chunk_bound(fwd) chunks (entries past the last chunk are not written). dh0 (NULL: not
+ * hold flashqla_gdn_chunk_bound(fwd) chunks (entries past the last chunk are not written), or be NULL (not
+ * written: a pass that wants dh0 alone, as exact parallelism's summaries passes). dh0 (NULL: not
  * written) gets the gradient of the initial state, [num_seqs, heads_v, K, V]; dht (NULL: zeros) is the
  * gradient of the final state, same layout. a (NULL: not written; else 16-byte aligned) gets the chunk-local
  * inverse A = (I + StrictLower(diag(beta) K K^T))^-1 that this step computes anyway, fp32 [batch * seqlen,
