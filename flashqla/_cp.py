@@ -330,6 +330,24 @@ def forward(fwd, q, k, v, g, beta, scale, initial_state, p: Plan, l2norm: bool, 
     return o, final.index_select(0, device_plan(p, q.device, index_dtype)[1])
 
 
+KSPLIT_BLOCKS = 4      # the plain backward chains' CTAs per sequence and value head (the C++ kVBlocksK)
+
+
+def backward_plan(lengths, heads_v: int, sms: int, chunk: int = CHUNK):
+    """The backward's segments (the chunk_gdn_bwd_chains_cp op), or None. FLASHQLA_BWD_CP=1: wherever the forward's
+    planner cuts; 0: never; unset: there, and only where the plain chains (side by side, K split) hold at most half
+    of the SMs. Segments cost the chains about three passes of work where one did (the summaries passes and the
+    last), so they pay only on SMs the plain chains leave idle. Measured on the H200 (session 34,
+    `h200-ab-20261205T1710Z-597ab77-qlalist-*`): hk2_hv4 32k_1seq 1.558 -> 0.856 ms, hk4_hv8 32k_1seq 1.995 -> 1.502,
+    but hk8_hv16 8k_1seq 0.763 -> 0.819 (128 plain CTAs: the GPU is full) and hk4_hv8 32k_2seq only -4%."""
+    m = os.environ.get("FLASHQLA_BWD_CP", "").strip()
+    if m == "0" or mode() == "0":
+        return None
+    if m != "1" and 2 * len(lengths) * heads_v * KSPLIT_BLOCKS > sms // 2:
+        return None
+    return plan(lengths, heads_v, sms, chunk)
+
+
 def _reverse_plan(p: Plan, device: torch.device):
     """Device indices of the backward's reverse scan, cached like device_plan: `rev`, the permutation that reverses
     each sequence's segments in place (an involution: segment i of sequence s and first[s] + last[s] - i trade

@@ -215,11 +215,10 @@ def _kernel_backward(shape, q, k, v, g, beta, do, dht, scale, initial_state, l2n
     # then skips its own (FLASHQLA_BWD_A=0 recomputes it there; the gradients are bitwise the same)
     pass_a = grad_kernel and os.environ.get("FLASHQLA_BWD_A", "1").strip() != "0"
     chains = None
-    # FLASHQLA_BWD_CP=1 (off: measured slower, 3.00 vs 2.93 ms on hk4_hv8 32k_1seq): both chains through
-    # segments where the forward's planner would cut the sequences (few sequences x heads)
-    if lengths is not None and shape.K == shape.V and _cp.mode() != "0" and \
-            os.environ.get("FLASHQLA_BWD_CP", "0").strip() == "1":
-        plan = _cp.plan(lengths, shape.H_v, _sms(q.device))
+    # both chains through segments where the plain ones leave most SMs idle (few sequences x heads; _cp.backward_plan
+    # says where, FLASHQLA_BWD_CP=0 / 1 turns it off / on wherever the forward's planner cuts)
+    if lengths is not None and shape.K == shape.V:
+        plan = _cp.backward_plan(lengths, shape.H_v, _sms(q.device))
         if plan is not None:
             chains = _cp.backward_chains(torch.ops.flashqla, qv, kv, vv, g, beta, dov, dht_, sc, h0, plan, l2norm,
                                          initial_state is not None, pass_a,

@@ -228,3 +228,20 @@ def test_overlap_plan_only_for_one_long_sequence_and_short_ones(monkeypatch):
     assert _cp.overlap_plan([32768], 32, 132) is None        # one sequence: the kernel's own rule
     monkeypatch.setenv("FLASHQLA_SEQ_ORDER", "0")
     assert _cp.overlap_plan([28672, 4096], 32, 132) is None
+
+
+def test_backward_plan_only_where_the_plain_chains_leave_half_the_sms(monkeypatch):
+    # unset: segments for one 32k sequence at 4 or 8 value heads (the plain chains' 32 / 64 K-split CTAs leave
+    # half of 132 SMs idle), none at 16 heads or two sequences of 8 (128 CTAs: the GPU is full); FLASHQLA_BWD_CP=1
+    # cuts wherever the forward's planner does, 0 (or FLASHQLA_CP=0) never
+    monkeypatch.delenv("FLASHQLA_BWD_CP", raising=False)
+    assert _cp.backward_plan([32768], 4, 132) is not None and _cp.backward_plan([32768], 8, 132) is not None
+    assert _cp.backward_plan([32768], 16, 132) is None and _cp.backward_plan([32768, 32768], 8, 132) is None
+    assert _cp.plan([32768], 16, 132) is not None
+    monkeypatch.setenv("FLASHQLA_BWD_CP", "1")
+    assert _cp.backward_plan([32768], 16, 132) == _cp.plan([32768], 16, 132)
+    monkeypatch.setenv("FLASHQLA_BWD_CP", "0")
+    assert _cp.backward_plan([32768], 4, 132) is None
+    monkeypatch.delenv("FLASHQLA_BWD_CP")
+    monkeypatch.setenv("FLASHQLA_CP", "0")
+    assert _cp.backward_plan([32768], 4, 132) is None
