@@ -315,6 +315,30 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> chunk_gdn_bwd_dh_cuda(
   return {r.dh, r.dh0, r.a};
 }
 
+// A pool stream forked from `main` where it is made and joined back into it by join(), by events (a graph capture
+// turns them into edges; destroying an event once recorded and waited on is safe: CUDA releases it when its work
+// completes). The events are destroyed on every exit, exceptions included.
+struct ForkedStream {
+  struct Event {
+    cudaEvent_t e = nullptr;
+    ~Event() { if (e != nullptr) cudaEventDestroy(e); }
+  };
+  c10::cuda::CUDAStream main, side;
+  Event forked, joined;
+  const char* op;
+  ForkedStream(c10::cuda::CUDAStream m, c10::DeviceIndex dev, const char* op_)
+      : main(m), side(c10::cuda::getStreamFromPool(false, dev)), op(op_) {
+    cuda_check(cudaEventCreateWithFlags(&forked.e, cudaEventDisableTiming), op);
+    cuda_check(cudaEventCreateWithFlags(&joined.e, cudaEventDisableTiming), op);
+    cuda_check(cudaEventRecord(forked.e, main.stream()), op);
+    cuda_check(cudaStreamWaitEvent(side.stream(), forked.e, 0), op);
+  }
+  void join() {
+    cuda_check(cudaEventRecord(joined.e, side.stream()), op);
+    cuda_check(cudaStreamWaitEvent(main.stream(), joined.e, 0), op);
+  }
+};
+
 // Both of the backward's chains from one prep (flashqla_gdn_bwd_prep: the Gram products and the inverse once):
 // (states as chunk_gdn_fwd_states, dh, dh0, a as chunk_gdn_bwd_dh). The state recompute runs on a pool stream
 // beside the dS chain, forked after the prep and joined before returning (also under CUDA-graph capture), so
@@ -350,21 +374,10 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> chunk_gdn_bwd_chains_
     r.p.fwd.prep_ready = 1;
     f.prep_ready = share ? 1 : 0;
   }
-  // fork and join by events (a graph capture turns them into edges); destroying an event once recorded and
-  // waited on is safe (CUDA releases it when its work completes)
-  c10::cuda::CUDAStream side = c10::cuda::getStreamFromPool(false, dev);
-  struct Event {  // destroyed on every exit, exceptions included
-    cudaEvent_t e = nullptr;
-    ~Event() { if (e != nullptr) cudaEventDestroy(e); }
-  } prepared, recomputed;
-  cuda_check(cudaEventCreateWithFlags(&prepared.e, cudaEventDisableTiming), op);
-  cuda_check(cudaEventCreateWithFlags(&recomputed.e, cudaEventDisableTiming), op);
-  cuda_check(cudaEventRecord(prepared.e, main.stream()), op);
-  cuda_check(cudaStreamWaitEvent(side.stream(), prepared.e, 0), op);
-  const flashqla_status_t fs = flashqla_gdn_fwd(&f, side.stream());
+  ForkedStream fork(main, dev, op);
+  const flashqla_status_t fs = flashqla_gdn_fwd(&f, fork.side.stream());
   const flashqla_status_t ds = fs == FLASHQLA_SUCCESS ? flashqla_gdn_bwd_dh(&r.p, main.stream()) : fs;
-  cuda_check(cudaEventRecord(recomputed.e, side.stream()), op);  // the join, also after a failed launch
-  cuda_check(cudaStreamWaitEvent(main.stream(), recomputed.e, 0), op);
+  fork.join();  // (also after a failed launch)
   check_status(fs, op);
   check_status(ds, op);
   return {states, r.dh, r.dh0, r.a};
@@ -429,15 +442,8 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> chunk_gdn_bwd_chains_
                 "flashqla.", op, ": initial_state must be contiguous float32");
     h0 = *initial_state;
   }
-  c10::cuda::CUDAStream side = c10::cuda::getStreamFromPool(false, dev);
-  struct Event {  // destroyed on every exit, exceptions included
-    cudaEvent_t e = nullptr;
-    ~Event() { if (e != nullptr) cudaEventDestroy(e); }
-  } prepared, recomputed;
-  cuda_check(cudaEventCreateWithFlags(&prepared.e, cudaEventDisableTiming), op);
-  cuda_check(cudaEventCreateWithFlags(&recomputed.e, cudaEventDisableTiming), op);
-  cuda_check(cudaEventRecord(prepared.e, main.stream()), op);
-  cuda_check(cudaStreamWaitEvent(side.stream(), prepared.e, 0), op);
+  ForkedStream fork(main, dev, op);
+  c10::cuda::CUDAStream side = fork.side;
   // the states, on the side stream; its tensors were all allocated above on the current stream, which waits for
   // the side stream before anything else can reuse them
   flashqla_status_t fs;
@@ -482,8 +488,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> chunk_gdn_bwd_chains_
     ds = flashqla_gdn_bwd_dh(&pr, main.stream());
     dh0 = output_dh0 ? at::index_select(dh0_seg, 0, first) : at::empty({0}, fopts);
   }
-  cuda_check(cudaEventRecord(recomputed.e, side.stream()), op);  // the join, also after a failed launch
-  cuda_check(cudaStreamWaitEvent(main.stream(), recomputed.e, 0), op);
+  fork.join();  // (also after a failed launch)
   check_status(fs, op);
   check_status(ds, op);
   return {states, r.dh, dh0, r.a};
