@@ -282,7 +282,7 @@ def test_inverse_rows_match_float64():
 def test_backward_context_parallelism_matches_float64(monkeypatch):
     # FLASHQLA_BWD_CP=1 (opt-in): a single sequence with few heads runs both chains through segments (8 of 8
     # chunks here); its gradients against the float64 explicit backward, no worse than ~1.5x the unsegmented
-    # kernel path's (the segments' L maps go through the bf16 chain, as the forward's Phi do)
+    # kernel path's (the segments' L maps are the forward's Phi, transposed: through the bf16 chain)
     import flashqla
     from flashqla import _cp
     from flashqla.reference import chunk_gdn_bwd_torch
@@ -309,10 +309,10 @@ def test_backward_context_parallelism_matches_float64(monkeypatch):
 
 @pytest.mark.parametrize("lengths", [[4096], [3000, 0, 1100, 70]])
 def test_segmented_chains_op_matches_the_plain_chains(monkeypatch, lengths):
-    # chunk_gdn_bwd_chains_cp (one prep for every pass, the states on a side stream, the dS chain's summaries
-    # passes without dh and with dO = 0 as NULL) against chunk_gdn_bwd_chains on the same inputs: the inverse rows
+    # chunk_gdn_bwd_chains_cp (one prep for every pass, the states on a side stream, the dS chain's B pass without
+    # dh, its L maps the states' Phi transposed) against chunk_gdn_bwd_chains on the same inputs: the inverse rows
     # bitwise (the same prep), the states, dh and dh0 within the segments' rounding (the maps and the scans in fp32,
-    # the L maps through the chain's bf16 products, as the forward's Phi)
+    # Phi through the chain's bf16 products)
     from flashqla import _cp
     monkeypatch.setattr(_cp, "MIN_SEGMENT_CHUNKS", 4)
     d = make(lengths, 2, 4, seed=60)

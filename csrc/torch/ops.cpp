@@ -391,11 +391,12 @@ at::Tensor chunk_gdn_cp_scan_cuda(const at::Tensor& phi, const at::Tensor& b, co
 // the dS chain's W' and U and the recompute's X once for every pass. seg_cu: the segments' cu_seqlens; last: each
 // sequence's last segment, rev: the permutation reversing each sequence's segments in place, first: each
 // sequence's first segment (int64, _cp.device_plan and _cp._reverse_plan); eye [segments, H_v, K, K] fp32.
-// On a side stream, the states: the two summaries passes (B from zero, the transition from eye with v = 0), the
+// On a side stream, the states: the two summaries passes (B from zero, the transition Phi from eye with v = 0), the
 // scan from initial_state, the states pass. On the current stream, the dS chain, affine backwards too
-// (dS_start = L dS_end + B per segment): B from the real dO with zero end gradients, L from dO = 0 with eye as the
-// end gradients (neither writes dh), the scan over each sequence's segments reversed starting from dht, then the
-// pass from each segment's true end gradient. Joined before returning.
+// (dS_start = L dS_end + B per segment): B from the real dO with zero end gradients (dh not written); L is Phi^T
+// (the dS chain is the adjoint of the state chain, whose transition over a segment is Phi), so no pass of its own:
+// the current stream waits for the side stream's summaries; then the scan over each sequence's segments reversed
+// starting from dht, and the pass from each segment's true end gradient. Joined before returning.
 std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> chunk_gdn_bwd_chains_cp_cuda(
     const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& g, const at::Tensor& beta,
     const at::Tensor& dout, const std::optional<at::Tensor>& dht, double scale,
@@ -435,7 +436,6 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> chunk_gdn_bwd_chains_
     f.prep_ready = 1;
   }
   at::Tensor b_end = at::empty({NS, H, K, V}, fopts), phi = at::empty({NS, H, K, K}, fopts);
-  at::Tensor l_map = at::empty({NS, H, K, V}, fopts);
   at::Tensor h0;
   if (initial_state.has_value()) {
     TORCH_CHECK(initial_state->is_contiguous() && initial_state->scalar_type() == at::kFloat,
@@ -444,6 +444,8 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> chunk_gdn_bwd_chains_
   }
   ForkedStream fork(main, dev, op);
   c10::cuda::CUDAStream side = fork.side;
+  ForkedStream::Event phi_ready;
+  cuda_check(cudaEventCreateWithFlags(&phi_ready.e, cudaEventDisableTiming), op);
   // the states, on the side stream; its tensors were all allocated above on the current stream, which waits for
   // the side stream before anything else can reuse them
   flashqla_status_t fs;
@@ -453,6 +455,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> chunk_gdn_bwd_chains_
     fb.final_state = b_end.data_ptr<float>();
     fs = flashqla_gdn_fwd_cp_summaries(&fb, eye.data_ptr<float>(), phi.data_ptr<float>(), side.stream());
     if (fs == FLASHQLA_SUCCESS) {
+      cuda_check(cudaEventRecord(phi_ready.e, side.stream()), op);  // (the dS chain's reverse scan reads Phi^T)
       at::Tensor init = chunk_gdn_cp_scan_cuda(phi, b_end, initial_state.has_value() ? std::optional<at::Tensor>(h0)
                                                                                        : std::nullopt, last);
       flashqla_gdn_fwd_params_t fp = f;
@@ -469,17 +472,14 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> chunk_gdn_bwd_chains_
   pb.a = nullptr;
   pb.dh0 = r.dh0.data_ptr<float>();
   flashqla_status_t ds = fs == FLASHQLA_SUCCESS ? flashqla_gdn_bwd_dh(&pb, main.stream()) : fs;
-  flashqla_gdn_bwd_dh_params_t pl = pb;  // L: dO = 0 (U = 0), eye as the end gradients
-  pl.dout = nullptr;
-  pl.dht = eye.data_ptr<float>();
-  pl.dh0 = l_map.data_ptr<float>();
-  if (ds == FLASHQLA_SUCCESS) ds = flashqla_gdn_bwd_dh(&pl, main.stream());
   at::Tensor dh0;
   if (ds == FLASHQLA_SUCCESS) {
-    // E_0 = dht, E_{j+1} = L_j E_j + B_j from each sequence's last segment back: the forward's scan over the
-    // segments reversed within each sequence (position j of the reversed order holds segment rev[j])
+    cuda_check(cudaStreamWaitEvent(main.stream(), phi_ready.e, 0), op);
+    // E_0 = dht, E_{j+1} = L_j E_j + B_j with L_j = Phi_j^T, from each sequence's last segment back: the forward's
+    // scan over the segments reversed within each sequence (position j of the reversed order holds segment rev[j])
+    at::Tensor l_rev = at::index_select(phi.transpose(2, 3), 0, rev).contiguous();
     at::Tensor ends = at::index_select(
-        chunk_gdn_cp_scan_cuda(at::index_select(l_map, 0, rev), at::index_select(r.dh0, 0, rev), dht, last), 0, rev);
+        chunk_gdn_cp_scan_cuda(l_rev, at::index_select(r.dh0, 0, rev), dht, last), 0, rev);
     flashqla_gdn_bwd_dh_params_t pr = r.p;  // the pass from each segment's true end gradient
     pr.dht = ends.data_ptr<float>();
     pr.a = nullptr;
