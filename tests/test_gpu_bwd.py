@@ -312,9 +312,11 @@ def test_segmented_chains_op_matches_the_plain_chains(monkeypatch, lengths):
     # chunk_gdn_bwd_chains_cp (one prep for every pass, the states on a side stream, the dS chain's B pass without
     # dh, its L maps the states' Phi transposed) against chunk_gdn_bwd_chains on the same inputs: the inverse rows
     # bitwise (the same prep), the states, dh and dh0 within the segments' rounding (the maps and the scans in fp32,
-    # Phi through the chain's bf16 products)
+    # Phi through the chain's bf16 products). FLASHQLA_SUMMARY_PAIR=2: the states' summaries passes as one launch on
+    # the backward prep's gates, or the call fails
     from flashqla import _cp
     monkeypatch.setattr(_cp, "MIN_SEGMENT_CHUNKS", 4)
+    monkeypatch.setenv("FLASHQLA_SUMMARY_PAIR", "2")
     d = make(lengths, 2, 4, seed=60)
     gen = torch.Generator(device=DEV).manual_seed(61)
     v = torch.randn(d["do"].shape, device=DEV, generator=gen).bfloat16()

@@ -186,8 +186,14 @@ flashqla_status_t validate_gdn(const flashqla_gdn_fwd_params_t* p, bool* run) {
                 "initial_state, final_state and chunk_states must be 32-byte aligned");
   if (p->workspace && reinterpret_cast<uintptr_t>(p->workspace) % 16)
     return fail(FLASHQLA_ERROR_INVALID_ARGUMENT, "workspace must be 16-byte aligned");
-  if (p->prep_ready && (p->workspace == nullptr || p->workspace_bytes < flashqla_gdn_fwd_workspace_bytes(p)))
-    return fail(FLASHQLA_ERROR_INVALID_ARGUMENT, "prep_ready needs the workspace of the call that filled it");
+  if (p->prep_ready < 0 || p->prep_ready > 2)
+    return fail(FLASHQLA_ERROR_INVALID_ARGUMENT, "prep_ready must be 0, 1 or 2 (got %d)", (int)p->prep_ready);
+  if (p->prep_ready && (p->workspace == nullptr || p->workspace_bytes < flashqla_gdn_fwd_workspace_bytes(p) +
+                                                                           (p->prep_ready == 2
+                                                                                ? flashqla_gdn_fwd_gates_workspace_bytes(p)
+                                                                                : 0)))
+    return fail(FLASHQLA_ERROR_INVALID_ARGUMENT,
+                "prep_ready needs the workspace of the call that filled it (2: with the gates after X and W)");
   if (p->prep_workers < 0 || p->prep_workers > 4096)
     return fail(FLASHQLA_ERROR_INVALID_ARGUMENT, "prep_workers must be in [0, 4096] (got %d)", (int)p->prep_workers);
   if (p->seq_order && reinterpret_cast<uintptr_t>(p->seq_order) % 4)
@@ -376,9 +382,14 @@ flashqla_status_t flashqla_gdn_bwd_prep(const flashqla_gdn_bwd_dh_params_t* p, v
     return fail(FLASHQLA_ERROR_INVALID_ARGUMENT,
                 "states_workspace must be 16-byte aligned and hold at least flashqla_gdn_fwd_workspace_bytes (%zu)",
                 flashqla::prep_workspace_bytes(f, flashqla::kFwdPrepCols));
+  // a states_workspace with room for the gates too gets them after X (flashqla_gdn_fwd's prep_ready = 2)
+  const size_t xw = flashqla::prep_workspace_bytes(f, flashqla::kFwdPrepCols);
+  float* gates = states_workspace != nullptr && states_workspace_bytes >= xw + flashqla::fwd_gate_workspace_bytes(f)
+                     ? reinterpret_cast<float*>(static_cast<char*>(states_workspace) + xw)
+                     : nullptr;
   const cudaError_t err = f.qkv_dtype == FLASHQLA_BFLOAT16
-                              ? flashqla::launch_gdn_bwd_prep_bf16(f, p->a, states_workspace, stream)
-                              : flashqla::launch_gdn_bwd_prep_fp16(f, p->a, states_workspace, stream);
+                              ? flashqla::launch_gdn_bwd_prep_bf16(f, p->a, states_workspace, gates, stream)
+                              : flashqla::launch_gdn_bwd_prep_fp16(f, p->a, states_workspace, gates, stream);
   return from_cuda(err, "gdn_bwd_prep launch");
 }
 

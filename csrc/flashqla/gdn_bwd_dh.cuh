@@ -51,10 +51,13 @@ constexpr int kBwdPrepCtasPerSm = 3;
 
 // kStatesX: also the state recompute's X = diag(beta) A^T K into states_x (the forward's prep layout,
 // [batch * seqlen, heads_v, 128]), so that the backward's two chains share one Gram product and one inverse
-// (flashqla_gdn_bwd_prep); bitwise the X of the forward's states prep (same operands, same x_half).
+// (flashqla_gdn_bwd_prep); bitwise the X of the forward's states prep (same operands, same x_half). states_gates
+// (kStatesX; NULL: not written): each chunk's gamma and decay as the forward's prep writes them
+// (PrepBuffers::gates: the same compute_gates, so the same bits), for the summaries passes' paired launch.
 template <typename T, typename IndexT, bool kStatesX = false>
 __global__ void __launch_bounds__(kAuxThreads, kBwdPrepCtasPerSm)
-    gdn_bwd_prep_kernel(const __grid_constant__ flashqla_gdn_fwd_params_t p, const PrepBuffers<T> pb, T* states_x) {
+    gdn_bwd_prep_kernel(const __grid_constant__ flashqla_gdn_fwd_params_t p, const PrepBuffers<T> pb, T* states_x,
+                        float* states_gates) {
   using namespace warp;
   extern __shared__ __align__(128) unsigned char smem_raw[];
   auto& sm = *reinterpret_cast<BwdPrepStorage<T>*>(smem_raw);
@@ -73,6 +76,12 @@ __global__ void __launch_bounds__(kAuxThreads, kBwdPrepCtasPerSm)
   long long t_mark = 0;
   aux_chunk<T, AuxMode::kInputsOnly>(p, S, ax, wk, c, tid, kBarAux, pb, t_mark);
   bar_sync(kBarAux, kAuxThreads);
+  if constexpr (kStatesX) {  // (the chunk of all sequences is blockIdx.x, as in the forward's prep)
+    static_assert(kAuxThreads == 2 * kChunk, "a thread a gate value");
+    if (states_gates != nullptr)
+      states_gates[(static_cast<int64_t>(blockIdx.x) * p.heads_v + h) * 2 * kChunk + tid] =
+          tid < kChunk ? S.gamma[tid] : S.decay[tid - kChunk];
+  }
   float qk[8][4];
   aux_gram_inverse<T>(S, ax, tid, kBarAux, t_mark, qk);
   // dO rows, all 128 columns, into Q's space: every thread read Q for the Gram products before the inverse's
@@ -348,10 +357,11 @@ PrepBuffers<T> bwd_prep_buffers(const flashqla_gdn_fwd_params_t& p, void* worksp
 
 // The prep alone: W' and U into `workspace` (at least prep_workspace_bytes(p, kBwdPrepCols)), the inverse's rows
 // into a (NULL: not written) and, when states_x is not NULL, the state recompute's X there (the forward's
-// workspace layout). p as for launch below.
+// workspace layout) and, when states_gates is not NULL too, the chunks' gates (fwd_gate_workspace_bytes, as the
+// forward's gates_from_prep). p as for launch below.
 template <typename T>
 cudaError_t launch_prep(const flashqla_gdn_fwd_params_t& p, void* workspace, float* a, void* states_x,
-                        cudaStream_t stream) {
+                        float* states_gates, cudaStream_t stream) {
   const int64_t chunks = chunk_bound(p);
   if (chunks == 0 || p.num_seqs == 0 || p.heads_v == 0) return cudaSuccess;
   const bool ix64 = p.cu_seqlens != nullptr && p.cu_seqlens_dtype == FLASHQLA_INT64;
@@ -361,7 +371,7 @@ cudaError_t launch_prep(const flashqla_gdn_fwd_params_t& p, void* workspace, flo
   const cudaError_t err = cudaFuncSetAttribute(prep, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem));
   if (err != cudaSuccess) return err;
   prep<<<dim3(static_cast<unsigned>(chunks), static_cast<unsigned>(p.heads_v)), kAuxThreads, smem, stream>>>(
-      p, bwd_prep_buffers<T>(p, workspace, a), static_cast<T*>(states_x));
+      p, bwd_prep_buffers<T>(p, workspace, a), static_cast<T*>(states_x), states_x != nullptr ? states_gates : nullptr);
   return cudaGetLastError();
 }
 
@@ -384,7 +394,7 @@ cudaError_t launch(const flashqla_gdn_fwd_params_t& p, float* dh, float* a, cuda
     err = ws.acquire(p, prep_workspace_bytes(p, kBwdPrepCols), stream);
     if (err != cudaSuccess) return err;
     pb = bwd_prep_buffers<T>(p, ws.ptr, a);
-    if (!(p.prep_ready && !ws.owned)) err = launch_prep<T>(p, ws.ptr, a, nullptr, stream);
+    if (!(p.prep_ready && !ws.owned)) err = launch_prep<T>(p, ws.ptr, a, nullptr, nullptr, stream);
   }
   if (err == cudaSuccess) {
     // dS' by TMA (FLASHQLA_STATES_TMA: states_tma_mode)

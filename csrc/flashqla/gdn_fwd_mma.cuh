@@ -2855,7 +2855,11 @@ cudaError_t launch(const flashqla_gdn_fwd_params_t& p, cudaStream_t stream,
   if (err != cudaSuccess) return err;
   const size_t rows = static_cast<size_t>(p.batch) * static_cast<size_t>(p.seqlen);
   PrepBuffers<T> pb{static_cast<T*>(ws.ptr), static_cast<T*>(ws.ptr) + rows * p.heads_v * kDimK};
-  if (p.prep_ready && !ws.owned) return chains(pb);  // X, W in place
+  if (p.prep_ready && !ws.owned) {  // X, W in place (prep_ready = 2: and the chunks' gates after them)
+    if (p.prep_ready == 2 && gmode != 0 && p.workspace_bytes >= xw_bytes + gate_bytes)
+      pb.gates = reinterpret_cast<float*>(static_cast<char*>(ws.ptr) + xw_bytes);
+    return chains(pb);
+  }
   if (const int prep_ctas = overlap_prep_ctas(p); prep_ctas > 0) {  // one launch: the prep beside the chain
     Workspace flags;  // (always its own, zeroed: a flag per chunk and value head)
     flags.owned = true;

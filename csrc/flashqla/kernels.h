@@ -65,9 +65,11 @@ cudaError_t launch_gdn_fwd_simple_fp16(const flashqla_gdn_fwd_params_t& p, cudaS
 cudaError_t launch_gdn_bwd_dh_bf16(const flashqla_gdn_fwd_params_t& p, float* dh, float* a, cudaStream_t stream);
 cudaError_t launch_gdn_bwd_dh_fp16(const flashqla_gdn_fwd_params_t& p, float* dh, float* a, cudaStream_t stream);
 // its chunk-parallel prep alone (flashqla_gdn_bwd_prep): W', U into p.workspace, a, and the state recompute's X
-// into states_x unless NULL
-cudaError_t launch_gdn_bwd_prep_bf16(const flashqla_gdn_fwd_params_t& p, float* a, void* states_x, cudaStream_t stream);
-cudaError_t launch_gdn_bwd_prep_fp16(const flashqla_gdn_fwd_params_t& p, float* a, void* states_x, cudaStream_t stream);
+// into states_x unless NULL, with it the chunks' gates into states_gates unless NULL
+cudaError_t launch_gdn_bwd_prep_bf16(const flashqla_gdn_fwd_params_t& p, float* a, void* states_x, float* states_gates,
+                                     cudaStream_t stream);
+cudaError_t launch_gdn_bwd_prep_fp16(const flashqla_gdn_fwd_params_t& p, float* a, void* states_x, float* states_gates,
+                                     cudaStream_t stream);
 // backward, the chunk-parallel gradient step (gdn_bwd_grad.cuh)
 cudaError_t launch_gdn_bwd_grad_bf16(const flashqla_gdn_bwd_grad_params_t& p, cudaStream_t stream);
 cudaError_t launch_gdn_bwd_grad_fp16(const flashqla_gdn_bwd_grad_params_t& p, cudaStream_t stream);

@@ -421,7 +421,9 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> chunk_gdn_bwd_chains_
   TORCH_CHECK(rev.numel() == NS, "flashqla.", op, ": rev must hold one index per segment (", NS, ")");
   at::Tensor states = at::empty({flashqla_gdn_chunk_bound(&f), H, K, V}, q.options());
   at::Tensor ws_b = byte_workspace(flashqla_gdn_bwd_dh_workspace_bytes(&r.p), dout);
-  at::Tensor ws_f = byte_workspace(flashqla_gdn_fwd_workspace_bytes(&f), dout);
+  // the recompute's X and the chunks' gates (the summaries passes' paired launch copies them: prep_ready = 2)
+  const size_t x_bytes = flashqla_gdn_fwd_workspace_bytes(&f);
+  at::Tensor ws_f = byte_workspace(x_bytes > 0 ? x_bytes + flashqla_gdn_fwd_gates_workspace_bytes(&f) : 0, dout);
   TORCH_CHECK(ws_f.numel() > 0 || ws_b.numel() == 0, "flashqla.", op,
               ": needs the split forward (FLASHQLA_FWD_SPLIT=0 is set)");
   r.p.fwd.workspace = ws_b.numel() > 0 ? ws_b.data_ptr() : nullptr;
@@ -453,6 +455,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> chunk_gdn_bwd_chains_
     c10::cuda::CUDAStreamGuard on_side(side);
     flashqla_gdn_fwd_params_t fb = f;
     fb.final_state = b_end.data_ptr<float>();
+    if (fb.prep_ready) fb.prep_ready = 2;
     fs = flashqla_gdn_fwd_cp_summaries(&fb, eye.data_ptr<float>(), phi.data_ptr<float>(), side.stream());
     if (fs == FLASHQLA_SUCCESS) {
       cuda_check(cudaEventRecord(phi_ready.e, side.stream()), op);  // (the dS chain's reverse scan reads Phi^T)

@@ -140,7 +140,10 @@ typedef struct flashqla_gdn_fwd_params {
                                             0: computed. A call with chunk_states set and o = NULL (the
                                             backward's recompute) computes X alone, as flashqla_gdn_bwd_prep's
                                             states_workspace holds it: such a workspace cannot serve a later
-                                            prep_ready call that writes o. */
+                                            prep_ready call that writes o. 2: as 1, and the chunks' gates
+                                            follow X and W there (a workspace of flashqla_gdn_fwd_workspace_bytes +
+                                            flashqla_gdn_fwd_gates_workspace_bytes that flashqla_gdn_bwd_prep
+                                            filled as states_workspace): the summaries passes copy them. */
   /* Scheduling hints for packed batches of unequal sequences (zero-initialise both for the default; the
      results are the same bits either way). seq_order: NULL, or a device int32 permutation of the num_seqs
      sequences in the order their chains should start (longest first), read by every chain CTA (values are
@@ -197,7 +200,8 @@ FLASHQLA_API size_t flashqla_gdn_bwd_dh_workspace_bytes(const flashqla_gdn_bwd_d
  * flashqla_gdn_bwd_dh_workspace_bytes) and the inverse's rows into params->a (NULL: not written). With
  * states_workspace (NULL: not written; 16-byte aligned, at least flashqla_gdn_fwd_workspace_bytes of the
  * recompute's params) it also writes the state recompute's chunk products, so the Gram products and the inverse
- * are computed once for both chains. Then, in either order or on two streams at once (both only read what
+ * are computed once for both chains; with flashqla_gdn_fwd_gates_workspace_bytes more, the chunks' gates after
+ * them (for a forward call with prep_ready = 2). Then, in either order or on two streams at once (both only read what
  * this call wrote, so each needs only to be ordered after it):
  *  - flashqla_gdn_bwd_dh with the same params and fwd.prep_ready = 1 runs the dS chain;
  *  - flashqla_gdn_fwd with chunk_states set, o = NULL, prep_ready = 1 and workspace = states_workspace runs
