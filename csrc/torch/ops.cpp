@@ -4,6 +4,8 @@
 // backstop that turns any C API failure into a Python exception.
 #include <Python.h>
 
+#include <cstdlib>
+
 #include <ATen/core/Tensor.h>
 #include <ATen/ops/empty.h>
 #include <ATen/ops/empty_like.h>
@@ -448,10 +450,22 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> chunk_gdn_bwd_chains_
   c10::cuda::CUDAStream side = fork.side;
   ForkedStream::Event phi_ready;
   cuda_check(cudaEventCreateWithFlags(&phi_ready.e, cudaEventDisableTiming), op);
+  // the dS chain's B pass (zero end gradients, dh0 = B, dh not written), on the current stream: issued before the
+  // states' passes with FLASHQLA_BWD_CP_ORDER=1, so that the block scheduler hands it the SMs first (by default the
+  // states' summaries take them and B waits: it started 175 us after the prep in session 34's H200 timeline, and
+  // the dS side is the longer one)
+  flashqla_gdn_bwd_dh_params_t pb = r.p;
+  pb.dht = nullptr;
+  pb.dh = nullptr;
+  pb.a = nullptr;
+  pb.dh0 = r.dh0.data_ptr<float>();
+  const char* order = std::getenv("FLASHQLA_BWD_CP_ORDER");
+  const bool b_first = order != nullptr && order[0] == '1';
+  flashqla_status_t ds = b_first ? flashqla_gdn_bwd_dh(&pb, main.stream()) : FLASHQLA_SUCCESS;
   // the states, on the side stream; its tensors were all allocated above on the current stream, which waits for
   // the side stream before anything else can reuse them
-  flashqla_status_t fs;
-  {
+  flashqla_status_t fs = ds;
+  if (fs == FLASHQLA_SUCCESS) {
     c10::cuda::CUDAStreamGuard on_side(side);
     flashqla_gdn_fwd_params_t fb = f;
     fb.final_state = b_end.data_ptr<float>();
@@ -468,13 +482,8 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> chunk_gdn_bwd_chains_
       // (init was allocated on the side stream: its memory is not reused before the side stream's work is done)
     }
   }
-  // the dS chain, on the current stream
-  flashqla_gdn_bwd_dh_params_t pb = r.p;  // B: zero end gradients, dh0 = B, dh not written
-  pb.dht = nullptr;
-  pb.dh = nullptr;
-  pb.a = nullptr;
-  pb.dh0 = r.dh0.data_ptr<float>();
-  flashqla_status_t ds = fs == FLASHQLA_SUCCESS ? flashqla_gdn_bwd_dh(&pb, main.stream()) : fs;
+  // the rest of the dS chain, on the current stream
+  if (!b_first || fs != FLASHQLA_SUCCESS) ds = fs == FLASHQLA_SUCCESS ? flashqla_gdn_bwd_dh(&pb, main.stream()) : fs;
   at::Tensor dh0;
   if (ds == FLASHQLA_SUCCESS) {
     cuda_check(cudaStreamWaitEvent(main.stream(), phi_ready.e, 0), op);
