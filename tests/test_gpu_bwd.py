@@ -307,16 +307,19 @@ def test_backward_context_parallelism_matches_float64(monkeypatch):
         assert torch.isfinite(a).all() and ec <= max(1.5 * ep, 6e-3), n
 
 
+@pytest.mark.parametrize("order", ["0", "1"])
 @pytest.mark.parametrize("lengths", [[4096], [3000, 0, 1100, 70]])
-def test_segmented_chains_op_matches_the_plain_chains(monkeypatch, lengths):
+def test_segmented_chains_op_matches_the_plain_chains(monkeypatch, lengths, order):
     # chunk_gdn_bwd_chains_cp (one prep for every pass, the states on a side stream, the dS chain's B pass without
     # dh, its L maps the states' Phi transposed) against chunk_gdn_bwd_chains on the same inputs: the inverse rows
     # bitwise (the same prep), the states, dh and dh0 within the segments' rounding (the maps and the scans in fp32,
     # Phi through the chain's bf16 products). FLASHQLA_SUMMARY_PAIR=2: the states' summaries passes as one launch on
-    # the backward prep's gates, or the call fails
+    # the backward prep's gates, or the call fails. FLASHQLA_BWD_CP_ORDER: the dS chain's first pass issued after the
+    # states' passes (0) or before them (1), the same results
     from flashqla import _cp
     monkeypatch.setattr(_cp, "MIN_SEGMENT_CHUNKS", 4)
     monkeypatch.setenv("FLASHQLA_SUMMARY_PAIR", "2")
+    monkeypatch.setenv("FLASHQLA_BWD_CP_ORDER", order)
     d = make(lengths, 2, 4, seed=60)
     gen = torch.Generator(device=DEV).manual_seed(61)
     v = torch.randn(d["do"].shape, device=DEV, generator=gen).bfloat16()
