@@ -323,15 +323,14 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> chunk_gdn_bwd_dh_cuda(
 struct ForkedStream {
   struct Event {
     cudaEvent_t e = nullptr;
+    explicit Event(const char* op) { cuda_check(cudaEventCreateWithFlags(&e, cudaEventDisableTiming), op); }
     ~Event() { if (e != nullptr) cudaEventDestroy(e); }
   };
   c10::cuda::CUDAStream main, side;
-  Event forked, joined;
   const char* op;
+  Event forked, joined;
   ForkedStream(c10::cuda::CUDAStream m, c10::DeviceIndex dev, const char* op_)
-      : main(m), side(c10::cuda::getStreamFromPool(false, dev)), op(op_) {
-    cuda_check(cudaEventCreateWithFlags(&forked.e, cudaEventDisableTiming), op);
-    cuda_check(cudaEventCreateWithFlags(&joined.e, cudaEventDisableTiming), op);
+      : main(m), side(c10::cuda::getStreamFromPool(false, dev)), op(op_), forked(op_), joined(op_) {
     cuda_check(cudaEventRecord(forked.e, main.stream()), op);
     cuda_check(cudaStreamWaitEvent(side.stream(), forked.e, 0), op);
   }
@@ -448,8 +447,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> chunk_gdn_bwd_chains_
   }
   ForkedStream fork(main, dev, op);
   c10::cuda::CUDAStream side = fork.side;
-  ForkedStream::Event phi_ready;
-  cuda_check(cudaEventCreateWithFlags(&phi_ready.e, cudaEventDisableTiming), op);
+  ForkedStream::Event phi_ready(op);
   // the dS chain's B pass (zero end gradients, dh0 = B, dh not written), on the current stream: issued before the
   // states' passes with FLASHQLA_BWD_CP_ORDER=1, so that the block scheduler hands it the SMs first (by default the
   // states' summaries take them and B waits: it started 175 us after the prep in session 34's H200 timeline, and
