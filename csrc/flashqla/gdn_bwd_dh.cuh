@@ -170,6 +170,27 @@ __global__ void __launch_bounds__(kAuxThreads, kBwdPrepCtasPerSm)
 }
 
 // ---- the reverse chain
+// The merging chain's checkpoints (kMerge): steps 0, 1, 2, 3, 4, 6, 8, 12, 16, 24, ... (powers of two and 1.5 times
+// them): a walk that merges at step m stops by ~1.5 m, at ~2 log2(chunks) comparisons (each reads the CTA's 32 KB of
+// the other run's dS') where none merges.
+CUTLASS_DEVICE bool merge_checkpoint(int64_t it) {
+  const int64_t third = it % 3 == 0 ? it / 3 : 0;
+  return it <= 2 || (it & (it - 1)) == 0 || (third > 0 && (third & (third - 1)) == 0);
+}
+// Whether this thread's fragments of the state tile equal src's (as load_state_tile reads it), bit for bit.
+template <int NT>
+CUTLASS_DEVICE bool state_tile_equals(const float (&acc)[NT][4], const float* src, int tq, int v0) {
+  bool eq = true;
+#pragma unroll
+  for (int j = 0; j < NT; ++j)
+#pragma unroll
+    for (int e = 0; e < 4; ++e)
+      eq &= __float_as_uint(acc[j][e]) ==
+            __float_as_uint(src[int64_t(8 * j + 2 * tq + (e & 1)) * kDimV + v0 + 8 * (e >> 1)]);  // (not .nc: the
+                                                                                                   // kernel writes dh)
+  return eq;
+}
+
 // kKSplit false: warp s owns V rows 16 s .. of the CTA's 64 columns and all 128 K columns of dS^T. kKSplit true
 // (few sequences x value heads, as the forward's state_role): V rows 16 (s / 2) .. of 32 columns and K columns
 // kKHalf (s % 2) ..; each warp forms its K half's share of KdS^T, the pair adds the shares through the loader
@@ -177,10 +198,16 @@ __global__ void __launch_bounds__(kAuxThreads, kBwdPrepCtasPerSm)
 // Q's and W''s columns): ~160 mma per warp a chunk instead of ~320.
 // kWg: the products as wgmma on the swizzled stage (StageSwBwd; unsplit only), as the forward's state_role.
 // kStatesByTma<Storage> (SharedStorageSwBwdSt, with kWg): dS' leaves by TMA on ds_map (state_map of dh).
-template <typename T, bool kKSplit, bool kWg = false, typename Storage>
+// kMerge (with kStatesByTma): dh already holds the dS' of this chain run from other end gradients (exact
+// parallelism's B pass, from zero) and merge_dh0 its dh0. At checkpoint steps (merge_checkpoint) the state warps
+// compare their dS' with dh's, bit for bit; once every thread's are equal the rest of the walk would repeat the
+// other run's instructions on the same operands, so its dh is already this run's: the warps stop, release the
+// loaders (sm.stop) and give merge_dh0's tile as dh0.
+template <typename T, bool kKSplit, bool kWg = false, bool kMerge = false, typename Storage>
 CUTLASS_DEVICE void dh_state_role(const flashqla_gdn_fwd_params_t& p, Storage& sm, const Work<T>& wk, float* dh,
-                                  const CUtensorMap* ds_map) {
+                                  const CUtensorMap* ds_map, const float* merge_dh0 = nullptr) {
   static_assert(!(kWg && kKSplit), "the wgmma chain is unsplit");
+  static_assert(!kMerge || kStatesByTma<Storage>, "the merging chain: the wgmma chain with dS' by TMA");
   using namespace warp;
   constexpr int kNT = kKSplit ? kDimK / 16 : kDimK / 8;  // C tiles of dS^T per warp
   constexpr int kKS = kNT / 2;
@@ -199,9 +226,28 @@ CUTLASS_DEVICE void dh_state_role(const flashqla_gdn_fwd_params_t& p, Storage& s
   if constexpr (kKSplit) pair_scratch = sm.aux[vg].la;
   const PairShares pair(pair_scratch, kh);
 
+  bool merged = false;
+  if constexpr (kMerge) {
+    if (tid == 0) sm.stop = 0;  // (read by the loaders only after a stage release, which follows this store)
+  }
   for (int64_t it = 0; it < wk.num_chunks; ++it) {
     const int64_t c = wk.num_chunks - 1 - it;
     const int st = static_cast<int>(it % kStages);
+    if constexpr (kMerge) {
+      if (merge_checkpoint(it) && uniform<true>(dh != nullptr && wk.chunk0 + c < chunk_bound(p))) {
+        const float* other = dh + ((wk.chunk0 + c) * p.heads_v + wk.h) * int64_t(kDimK) * kDimV + koff + wk.col0;
+        if (bar_red_and(kBarState, kStateThreads, state_tile_equals(sacc, other, tq, v0))) {
+          merged = true;
+          if (tid == 0) sm.stop = 1;
+          // release every stage a loader group may still wait for (the ones the walk would have released from
+          // here on, once each), so that each reads the stop
+#pragma unroll
+          for (int d = 0; d < kStages; ++d)
+            if (it + d + kStages < wk.num_chunks) bar_arrive(kBarEmpty + static_cast<int>((it + d) % kStages), kHandoffThreads);
+          break;
+        }
+      }
+    }
     const auto& S = sm.stage[st];
     bar_sync(kBarFull + st, kHandoffThreads);
     FLASHQLA_ROLE_PHASE(0, kStWaitFull);
@@ -311,18 +357,24 @@ CUTLASS_DEVICE void dh_state_role(const flashqla_gdn_fwd_params_t& p, Storage& s
     FLASHQLA_ROLE_PHASE(0, kStUpdate);
   }
 
-  if (p.final_state != nullptr) store_state_tile(p.final_state + wk.state_off + koff, sacc, tq, v0);  // dh0
+  if (p.final_state != nullptr) {  // dh0 (merged: the other run's, which this walk would have repeated)
+    if (kMerge && merged) load_state_tile(sacc, merge_dh0 + wk.state_off + koff, tq, v0);
+    store_state_tile(p.final_state + wk.state_off + koff, sacc, tq, v0);
+  }
   if constexpr (kStatesByTma<Storage>) {
     if (tid == 0) bulk_wait();  // (the boxes must outlive their stores' reads)
   }
 }
 
-// kTma (with kWg): dS' by TMA on ds_map (state_map of dh), else ds_map is unused.
-template <typename T, typename IndexT, bool kKSplit = false, bool kWg = false, bool kTma = false>
+// kTma (with kWg): dS' by TMA on ds_map (state_map of dh), else ds_map is unused. kMerge (with kTma): the merging
+// chain (dh_state_role; merge_dh0 not NULL).
+template <typename T, typename IndexT, bool kKSplit = false, bool kWg = false, bool kTma = false, bool kMerge = false>
 __global__ void __launch_bounds__(kThreads, 1) gdn_bwd_dh_kernel(const __grid_constant__ flashqla_gdn_fwd_params_t p,
                                                                  const PrepBuffers<T> pb, float* dh,
-                                                                 const __grid_constant__ CUtensorMap ds_map) {
+                                                                 const __grid_constant__ CUtensorMap ds_map,
+                                                                 const float* merge_dh0) {
   static_assert(!kTma || kWg, "dS' by TMA: the wgmma chain");
+  static_assert(!kMerge || kTma, "the merging chain: dS' by TMA");
   constexpr int kVB = kKSplit ? kVBlocksK : kVBlocks, kBV = kKSplit ? kBlockVK : kBlockV;
   using SwStorage = std::conditional_t<kTma, SharedStorageSwBwdSt<T>, SharedStorageSwBwd<T>>;
   using Storage = std::conditional_t<kWg, SwStorage, SharedStorage<T>>;
@@ -339,10 +391,14 @@ __global__ void __launch_bounds__(kThreads, 1) gdn_bwd_dh_kernel(const __grid_co
   if (state_warps) {
     cutlass::arch::warpgroup_reg_alloc<kStateRegs>();
     wk.chunk0 = chunk_offset<IndexT>(p, ct.n, threadIdx.x & 31);
-    dh_state_role<T, kKSplit, kWg>(p, sm, wk, dh, &ds_map);
+    dh_state_role<T, kKSplit, kWg, kMerge>(p, sm, wk, dh, &ds_map, merge_dh0);
   } else {
     cutlass::arch::warpgroup_reg_dealloc<kAuxRegs>();
-    aux_role<T, AuxMode::kLoadBwd, kBV>(p, sm, wk, (threadIdx.x - kStateThreads) / kAuxThreads, pb);
+    if constexpr (kMerge)
+      aux_role<T, AuxMode::kLoadBwd, kBV, false, false, false, true>(p, sm, wk, (threadIdx.x - kStateThreads) / kAuxThreads,
+                                                                      pb, nullptr, &sm.stop);
+    else
+      aux_role<T, AuxMode::kLoadBwd, kBV>(p, sm, wk, (threadIdx.x - kStateThreads) / kAuxThreads, pb);
   }
 }
 
@@ -378,9 +434,13 @@ cudaError_t launch_prep(const flashqla_gdn_fwd_params_t& p, void* workspace, flo
 // p: the forward's struct with v = dO (and its strides), initial_state = dht or NULL, final_state = dh0 or
 // NULL; o unused; prep_ready: p.workspace already holds launch_prep's W' and U (the prep is skipped, a is not
 // written). dh: [chunk_bound(p), heads_v, 128, 128] fp32 (entries past the last chunk untouched). a: NULL
-// or [batch * seqlen, heads_v, 64] fp32, the inverse's rows (flashqla_gdn_bwd_dh_params_t::a).
+// or [batch * seqlen, heads_v, 64] fp32, the inverse's rows (flashqla_gdn_bwd_dh_params_t::a). merge_dh0 (NULL:
+// none): dh holds this chain's dS' from other end gradients and merge_dh0 that run's dh0 (exact parallelism's B
+// pass); the walk may then stop where it merges with that run (dh_state_role's kMerge: the same results). Only the
+// wgmma chain with dS' by TMA merges; the other forms walk every chunk.
 template <typename T>
-cudaError_t launch(const flashqla_gdn_fwd_params_t& p, float* dh, float* a, cudaStream_t stream) {
+cudaError_t launch(const flashqla_gdn_fwd_params_t& p, float* dh, float* a, cudaStream_t stream,
+                   const float* merge_dh0 = nullptr) {
   const ChainForm form = chain_form(p, true);
   const bool wg = form == ChainForm::kWgmma, ksplit = form == ChainForm::kKSplit;
   const int64_t ctas = p.num_seqs * p.heads_v * (ksplit ? kVBlocksK : kVBlocks);
@@ -402,7 +462,10 @@ cudaError_t launch(const flashqla_gdn_fwd_params_t& p, float* dh, float* a, cuda
     const int mode = states_tma_mode();
     const bool tma = wg && mode != 0 && dh != nullptr && state_map(p, dh, true, ds_map);
     if (wg && !tma && mode == 2 && dh != nullptr) return ws.release(cudaErrorNotSupported, stream);
-    auto kernel = tma      ? (ix64 ? gdn_bwd_dh_kernel<T, int64_t, false, true, true> : gdn_bwd_dh_kernel<T, int32_t, false, true, true>)
+    const bool merge = tma && merge_dh0 != nullptr;
+    auto kernel = merge    ? (ix64 ? gdn_bwd_dh_kernel<T, int64_t, false, true, true, true>
+                                   : gdn_bwd_dh_kernel<T, int32_t, false, true, true, true>)
+                  : tma    ? (ix64 ? gdn_bwd_dh_kernel<T, int64_t, false, true, true> : gdn_bwd_dh_kernel<T, int32_t, false, true, true>)
                   : wg     ? (ix64 ? gdn_bwd_dh_kernel<T, int64_t, false, true> : gdn_bwd_dh_kernel<T, int32_t, false, true>)
                   : ksplit ? (ix64 ? gdn_bwd_dh_kernel<T, int64_t, true> : gdn_bwd_dh_kernel<T, int32_t, true>)
                            : (ix64 ? gdn_bwd_dh_kernel<T, int64_t> : gdn_bwd_dh_kernel<T, int32_t>);
@@ -410,7 +473,7 @@ cudaError_t launch(const flashqla_gdn_fwd_params_t& p, float* dh, float* a, cuda
                         : wg ? sizeof(SharedStorageSwBwd<T>) + 1024 : sizeof(SharedStorage<T>);
     err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem));
     if (err == cudaSuccess) {
-      kernel<<<static_cast<unsigned>(ctas), kThreads, smem, stream>>>(p, pb, dh, ds_map);
+      kernel<<<static_cast<unsigned>(ctas), kThreads, smem, stream>>>(p, pb, dh, ds_map, merge_dh0);
       err = cudaGetLastError();
     }
   }

@@ -452,9 +452,14 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> chunk_gdn_bwd_chains_
   // states' passes with FLASHQLA_BWD_CP_ORDER=1, so that the block scheduler hands it the SMs first (by default the
   // states' summaries take them and B waits: it started 175 us after the prep in session 34's H200 timeline, and
   // the dS side is the longer one)
+  // With the merge (FLASHQLA_BWD_CP_MERGE, on unless 0), B writes every chunk's dS' into dh, and the last pass stops
+  // where its walk merges with B's (flashqla_gdn_bwd_dh_merge): the same results, and only the chunks
+  // until the true end gradients' part has decayed out of the fp32 state.
+  const char* merge_env = std::getenv("FLASHQLA_BWD_CP_MERGE");
+  const bool merge = !(merge_env != nullptr && merge_env[0] == '0');
   flashqla_gdn_bwd_dh_params_t pb = r.p;
   pb.dht = nullptr;
-  pb.dh = nullptr;
+  pb.dh = merge ? r.dh.data_ptr<float>() : nullptr;
   pb.a = nullptr;
   pb.dh0 = r.dh0.data_ptr<float>();
   const char* order = std::getenv("FLASHQLA_BWD_CP_ORDER");
@@ -495,7 +500,8 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> chunk_gdn_bwd_chains_
     pr.a = nullptr;
     at::Tensor dh0_seg = output_dh0 ? at::empty({NS, H, K, V}, fopts) : at::Tensor();
     pr.dh0 = output_dh0 ? dh0_seg.data_ptr<float>() : nullptr;
-    ds = flashqla_gdn_bwd_dh(&pr, main.stream());
+    ds = merge ? flashqla_gdn_bwd_dh_merge(&pr, r.dh0.data_ptr<float>(), main.stream())
+               : flashqla_gdn_bwd_dh(&pr, main.stream());
     dh0 = output_dh0 ? at::index_select(dh0_seg, 0, first) : at::empty({0}, fopts);
   }
   fork.join();  // (also after a failed launch)
