@@ -238,9 +238,14 @@ CUTLASS_DEVICE void dh_state_role(const flashqla_gdn_fwd_params_t& p, Storage& s
         const float* other = dh + ((wk.chunk0 + c) * p.heads_v + wk.h) * int64_t(kDimK) * kDimV + koff + wk.col0;
         if (bar_red_and(kBarState, kStateThreads, state_tile_equals(sacc, other, tq, v0))) {
           merged = true;
+          // Take the fills of the chunks the groups may still be loading (it .. it + kStages - 1; each group has
+          // then used up this warps' earlier release of its stage: a second arrival on a stage barrier the group
+          // has not yet waited at would complete it without the group), then release each of those stages once,
+          // as the walk would have, after the stop: each group's next wait returns and it reads the stop.
+#pragma unroll
+          for (int d = 0; d < kStages; ++d)
+            if (it + d < wk.num_chunks) bar_sync(kBarFull + static_cast<int>((it + d) % kStages), kHandoffThreads);
           if (tid == 0) sm.stop = 1;
-          // release every stage a loader group may still wait for (the ones the walk would have released from
-          // here on, once each), so that each reads the stop
 #pragma unroll
           for (int d = 0; d < kStages; ++d)
             if (it + d + kStages < wk.num_chunks) bar_arrive(kBarEmpty + static_cast<int>((it + d) % kStages), kHandoffThreads);
