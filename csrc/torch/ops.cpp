@@ -448,13 +448,12 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> chunk_gdn_bwd_chains_
   ForkedStream fork(main, dev, op);
   c10::cuda::CUDAStream side = fork.side;
   ForkedStream::Event phi_ready(op);
-  // the dS chain's B pass (zero end gradients, dh0 = B, dh not written), on the current stream: issued before the
-  // states' passes with FLASHQLA_BWD_CP_ORDER=1, so that the block scheduler hands it the SMs first (by default the
-  // states' summaries take them and B waits: it started 175 us after the prep in session 34's H200 timeline, and
-  // the dS side is the longer one)
-  // With the merge (FLASHQLA_BWD_CP_MERGE, on unless 0), B writes every chunk's dS' into dh, and the last pass stops
-  // where its walk merges with B's (flashqla_gdn_bwd_dh_merge): the same results, and only the chunks
-  // until the true end gradients' part has decayed out of the fp32 state.
+  // the dS chain's B pass (zero end gradients, dh0 = B), on the current stream: issued before the states' passes
+  // with FLASHQLA_BWD_CP_ORDER=1, so that the block scheduler hands it the SMs first (by default the states'
+  // summaries take them and B waits: it started 175 us after the prep in session 34's H200 timeline, and the dS side
+  // is the longer one). With the merge (FLASHQLA_BWD_CP_MERGE, on unless 0) B also writes every chunk's dS' into dh,
+  // and the last pass stops where its walk merges with B's (flashqla_gdn_bwd_dh_merge): the same results, and only
+  // the chunks until the true end gradients' part has decayed out of the fp32 state.
   const char* merge_env = std::getenv("FLASHQLA_BWD_CP_MERGE");
   const bool merge = !(merge_env != nullptr && merge_env[0] == '0');
   flashqla_gdn_bwd_dh_params_t pb = r.p;
