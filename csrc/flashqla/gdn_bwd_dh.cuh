@@ -170,12 +170,16 @@ __global__ void __launch_bounds__(kAuxThreads, kBwdPrepCtasPerSm)
 }
 
 // ---- the reverse chain
-// The merging chain's checkpoints (kMerge): steps 0, 1, 2, 3, 4, 6, 8, 12, 16, 24, ... (powers of two and 1.5 times
-// them): a walk that merges at step m stops by ~1.5 m, at ~2 log2(chunks) comparisons (each reads the CTA's 32 KB of
-// the other run's dS') where none merges.
+// The merging chain's checkpoints (kMerge): steps 0 (end gradients equal from the start: a last segment without
+// dht), 4, 8, 12, 16, then 24, 32, 48, 64, 96, ... (powers of two and 1.5 times them). Each comparison reads the CTA's
+// 32 KB of the other run's dS' and waits for it, about a step's time; the anchors' gates merge at step ~10-11
+// (benchmarks/merge_steps.py), so the walk stops at 12 after 4 comparisons, and where none merges it makes
+// ~2 log2(chunks).
 CUTLASS_DEVICE bool merge_checkpoint(int64_t it) {
-  const int64_t third = it % 3 == 0 ? it / 3 : 0;
-  return it <= 2 || (it & (it - 1)) == 0 || (third > 0 && (third & (third - 1)) == 0);
+  if (it == 0) return true;
+  if (it % 4 != 0) return false;
+  const int64_t q = it / 4, third = q % 3 == 0 ? q / 3 : 0;
+  return q <= 4 || (q & (q - 1)) == 0 || (third > 0 && (third & (third - 1)) == 0);
 }
 // Whether this thread's fragments of the state tile equal src's (as load_state_tile reads it), bit for bit.
 template <int NT>
