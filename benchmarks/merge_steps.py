@@ -8,7 +8,10 @@ decayed to the ulp. (With fp32 products instead, as the float32 reference comput
 every output through the products and the runs settle at ~10% of the entries differing for good, under the anchors'
 gates: the merge relies on the kernels' bf16 operands.)
 
-    PYTHONPATH=. python benchmarks/merge_steps.py [--tokens 4096] [--seeds 3]
+    PYTHONPATH=. python benchmarks/merge_steps.py [--tokens 4096] [--seeds 3] [--sweep]
+
+--sweep: the merge step against the decay rate (g = logsigmoid(randn) / d, d = 12 .. 40), with the summed log-decay
+at the merge: the data behind gdn_bwd_dh's kMergeLogDecay (walks whose first half sums to at most -50 may merge).
 """
 import argparse
 
@@ -55,8 +58,20 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--tokens", type=int, default=4096)
     ap.add_argument("--seeds", type=int, default=3)
+    ap.add_argument("--sweep", action="store_true")
     args = ap.parse_args()
     T = args.tokens
+    if args.sweep:
+        for d in (12, 16, 20, 24, 32, 40):
+            for seed in range(args.seeds):
+                torch.manual_seed(100 + seed)
+                g = F.logsigmoid(torch.randn(1, T, 1)) / d
+                first, nd = merge_step(g, seed, T)
+                rate = float(g.sum()) / (T // R.CHUNK)
+                at = f"{rate * first:6.1f}" if first is not None else "   -"
+                print(f"g = logsigmoid(randn) / {d:2d} ({rate:5.2f} a chunk) seed {seed}: merge at step {first} "
+                      f"(summed log-decay {at})")
+        return
     gates = {"anchors: logsigmoid(randn) / 16": lambda: F.logsigmoid(torch.randn(1, T, 1)) / 16,
              "strong: -5 U(0, 1)": lambda: -5 * torch.rand(1, T, 1),
              "slow: logsigmoid(randn) / 64": lambda: F.logsigmoid(torch.randn(1, T, 1)) / 64,

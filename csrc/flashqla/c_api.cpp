@@ -350,7 +350,7 @@ static bool bwd_workspace_ok(const flashqla_gdn_bwd_dh_params_t* p) {
   return p->fwd.workspace != nullptr && p->fwd.workspace_bytes >= flashqla_gdn_bwd_dh_workspace_bytes(p);
 }
 
-static flashqla_status_t bwd_dh(const flashqla_gdn_bwd_dh_params_t* p, const float* other_dh0, cudaStream_t stream) {
+static flashqla_status_t bwd_dh(const flashqla_gdn_bwd_dh_params_t* p, flashqla::DhMerge merge, cudaStream_t stream) {
   flashqla_gdn_fwd_params_t f;
   bool run = false;
   const flashqla_status_t vs = bwd_dh_view(p, &f, &run);
@@ -360,13 +360,17 @@ static flashqla_status_t bwd_dh(const flashqla_gdn_bwd_dh_params_t* p, const flo
     return fail(FLASHQLA_ERROR_INVALID_ARGUMENT, "fwd.prep_ready needs the workspace flashqla_gdn_bwd_prep filled "
                                                  "(at least flashqla_gdn_bwd_dh_workspace_bytes)");
   const cudaError_t err = f.qkv_dtype == FLASHQLA_BFLOAT16
-                              ? flashqla::launch_gdn_bwd_dh_bf16(f, p->dh, p->a, other_dh0, stream)
-                              : flashqla::launch_gdn_bwd_dh_fp16(f, p->dh, p->a, other_dh0, stream);
+                              ? flashqla::launch_gdn_bwd_dh_bf16(f, p->dh, p->a, merge, stream)
+                              : flashqla::launch_gdn_bwd_dh_fp16(f, p->dh, p->a, merge, stream);
   return from_cuda(err, "gdn_bwd_dh launch");
 }
 
 flashqla_status_t flashqla_gdn_bwd_dh(const flashqla_gdn_bwd_dh_params_t* p, cudaStream_t stream) {
-  return bwd_dh(p, nullptr, stream);
+  return bwd_dh(p, {}, stream);
+}
+
+flashqla_status_t flashqla_gdn_bwd_dh_merge_source(const flashqla_gdn_bwd_dh_params_t* p, cudaStream_t stream) {
+  return bwd_dh(p, {true, nullptr}, stream);
 }
 
 flashqla_status_t flashqla_gdn_bwd_dh_merge(const flashqla_gdn_bwd_dh_params_t* p, const float* other_dh0,
@@ -375,7 +379,7 @@ flashqla_status_t flashqla_gdn_bwd_dh_merge(const flashqla_gdn_bwd_dh_params_t* 
                        (p->dh == nullptr && p->fwd.batch * p->fwd.seqlen > 0)))
     return fail(FLASHQLA_ERROR_INVALID_ARGUMENT,
                 "merge: other_dh0 must be non-NULL and 16-byte aligned, and dh must hold the other run's dS'");
-  return bwd_dh(p, other_dh0, stream);
+  return bwd_dh(p, {false, other_dh0}, stream);
 }
 
 flashqla_status_t flashqla_gdn_bwd_prep(const flashqla_gdn_bwd_dh_params_t* p, void* states_workspace,

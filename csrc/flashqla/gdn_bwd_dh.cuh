@@ -17,6 +17,7 @@
 #pragma once
 
 #include "gdn_fwd_mma.cuh"
+#include "kernels.h"
 
 namespace flashqla {
 namespace gdn_bwd_dh {
@@ -181,6 +182,30 @@ CUTLASS_DEVICE bool merge_checkpoint(int64_t it) {
   const int64_t q = it / 4, third = q % 3 == 0 ? q / 3 : 0;
   return q <= 4 || (q & (q - 1)) == 0 || (third > 0 && (third & (third - 1)) == 0);
 }
+// The merging pair's gate test (kMerge): a walk may merge only where the gates of its first half (the segment's last
+// ceil(chunks / 2) chunks) sum to at most kMergeLogDecay. benchmarks/merge_steps.py puts the merge where the walk's
+// summed log-decay reaches about -35 (3.2 a chunk) to -49 (1.3 a chunk), and a merge pays (the source run's dS'
+// stores, ~0.4 of a last-pass step each, against the steps saved) only in the first half; walks that fail it (a
+// g = 0 head, slow decay, short segments) neither store in the source run nor compare in the merging run. Both runs
+// sum the same values in the same order, so they agree.
+constexpr float kMergeLogDecay = -50.f;
+template <typename T, typename Storage>
+CUTLASS_DEVICE bool walk_may_merge(const flashqla_gdn_fwd_params_t& p, Storage& sm, const Work<T>& wk, int tid) {
+  const int64_t first = (wk.num_chunks - (wk.num_chunks + 1) / 2) * kChunk;  // the half's first token
+  const int64_t g_off = wk.b * p.g_stride_batch + wk.h * p.g_stride_head;
+  float sum = 0.f;
+  for (int64_t t = first + tid; t < wk.len; t += kStateThreads)
+    sum += load_scalar(p.g, p.g_dtype, g_off + (wk.t0 + t) * p.g_stride_time);
+#pragma unroll
+  for (int off = 16; off > 0; off >>= 1) sum += __shfl_xor_sync(0xffffffffu, sum, off);  // (every lane the same bits)
+  if ((tid & 31) == 0) sm.merge_sum[tid >> 5] = sum;
+  warp::bar_sync(kBarState, kStateThreads);
+  float total = 0.f;
+#pragma unroll
+  for (int w = 0; w < kStateWarps; ++w) total += sm.merge_sum[w];
+  return total <= kMergeLogDecay;
+}
+
 // Whether this thread's fragments of the state tile equal src's (as load_state_tile reads it), bit for bit.
 template <int NT>
 CUTLASS_DEVICE bool state_tile_equals(const float (&acc)[NT][4], const float* src, int tq, int v0) {
@@ -202,8 +227,9 @@ CUTLASS_DEVICE bool state_tile_equals(const float (&acc)[NT][4], const float* sr
 // Q's and W''s columns): ~160 mma per warp a chunk instead of ~320.
 // kWg: the products as wgmma on the swizzled stage (StageSwBwd; unsplit only), as the forward's state_role.
 // kStatesByTma<Storage> (SharedStorageSwBwdSt, with kWg): dS' leaves by TMA on ds_map (state_map of dh).
-// kMerge (with kStatesByTma): dh already holds the dS' of this chain run from other end gradients (exact
-// parallelism's B pass, from zero) and merge_dh0 its dh0. At checkpoint steps (merge_checkpoint) the state warps
+// kMerge (with kStatesByTma), a merging pair's runs; only walks that pass walk_may_merge take part. The source run
+// (merge_dh0 NULL; exact parallelism's B pass, from zero) stores dS' only in those walks. The merging run: dh
+// already holds the source run's dS' and merge_dh0 its dh0. At checkpoint steps (merge_checkpoint) the state warps
 // compare their dS' with dh's, bit for bit; once every thread's are equal the rest of the walk would repeat the
 // other run's instructions on the same operands, so its dh is already this run's: the warps stop, release the
 // loaders (sm.stop) and give merge_dh0's tile as dh0.
@@ -230,15 +256,18 @@ CUTLASS_DEVICE void dh_state_role(const flashqla_gdn_fwd_params_t& p, Storage& s
   if constexpr (kKSplit) pair_scratch = sm.aux[vg].la;
   const PairShares pair(pair_scratch, kh);
 
-  bool merged = false;
+  bool merged = false, may_merge = false;
   if constexpr (kMerge) {
     if (tid == 0) sm.stop = 0;  // (read by the loaders only after a stage release, which follows this store)
+    may_merge = walk_may_merge(p, sm, wk, tid);
   }
+  const bool merging = kMerge && may_merge && merge_dh0 != nullptr;
+  const bool source_skips = kMerge && !may_merge && merge_dh0 == nullptr;  // (the source run stores no dS' here)
   for (int64_t it = 0; it < wk.num_chunks; ++it) {
     const int64_t c = wk.num_chunks - 1 - it;
     const int st = static_cast<int>(it % kStages);
     if constexpr (kMerge) {
-      if (merge_checkpoint(it) && uniform<true>(dh != nullptr && wk.chunk0 + c < chunk_bound(p))) {
+      if (merging && merge_checkpoint(it) && uniform<true>(dh != nullptr && wk.chunk0 + c < chunk_bound(p))) {
         const float* other = dh + ((wk.chunk0 + c) * p.heads_v + wk.h) * int64_t(kDimK) * kDimV + koff + wk.col0;
         if (bar_red_and(kBarState, kStateThreads, state_tile_equals(sacc, other, tq, v0))) {
           merged = true;
@@ -266,7 +295,7 @@ CUTLASS_DEVICE void dh_state_role(const flashqla_gdn_fwd_params_t& p, Storage& s
     // (malformed cu_seqlens can name more chunks than dh has slots; uniform: the wgmma chain stores while its
     // products are in flight)
     // (dh NULL: exact parallelism's summaries passes, which want only dh0)
-    const bool store_ds = uniform<kWg>(dh != nullptr && wk.chunk0 + c < chunk_bound(p));
+    const bool store_ds = uniform<kWg>(dh != nullptr && !source_skips && wk.chunk0 + c < chunk_bound(p));
     float* ds_dst = dh + ((wk.chunk0 + c) * p.heads_v + wk.h) * int64_t(kDimK) * kDimV + koff + wk.col0;
 
     uint32_t sa[kKS][4];
@@ -375,8 +404,8 @@ CUTLASS_DEVICE void dh_state_role(const flashqla_gdn_fwd_params_t& p, Storage& s
   }
 }
 
-// kTma (with kWg): dS' by TMA on ds_map (state_map of dh), else ds_map is unused. kMerge (with kTma): the merging
-// chain (dh_state_role; merge_dh0 not NULL).
+// kTma (with kWg): dS' by TMA on ds_map (state_map of dh), else ds_map is unused. kMerge (with kTma): a merging
+// pair's run (dh_state_role; merge_dh0 NULL: the source run).
 template <typename T, typename IndexT, bool kKSplit = false, bool kWg = false, bool kTma = false, bool kMerge = false>
 __global__ void __launch_bounds__(kThreads, 1) gdn_bwd_dh_kernel(const __grid_constant__ flashqla_gdn_fwd_params_t p,
                                                                  const PrepBuffers<T> pb, float* dh,
@@ -443,13 +472,13 @@ cudaError_t launch_prep(const flashqla_gdn_fwd_params_t& p, void* workspace, flo
 // p: the forward's struct with v = dO (and its strides), initial_state = dht or NULL, final_state = dh0 or
 // NULL; o unused; prep_ready: p.workspace already holds launch_prep's W' and U (the prep is skipped, a is not
 // written). dh: [chunk_bound(p), heads_v, 128, 128] fp32 (entries past the last chunk untouched). a: NULL
-// or [batch * seqlen, heads_v, 64] fp32, the inverse's rows (flashqla_gdn_bwd_dh_params_t::a). merge_dh0 (NULL:
-// none): dh holds this chain's dS' from other end gradients and merge_dh0 that run's dh0 (exact parallelism's B
-// pass); the walk may then stop where it merges with that run (dh_state_role's kMerge: the same results). Only the
-// wgmma chain with dS' by TMA merges; the other forms walk every chunk.
+// or [batch * seqlen, heads_v, 64] fp32, the inverse's rows (flashqla_gdn_bwd_dh_params_t::a). merge: the run's
+// part in a merging pair (DhMerge; dh_state_role's kMerge). The source run stores dS' only in the walks that may
+// merge; the merging run (merge.other_dh0 set: dh holds the source run's dS', other_dh0 its dh0) may stop where its
+// walk merges with the source's (the same results). Only the wgmma chain with dS' by TMA takes part; in the other
+// forms the source stores every chunk and the merging run walks every chunk.
 template <typename T>
-cudaError_t launch(const flashqla_gdn_fwd_params_t& p, float* dh, float* a, cudaStream_t stream,
-                   const float* merge_dh0 = nullptr) {
+cudaError_t launch(const flashqla_gdn_fwd_params_t& p, float* dh, float* a, cudaStream_t stream, DhMerge merge = {}) {
   const ChainForm form = chain_form(p, true);
   const bool wg = form == ChainForm::kWgmma, ksplit = form == ChainForm::kKSplit;
   const int64_t ctas = p.num_seqs * p.heads_v * (ksplit ? kVBlocksK : kVBlocks);
@@ -471,8 +500,8 @@ cudaError_t launch(const flashqla_gdn_fwd_params_t& p, float* dh, float* a, cuda
     const int mode = states_tma_mode();
     const bool tma = wg && mode != 0 && dh != nullptr && state_map(p, dh, true, ds_map);
     if (wg && !tma && mode == 2 && dh != nullptr) return ws.release(cudaErrorNotSupported, stream);
-    const bool merge = tma && merge_dh0 != nullptr;
-    auto kernel = merge    ? (ix64 ? gdn_bwd_dh_kernel<T, int64_t, false, true, true, true>
+    const bool merging = tma && (merge.source || merge.other_dh0 != nullptr);
+    auto kernel = merging  ? (ix64 ? gdn_bwd_dh_kernel<T, int64_t, false, true, true, true>
                                    : gdn_bwd_dh_kernel<T, int32_t, false, true, true, true>)
                   : tma    ? (ix64 ? gdn_bwd_dh_kernel<T, int64_t, false, true, true> : gdn_bwd_dh_kernel<T, int32_t, false, true, true>)
                   : wg     ? (ix64 ? gdn_bwd_dh_kernel<T, int64_t, false, true> : gdn_bwd_dh_kernel<T, int32_t, false, true>)
@@ -482,7 +511,7 @@ cudaError_t launch(const flashqla_gdn_fwd_params_t& p, float* dh, float* a, cuda
                         : wg ? sizeof(SharedStorageSwBwd<T>) + 1024 : sizeof(SharedStorage<T>);
     err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem));
     if (err == cudaSuccess) {
-      kernel<<<static_cast<unsigned>(ctas), kThreads, smem, stream>>>(p, pb, dh, ds_map, merge_dh0);
+      kernel<<<static_cast<unsigned>(ctas), kThreads, smem, stream>>>(p, pb, dh, ds_map, merge.other_dh0);
       err = cudaGetLastError();
     }
   }

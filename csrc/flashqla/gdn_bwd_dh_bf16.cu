@@ -3,9 +3,9 @@
 #include "kernels.h"
 
 namespace flashqla {
-cudaError_t launch_gdn_bwd_dh_bf16(const flashqla_gdn_fwd_params_t& p, float* dh, float* a, const float* merge_dh0,
+cudaError_t launch_gdn_bwd_dh_bf16(const flashqla_gdn_fwd_params_t& p, float* dh, float* a, DhMerge merge,
                                    cudaStream_t stream) {
-  return gdn_bwd_dh::launch<__nv_bfloat16>(p, dh, a, stream, merge_dh0);
+  return gdn_bwd_dh::launch<__nv_bfloat16>(p, dh, a, stream, merge);
 }
 cudaError_t launch_gdn_bwd_prep_bf16(const flashqla_gdn_fwd_params_t& p, float* a, void* states_x, float* states_gates,
                                      cudaStream_t stream) {

@@ -303,6 +303,7 @@ struct SharedStorageSwBwdSt {
   GateScratch aux[kAuxGroups];
   alignas(1024) float st_box[2][kDimK * 64];
   int stop;  // (the merging dS chain, gdn_bwd_dh's kMerge: the state warps tell the loaders to stop)
+  float merge_sum[kStateWarps];  // (kMerge: walk_may_merge's per-warp sums)
 };
 template <typename Storage>
 constexpr bool kStatesByTma = false;

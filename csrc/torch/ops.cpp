@@ -394,8 +394,9 @@ at::Tensor chunk_gdn_cp_scan_cuda(const at::Tensor& phi, const at::Tensor& b, co
 // sequence's first segment (int64, _cp.device_plan and _cp._reverse_plan); eye [segments, H_v, K, K] fp32.
 // On a side stream, the states: the two summaries passes (B from zero, the transition Phi from eye with v = 0), the
 // scan from initial_state, the states pass. On the current stream, the dS chain, affine backwards too
-// (dS_start = L dS_end + B per segment): B from the real dO with zero end gradients (dh not written); L is Phi^T
-// (the dS chain is the adjoint of the state chain, whose transition over a segment is Phi), so no pass of its own:
+// (dS_start = L dS_end + B per segment): B from the real dO with zero end gradients (dh written only as a merge's
+// source); L is Phi^T (the dS chain is the adjoint of the state chain, whose transition over a segment is Phi), so
+// no pass of its own:
 // the current stream waits for the side stream's summaries; then the scan over each sequence's segments reversed
 // starting from dht, and the pass from each segment's true end gradient. Joined before returning.
 std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> chunk_gdn_bwd_chains_cp_cuda(
@@ -451,9 +452,10 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> chunk_gdn_bwd_chains_
   // the dS chain's B pass (zero end gradients, dh0 = B), on the current stream: issued before the states' passes
   // with FLASHQLA_BWD_CP_ORDER=1, so that the block scheduler hands it the SMs first (by default the states'
   // summaries take them and B waits: it started 175 us after the prep in session 34's H200 timeline, and the dS side
-  // is the longer one). With the merge (FLASHQLA_BWD_CP_MERGE, on unless 0) B also writes every chunk's dS' into dh,
-  // and the last pass stops where its walk merges with B's (flashqla_gdn_bwd_dh_merge): the same results, and only
-  // the chunks until the true end gradients' part has decayed out of the fp32 state.
+  // is the longer one). With the merge (FLASHQLA_BWD_CP_MERGE, on unless 0) B also writes its chunks' dS' into dh
+  // where the segment's gates decay enough for a merge (flashqla_gdn_bwd_dh_merge_source), and the last pass stops
+  // where its walk merges with B's (flashqla_gdn_bwd_dh_merge): the same results, and only the chunks until the true
+  // end gradients' part has decayed out of the fp32 state.
   const char* merge_env = std::getenv("FLASHQLA_BWD_CP_MERGE");
   const bool merge = !(merge_env != nullptr && merge_env[0] == '0');
   flashqla_gdn_bwd_dh_params_t pb = r.p;
@@ -463,7 +465,10 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> chunk_gdn_bwd_chains_
   pb.dh0 = r.dh0.data_ptr<float>();
   const char* order = std::getenv("FLASHQLA_BWD_CP_ORDER");
   const bool b_first = order != nullptr && order[0] == '1';
-  flashqla_status_t ds = b_first ? flashqla_gdn_bwd_dh(&pb, main.stream()) : FLASHQLA_SUCCESS;
+  // (the merging pair's source: dS' only in the walks that may merge)
+  const auto b_pass = [&] { return merge ? flashqla_gdn_bwd_dh_merge_source(&pb, main.stream())
+                                         : flashqla_gdn_bwd_dh(&pb, main.stream()); };
+  flashqla_status_t ds = b_first ? b_pass() : FLASHQLA_SUCCESS;
   // the states, on the side stream; its tensors were all allocated above on the current stream, which waits for
   // the side stream before anything else can reuse them
   flashqla_status_t fs = ds;
@@ -485,7 +490,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> chunk_gdn_bwd_chains_
     }
   }
   // the rest of the dS chain, on the current stream
-  if (!b_first || fs != FLASHQLA_SUCCESS) ds = fs == FLASHQLA_SUCCESS ? flashqla_gdn_bwd_dh(&pb, main.stream()) : fs;
+  if (!b_first || fs != FLASHQLA_SUCCESS) ds = fs == FLASHQLA_SUCCESS ? b_pass() : fs;
   at::Tensor dh0;
   if (ds == FLASHQLA_SUCCESS) {
     cuda_check(cudaStreamWaitEvent(main.stream(), phi_ready.e, 0), op);

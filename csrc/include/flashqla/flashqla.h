@@ -190,13 +190,19 @@ typedef struct flashqla_gdn_bwd_dh_params {
 /* An upper bound on the number of 64-token chunks of all sequences, from the shapes alone. */
 FLASHQLA_API int64_t flashqla_gdn_chunk_bound(const flashqla_gdn_fwd_params_t* fwd);
 FLASHQLA_API flashqla_status_t flashqla_gdn_bwd_dh(const flashqla_gdn_bwd_dh_params_t* params, cudaStream_t stream);
-/* flashqla_gdn_bwd_dh for exact parallelism's last pass over segments, where params->dh already holds every chunk's
- * dS' of the same chain run from other end gradients (the pass from zero: the same params but dht, dh0 = other_dh0,
- * ordered before this call) and other_dh0 (16-byte aligned) that run's dh0. The walk compares its dS' with dh's at
- * checkpoint chunks and stops at the first bitwise-equal one (from there it would repeat that run's arithmetic on
- * the same operands), leaving dh's earlier chunks and taking other_dh0's tile as dh0: the results of the full walk,
- * in fewer chunks where the end gradients' difference decays out of the fp32 state. Forms that cannot stop walk in
- * full. */
+/* A merging pair, for exact parallelism's passes over segments: the same chain run twice with other end gradients
+ * (dht), the first (the source: the pass from zero) ordered before the second.
+ * flashqla_gdn_bwd_dh_merge_source is flashqla_gdn_bwd_dh, except that dh is written only by the walks that may
+ * merge: those whose first half's gates sum to at most -50 (a segment with g = 0, slowly decaying or short leaves
+ * its dh for the merging run to write).
+ * flashqla_gdn_bwd_dh_merge is the merging run: params->dh holds the source run's dS' and other_dh0 (16-byte
+ * aligned) its dh0. A walk that may merge compares its dS' with dh's at checkpoint chunks and stops at the first
+ * bitwise-equal one (from there it would repeat the source's arithmetic on the same operands), leaving the source's
+ * dS' in the chunks it has not reached and taking other_dh0's tile as dh0: the results of the full walk, in fewer chunks where the end gradients'
+ * difference decays out of the fp32 state. Other walks, and forms that cannot stop, walk in full. (A source run by
+ * flashqla_gdn_bwd_dh, which writes every chunk, serves too.) */
+FLASHQLA_API flashqla_status_t flashqla_gdn_bwd_dh_merge_source(const flashqla_gdn_bwd_dh_params_t* params,
+                                                                cudaStream_t stream);
 FLASHQLA_API flashqla_status_t flashqla_gdn_bwd_dh_merge(const flashqla_gdn_bwd_dh_params_t* params,
                                                          const float* other_dh0, cudaStream_t stream);
 /* Device workspace flashqla_gdn_bwd_dh needs (in params->fwd.workspace). With params->fwd.prep_ready = 1 it
