@@ -336,10 +336,11 @@ KSPLIT_BLOCKS = 4      # the plain backward chains' CTAs per sequence and value 
 def backward_plan(lengths, heads_v: int, sms: int, chunk: int = CHUNK):
     """The backward's segments (the chunk_gdn_bwd_chains_cp op), or None. FLASHQLA_BWD_CP=1: wherever the forward's
     planner cuts; 0: never; unset: there, and only where the plain chains (side by side, K split) hold at most half
-    of the SMs. Segments cost the chains about three passes of work where one did (the summaries passes and the
-    last), so they pay only on SMs the plain chains leave idle. Measured on the H200 (session 34,
-    `h200-ab-20261205T1710Z-597ab77-qlalist-*`): hk2_hv4 32k_1seq 1.558 -> 0.856 ms, hk4_hv8 32k_1seq 1.995 -> 1.502,
-    but hk8_hv16 8k_1seq 0.763 -> 0.819 (128 plain CTAs: the GPU is full) and hk4_hv8 32k_2seq only -4%."""
+    of the SMs. Segments cost each chain about two passes of work where one did (its summaries and its last pass;
+    the dS chain's L is the states' Phi^T), so they pay only on SMs the plain chains leave idle. Measured on the H200
+    (session 34, with a third dS pass for L then: `h200-ab-20261205T1710Z-597ab77-qlalist-*`): hk2_hv4 32k_1seq
+    1.558 -> 0.856 ms, hk4_hv8 32k_1seq 1.995 -> 1.502, but hk8_hv16 8k_1seq 0.763 -> 0.819 (128 plain CTAs: the
+    GPU is full) and hk4_hv8 32k_2seq only -4%."""
     m = os.environ.get("FLASHQLA_BWD_CP", "").strip()
     if m == "0" or mode() == "0":
         return None
@@ -366,10 +367,11 @@ def backward_chains(ops, q, k, v, g, beta, do, dht, scale, initial_state, p: Pla
     (the chunk-indexed buffers hold at least as many chunks; the chunks are the same, in the same order, since
     segments start on chunk boundaries). `ops` is torch.ops.flashqla. The states: the forward's passes 1-2
     and scan, then the states pass from each segment's initial state. The dS chain is affine backwards too,
-    dS_start = L dS_end + B per segment: B from the real dO with zero end gradients, L from dO = 0 with
-    identity end gradients (K = V), a reverse scan over each sequence's segments starting from dht, then the
-    chain pass from each segment's true end gradient. None when a plan's device copies
-    are unavailable (CUDA-graph capture of an uncached plan)."""
+    dS_start = L dS_end + B per segment: B from the real dO with zero end gradients, and L = Phi^T (K = V), the
+    transpose of the forward's transition over the segment, since the dS chain is the state chain's adjoint (no
+    pass of its own); a reverse scan over each sequence's segments starting from dht, then the chain pass from
+    each segment's true end gradient. None when a plan's device copies are unavailable (CUDA-graph capture of an
+    uncached plan)."""
     dp = device_plan(p, q.device, index_dtype)
     rp = _reverse_plan(p, q.device)
     if dp is None or rp is None:
@@ -387,7 +389,7 @@ def backward_chain_passes(ops, q, k, v, g, beta, do, dht, scale, initial_state, 
                           l2norm: bool, output_dh0: bool, output_a: bool):
     """chunk_gdn_bwd_chains_cp's steps op by op (its CPU implementation; the GPU's runs them in C++ from one prep):
     the states from the forward's summaries passes, scan and states pass; the dS chain's B pass (zero end
-    gradients), L pass (dO = 0, identity end gradients), reverse scan and last pass."""
+    gradients), reverse scan with L = Phi^T, and last pass."""
     sd = eye.dtype
     zero_v = _zero_v(v)
     _, b_end = ops.chunk_gdn_fwd(q, k, v, g, beta, scale, None, True, cu, l2norm)
@@ -396,12 +398,12 @@ def backward_chain_passes(ops, q, k, v, g, beta, do, dht, scale, initial_state, 
     init = ops.chunk_gdn_cp_scan(phi, b_end, h0, last)
     states = ops.chunk_gdn_fwd_states(q, k, v, g, beta, scale, init, cu, l2norm)
     _, b_start, _ = ops.chunk_gdn_bwd_dh(q, k, g, beta, do, None, scale, cu, l2norm, True, False)
-    _, l_map, _ = ops.chunk_gdn_bwd_dh(q, k, g, beta, torch.zeros_like(do), eye, scale, cu, l2norm, True, False)
-    # E_0 = dht, E_{j+1} = L_j E_j + B_j from each sequence's last segment back: the forward's scan over the
-    # segments reversed within each sequence (position j of the reversed order holds the end gradient of segment
-    # rev[j])
+    # E_0 = dht, E_{j+1} = L_j E_j + B_j with L_j = Phi_j^T (the dS chain is the state chain's adjoint), from each
+    # sequence's last segment back: the forward's scan over the segments reversed within each sequence (position j
+    # of the reversed order holds the end gradient of segment rev[j])
     dht_ = None if dht is None else dht.to(sd).contiguous()
-    ends = ops.chunk_gdn_cp_scan(l_map.index_select(0, rev), b_start.index_select(0, rev), dht_, last).index_select(0, rev)
+    l_rev = phi.transpose(2, 3).index_select(0, rev).contiguous()
+    ends = ops.chunk_gdn_cp_scan(l_rev, b_start.index_select(0, rev), dht_, last).index_select(0, rev)
     dh, dh0_seg, a = ops.chunk_gdn_bwd_dh(q, k, g, beta, do, ends, scale, cu, l2norm, True, output_a)
     dh0 = dh0_seg.index_select(0, first) if output_dh0 else dh0_seg.new_empty((0,))
     return states, dh, dh0, a

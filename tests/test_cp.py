@@ -245,3 +245,17 @@ def test_backward_plan_only_where_the_plain_chains_leave_half_the_sms(monkeypatc
     monkeypatch.delenv("FLASHQLA_BWD_CP")
     monkeypatch.setenv("FLASHQLA_CP", "0")
     assert _cp.backward_plan([32768], 4, 132) is None
+
+
+def test_merge_handover_model_finds_no_hang():
+    # benchmarks/handover_model.py: the merging dS chain's exit (csrc/flashqla/gdn_bwd_dh.cuh) under random schedules
+    # of a named-barrier model never hangs; the first exit (arrive at once) does, so the model can tell
+    import importlib.util
+    import pathlib
+    path = pathlib.Path(__file__).resolve().parents[1] / "benchmarks" / "handover_model.py"
+    spec = importlib.util.spec_from_file_location("handover_model", path)
+    model = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(model)
+    cases = [(n, m, seed) for n in range(10) for m in [None] + list(range(n)) for seed in range(100)]
+    assert all(model.walk(n, m, 2, seed, naive=False) == "ok" for n, m, seed in cases)
+    assert any(model.walk(n, m, 2, seed, naive=True) != "ok" for n, m, seed in cases)

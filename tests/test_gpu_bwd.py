@@ -282,7 +282,7 @@ def test_inverse_rows_match_float64():
 def test_backward_context_parallelism_matches_float64(monkeypatch):
     # FLASHQLA_BWD_CP=1 (opt-in): a single sequence with few heads runs both chains through segments (8 of 8
     # chunks here); its gradients against the float64 explicit backward, no worse than ~1.5x the unsegmented
-    # kernel path's (the segments' L maps go through the bf16 chain, as the forward's Phi do)
+    # kernel path's (the segments' L maps are the forward's Phi, transposed: through the bf16 chain)
     import flashqla
     from flashqla import _cp
     from flashqla.reference import chunk_gdn_bwd_torch
@@ -307,14 +307,19 @@ def test_backward_context_parallelism_matches_float64(monkeypatch):
         assert torch.isfinite(a).all() and ec <= max(1.5 * ep, 6e-3), n
 
 
+@pytest.mark.parametrize("order", ["0", "1"])
 @pytest.mark.parametrize("lengths", [[4096], [3000, 0, 1100, 70]])
-def test_segmented_chains_op_matches_the_plain_chains(monkeypatch, lengths):
-    # chunk_gdn_bwd_chains_cp (one prep for every pass, the states on a side stream, the dS chain's summaries
-    # passes without dh and with dO = 0 as NULL) against chunk_gdn_bwd_chains on the same inputs: the inverse rows
+def test_segmented_chains_op_matches_the_plain_chains(monkeypatch, lengths, order):
+    # chunk_gdn_bwd_chains_cp (one prep for every pass, the states on a side stream, the dS chain's B pass without
+    # dh, its L maps the states' Phi transposed) against chunk_gdn_bwd_chains on the same inputs: the inverse rows
     # bitwise (the same prep), the states, dh and dh0 within the segments' rounding (the maps and the scans in fp32,
-    # the L maps through the chain's bf16 products, as the forward's Phi)
+    # Phi through the chain's bf16 products). FLASHQLA_SUMMARY_PAIR=2: the states' summaries passes as one launch on
+    # the backward prep's gates, or the call fails. FLASHQLA_BWD_CP_ORDER: the dS chain's first pass issued after the
+    # states' passes (0) or before them (1), the same results
     from flashqla import _cp
     monkeypatch.setattr(_cp, "MIN_SEGMENT_CHUNKS", 4)
+    monkeypatch.setenv("FLASHQLA_SUMMARY_PAIR", "2")
+    monkeypatch.setenv("FLASHQLA_BWD_CP_ORDER", order)
     d = make(lengths, 2, 4, seed=60)
     gen = torch.Generator(device=DEV).manual_seed(61)
     v = torch.randn(d["do"].shape, device=DEV, generator=gen).bfloat16()
@@ -332,6 +337,32 @@ def test_segmented_chains_op_matches_the_plain_chains(monkeypatch, lengths):
         e = rel_l2(a, b)
         print(f"segmented chains {lengths} {name}: {e:.2e} against the plain op")
         assert torch.isfinite(a.float()).all() and e < 1e-2, name
+
+
+@pytest.mark.parametrize("strong,with_dht", [(False, True), (True, True), (True, False)])
+@pytest.mark.parametrize("lengths", [[4096], [3000, 0, 1100, 70]])
+def test_segmented_chains_merge_gives_the_full_walks_bits(monkeypatch, lengths, strong, with_dht):
+    # FLASHQLA_BWD_CP_MERGE: the last dS pass stops where its walk merges with the B pass's (bitwise-equal dS' at a
+    # checkpoint; under strong decay after a chunk or two, at once for a last segment without dht, never on head 0,
+    # whose g is 0) and takes the B pass's dS' and dh0 from there: the same bits as the full walk (=0)
+    from flashqla import _cp
+    monkeypatch.setattr(_cp, "MIN_SEGMENT_CHUNKS", 4)
+    d = make(lengths, 2, 4, strong=strong, dht=with_dht, seed=62)
+    gen = torch.Generator(device=DEV).manual_seed(63)
+    v = torch.randn(d["do"].shape, device=DEV, generator=gen).bfloat16()
+    h0 = torch.randn(len(lengths), 4, D, D, device=DEV, generator=gen) / 8
+    p = _cp.plan(lengths, 4, 132)
+    assert p is not None and p.segments > len(lengths)
+    out = {}
+    for merge in ("0", "1"):
+        monkeypatch.setenv("FLASHQLA_BWD_CP_MERGE", merge)
+        out[merge] = _cp.backward_chains(torch.ops.flashqla, d["q"], d["k"], v, d["g"], d["beta"], d["do"], d["dht"],
+                                         D ** -0.5, h0, p, False, True, True)
+    torch.cuda.synchronize()
+    n = d["chunks"]
+    for name, a, b in (("states", out["1"][0][:n], out["0"][0][:n]), ("dh", out["1"][1][:n], out["0"][1][:n]),
+                       ("dh0", out["1"][2], out["0"][2]), ("a", out["1"][3], out["0"][3])):
+        assert torch.isfinite(a.float()).all() and torch.equal(a, b), name
 
 
 def test_gradient_step_names_the_tiles_it_needs():

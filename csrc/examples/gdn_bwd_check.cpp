@@ -9,6 +9,7 @@
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <random>
 #include <vector>
@@ -230,7 +231,9 @@ int main() {
   CUDA_OK(cudaMemcpy(h1.data(), d_dh, h_used, cudaMemcpyDeviceToHost));
   CUDA_OK(cudaMemset(d_states, 0xff, state_bytes));
   CUDA_OK(cudaMemset(d_dh, 0xff, dh_bytes));
-  const size_t nb = flashqla_gdn_bwd_dh_workspace_bytes(&pd), nx = flashqla_gdn_fwd_workspace_bytes(&fs);
+  // (the states workspace with the gates' room: the prep writes the chunks' gates after X, for prep_ready = 2 below)
+  const size_t nb = flashqla_gdn_bwd_dh_workspace_bytes(&pd),
+               nx = flashqla_gdn_fwd_workspace_bytes(&fs) + flashqla_gdn_fwd_gates_workspace_bytes(&fs);
   void *ws_b = nullptr, *ws_x = nullptr;
   CUDA_OK(cudaMalloc(&ws_b, nb));
   CUDA_OK(cudaMalloc(&ws_x, nx));
@@ -253,6 +256,49 @@ int main() {
   const bool shared = s1 == s2 && h1 == h2;
   std::printf("both chains from flashqla_gdn_bwd_prep: %s\n", shared ? "bitwise the same (PASS)" : "DIFFERENT (FAIL)");
   ok = ok && shared;
+
+  // exact parallelism's summaries on that workspace: with prep_ready = 2 the paired launch copies the prep's gates
+  // (FLASHQLA_SUMMARY_PAIR=2: that launch or a failure), with prep_ready = 1 two launches compute them
+  // (FLASHQLA_SUMMARY_PAIR=0); the same bits (the same compute_gates; the pair's chains are the plain ones')
+  const size_t sf = dht.size();
+  std::vector<float> sum_bits[2][2];
+  bool sum_ok = true;
+  for (int ready = 1; ready <= 2; ++ready) {
+    float *d_b = nullptr, *d_phi = nullptr;
+    CUDA_OK(cudaMalloc(reinterpret_cast<void**>(&d_b), sf * 4));
+    CUDA_OK(cudaMalloc(reinterpret_cast<void**>(&d_phi), sf * 4));
+    CUDA_OK(cudaMemset(d_b, 0xff, sf * 4));
+    CUDA_OK(cudaMemset(d_phi, 0xff, sf * 4));
+    flashqla_gdn_fwd_params_t fsum = fs;
+    fsum.chunk_states = nullptr;
+    fsum.initial_state = nullptr;
+    fsum.final_state = d_b;
+    fsum.prep_ready = ready;
+    setenv("FLASHQLA_SUMMARY_PAIR", ready == 2 ? "2" : "0", 1);
+    sum_ok = sum_ok && flashqla_gdn_fwd_cp_summaries(&fsum, d_dht, d_phi, nullptr) == FLASHQLA_SUCCESS;
+    unsetenv("FLASHQLA_SUMMARY_PAIR");
+    CUDA_OK(cudaDeviceSynchronize());
+    sum_bits[ready - 1][0].resize(sf);
+    sum_bits[ready - 1][1].resize(sf);
+    CUDA_OK(cudaMemcpy(sum_bits[ready - 1][0].data(), d_b, sf * 4, cudaMemcpyDeviceToHost));
+    CUDA_OK(cudaMemcpy(sum_bits[ready - 1][1].data(), d_phi, sf * 4, cudaMemcpyDeviceToHost));
+    cudaFree(d_b);
+    cudaFree(d_phi);
+  }
+  const bool gates_shared = sum_ok && std::memcmp(sum_bits[0][0].data(), sum_bits[1][0].data(), sf * 4) == 0 &&
+                            std::memcmp(sum_bits[0][1].data(), sum_bits[1][1].data(), sf * 4) == 0;
+  std::printf("summaries on the prep's gates (prep_ready = 2, one launch): %s\n",
+              gates_shared ? "bitwise the two launches' (PASS)" : sum_ok ? "DIFFERENT (FAIL)" : flashqla_last_error());
+  ok = ok && gates_shared;
+  flashqla_gdn_fwd_params_t fbad = fs;
+  fbad.prep_ready = 3;
+  const bool bad_ready = flashqla_gdn_fwd(&fbad, nullptr) == FLASHQLA_ERROR_INVALID_ARGUMENT;
+  fbad.prep_ready = 2;
+  fbad.workspace_bytes = flashqla_gdn_fwd_workspace_bytes(&fs);  // (no room for the gates)
+  const bool no_gates = flashqla_gdn_fwd(&fbad, nullptr) == FLASHQLA_ERROR_INVALID_ARGUMENT;
+  std::printf("prep_ready = 3, and 2 without the gates' room: %s\n",
+              bad_ready && no_gates ? "refused (PASS)" : "NOT REFUSED (FAIL)");
+  ok = ok && bad_ready && no_gates;
   cudaFree(ws_b);
   cudaFree(ws_x);
   cudaFree(d_a);

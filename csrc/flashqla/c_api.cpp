@@ -186,8 +186,14 @@ flashqla_status_t validate_gdn(const flashqla_gdn_fwd_params_t* p, bool* run) {
                 "initial_state, final_state and chunk_states must be 32-byte aligned");
   if (p->workspace && reinterpret_cast<uintptr_t>(p->workspace) % 16)
     return fail(FLASHQLA_ERROR_INVALID_ARGUMENT, "workspace must be 16-byte aligned");
-  if (p->prep_ready && (p->workspace == nullptr || p->workspace_bytes < flashqla_gdn_fwd_workspace_bytes(p)))
-    return fail(FLASHQLA_ERROR_INVALID_ARGUMENT, "prep_ready needs the workspace of the call that filled it");
+  if (p->prep_ready < 0 || p->prep_ready > 2)
+    return fail(FLASHQLA_ERROR_INVALID_ARGUMENT, "prep_ready must be 0, 1 or 2 (got %d)", (int)p->prep_ready);
+  if (p->prep_ready && (p->workspace == nullptr || p->workspace_bytes < flashqla_gdn_fwd_workspace_bytes(p) +
+                                                                           (p->prep_ready == 2
+                                                                                ? flashqla_gdn_fwd_gates_workspace_bytes(p)
+                                                                                : 0)))
+    return fail(FLASHQLA_ERROR_INVALID_ARGUMENT,
+                "prep_ready needs the workspace of the call that filled it (2: with the gates after X and W)");
   if (p->prep_workers < 0 || p->prep_workers > 4096)
     return fail(FLASHQLA_ERROR_INVALID_ARGUMENT, "prep_workers must be in [0, 4096] (got %d)", (int)p->prep_workers);
   if (p->seq_order && reinterpret_cast<uintptr_t>(p->seq_order) % 4)
@@ -344,7 +350,7 @@ static bool bwd_workspace_ok(const flashqla_gdn_bwd_dh_params_t* p) {
   return p->fwd.workspace != nullptr && p->fwd.workspace_bytes >= flashqla_gdn_bwd_dh_workspace_bytes(p);
 }
 
-flashqla_status_t flashqla_gdn_bwd_dh(const flashqla_gdn_bwd_dh_params_t* p, cudaStream_t stream) {
+static flashqla_status_t bwd_dh(const flashqla_gdn_bwd_dh_params_t* p, flashqla::DhMerge merge, cudaStream_t stream) {
   flashqla_gdn_fwd_params_t f;
   bool run = false;
   const flashqla_status_t vs = bwd_dh_view(p, &f, &run);
@@ -353,9 +359,27 @@ flashqla_status_t flashqla_gdn_bwd_dh(const flashqla_gdn_bwd_dh_params_t* p, cud
   if (f.prep_ready && !bwd_workspace_ok(p))
     return fail(FLASHQLA_ERROR_INVALID_ARGUMENT, "fwd.prep_ready needs the workspace flashqla_gdn_bwd_prep filled "
                                                  "(at least flashqla_gdn_bwd_dh_workspace_bytes)");
-  const cudaError_t err = f.qkv_dtype == FLASHQLA_BFLOAT16 ? flashqla::launch_gdn_bwd_dh_bf16(f, p->dh, p->a, stream)
-                                                           : flashqla::launch_gdn_bwd_dh_fp16(f, p->dh, p->a, stream);
+  const cudaError_t err = f.qkv_dtype == FLASHQLA_BFLOAT16
+                              ? flashqla::launch_gdn_bwd_dh_bf16(f, p->dh, p->a, merge, stream)
+                              : flashqla::launch_gdn_bwd_dh_fp16(f, p->dh, p->a, merge, stream);
   return from_cuda(err, "gdn_bwd_dh launch");
+}
+
+flashqla_status_t flashqla_gdn_bwd_dh(const flashqla_gdn_bwd_dh_params_t* p, cudaStream_t stream) {
+  return bwd_dh(p, {}, stream);
+}
+
+flashqla_status_t flashqla_gdn_bwd_dh_merge_source(const flashqla_gdn_bwd_dh_params_t* p, cudaStream_t stream) {
+  return bwd_dh(p, {true, nullptr}, stream);
+}
+
+flashqla_status_t flashqla_gdn_bwd_dh_merge(const flashqla_gdn_bwd_dh_params_t* p, const float* other_dh0,
+                                            cudaStream_t stream) {
+  if (p != nullptr && (other_dh0 == nullptr || reinterpret_cast<uintptr_t>(other_dh0) % 16 != 0 ||
+                       (p->dh == nullptr && p->fwd.batch * p->fwd.seqlen > 0)))
+    return fail(FLASHQLA_ERROR_INVALID_ARGUMENT,
+                "merge: other_dh0 must be non-NULL and 16-byte aligned, and dh must hold the other run's dS'");
+  return bwd_dh(p, {false, other_dh0}, stream);
 }
 
 flashqla_status_t flashqla_gdn_bwd_prep(const flashqla_gdn_bwd_dh_params_t* p, void* states_workspace,
@@ -376,9 +400,14 @@ flashqla_status_t flashqla_gdn_bwd_prep(const flashqla_gdn_bwd_dh_params_t* p, v
     return fail(FLASHQLA_ERROR_INVALID_ARGUMENT,
                 "states_workspace must be 16-byte aligned and hold at least flashqla_gdn_fwd_workspace_bytes (%zu)",
                 flashqla::prep_workspace_bytes(f, flashqla::kFwdPrepCols));
+  // a states_workspace with room for the gates too gets them after X (flashqla_gdn_fwd's prep_ready = 2)
+  const size_t xw = flashqla::prep_workspace_bytes(f, flashqla::kFwdPrepCols);
+  float* gates = states_workspace != nullptr && states_workspace_bytes >= xw + flashqla::fwd_gate_workspace_bytes(f)
+                     ? reinterpret_cast<float*>(static_cast<char*>(states_workspace) + xw)
+                     : nullptr;
   const cudaError_t err = f.qkv_dtype == FLASHQLA_BFLOAT16
-                              ? flashqla::launch_gdn_bwd_prep_bf16(f, p->a, states_workspace, stream)
-                              : flashqla::launch_gdn_bwd_prep_fp16(f, p->a, states_workspace, stream);
+                              ? flashqla::launch_gdn_bwd_prep_bf16(f, p->a, states_workspace, gates, stream)
+                              : flashqla::launch_gdn_bwd_prep_fp16(f, p->a, states_workspace, gates, stream);
   return from_cuda(err, "gdn_bwd_prep launch");
 }
 

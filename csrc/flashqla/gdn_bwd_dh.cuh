@@ -17,6 +17,7 @@
 #pragma once
 
 #include "gdn_fwd_mma.cuh"
+#include "kernels.h"
 
 namespace flashqla {
 namespace gdn_bwd_dh {
@@ -51,10 +52,13 @@ constexpr int kBwdPrepCtasPerSm = 3;
 
 // kStatesX: also the state recompute's X = diag(beta) A^T K into states_x (the forward's prep layout,
 // [batch * seqlen, heads_v, 128]), so that the backward's two chains share one Gram product and one inverse
-// (flashqla_gdn_bwd_prep); bitwise the X of the forward's states prep (same operands, same x_half).
+// (flashqla_gdn_bwd_prep); bitwise the X of the forward's states prep (same operands, same x_half). states_gates
+// (kStatesX; NULL: not written): each chunk's gamma and decay as the forward's prep writes them
+// (PrepBuffers::gates: the same compute_gates, so the same bits), for the summaries passes' paired launch.
 template <typename T, typename IndexT, bool kStatesX = false>
 __global__ void __launch_bounds__(kAuxThreads, kBwdPrepCtasPerSm)
-    gdn_bwd_prep_kernel(const __grid_constant__ flashqla_gdn_fwd_params_t p, const PrepBuffers<T> pb, T* states_x) {
+    gdn_bwd_prep_kernel(const __grid_constant__ flashqla_gdn_fwd_params_t p, const PrepBuffers<T> pb, T* states_x,
+                        float* states_gates) {
   using namespace warp;
   extern __shared__ __align__(128) unsigned char smem_raw[];
   auto& sm = *reinterpret_cast<BwdPrepStorage<T>*>(smem_raw);
@@ -73,6 +77,12 @@ __global__ void __launch_bounds__(kAuxThreads, kBwdPrepCtasPerSm)
   long long t_mark = 0;
   aux_chunk<T, AuxMode::kInputsOnly>(p, S, ax, wk, c, tid, kBarAux, pb, t_mark);
   bar_sync(kBarAux, kAuxThreads);
+  if constexpr (kStatesX) {  // (the chunk of all sequences is blockIdx.x, as in the forward's prep)
+    static_assert(kAuxThreads == 2 * kChunk, "a thread a gate value");
+    if (states_gates != nullptr)
+      states_gates[(static_cast<int64_t>(blockIdx.x) * p.heads_v + h) * 2 * kChunk + tid] =
+          tid < kChunk ? S.gamma[tid] : S.decay[tid - kChunk];
+  }
   float qk[8][4];
   aux_gram_inverse<T>(S, ax, tid, kBarAux, t_mark, qk);
   // dO rows, all 128 columns, into Q's space: every thread read Q for the Gram products before the inverse's
@@ -161,6 +171,55 @@ __global__ void __launch_bounds__(kAuxThreads, kBwdPrepCtasPerSm)
 }
 
 // ---- the reverse chain
+// The merging chain's checkpoints (kMerge): steps 0 (end gradients equal from the start: a last segment without
+// dht), 4, 8, 12, 16, then 24, 32, 48, 64, 96, ... (powers of two and 1.5 times them). Each comparison reads the CTA's
+// 32 KB of the other run's dS' and waits for it, about a step's time; the anchors' gates merge at step ~10-11
+// (benchmarks/merge_steps.py), so the walk stops at 12 after 4 comparisons, and where none merges it makes
+// ~2 log2(chunks).
+CUTLASS_DEVICE bool merge_checkpoint(int64_t it) {
+  if (it == 0) return true;
+  if (it % 4 != 0) return false;
+  const int64_t q = it / 4, third = q % 3 == 0 ? q / 3 : 0;
+  return q <= 4 || (q & (q - 1)) == 0 || (third > 0 && (third & (third - 1)) == 0);
+}
+// The merging pair's gate test (kMerge): a walk may merge only where the gates of its first half (the segment's last
+// ceil(chunks / 2) chunks) sum to at most kMergeLogDecay. benchmarks/merge_steps.py puts the merge where the walk's
+// summed log-decay reaches about -35 (3.2 a chunk) to -49 (1.3 a chunk), and a merge pays (the source run's dS'
+// stores, ~0.4 of a last-pass step each, against the steps saved) only in the first half; walks that fail it (a
+// g = 0 head, slow decay, short segments) neither store in the source run nor compare in the merging run. Both runs
+// sum the same values in the same order, so they agree.
+constexpr float kMergeLogDecay = -50.f;
+template <typename T, typename Storage>
+CUTLASS_DEVICE bool walk_may_merge(const flashqla_gdn_fwd_params_t& p, Storage& sm, const Work<T>& wk, int tid) {
+  const int64_t first = (wk.num_chunks - (wk.num_chunks + 1) / 2) * kChunk;  // the half's first token
+  const int64_t g_off = wk.b * p.g_stride_batch + wk.h * p.g_stride_head;
+  float sum = 0.f;
+  for (int64_t t = first + tid; t < wk.len; t += kStateThreads)
+    sum += load_scalar(p.g, p.g_dtype, g_off + (wk.t0 + t) * p.g_stride_time);
+#pragma unroll
+  for (int off = 16; off > 0; off >>= 1) sum += __shfl_xor_sync(0xffffffffu, sum, off);  // (every lane the same bits)
+  if ((tid & 31) == 0) sm.merge_sum[tid >> 5] = sum;
+  warp::bar_sync(kBarState, kStateThreads);
+  float total = 0.f;
+#pragma unroll
+  for (int w = 0; w < kStateWarps; ++w) total += sm.merge_sum[w];
+  return total <= kMergeLogDecay;
+}
+
+// Whether this thread's fragments of the state tile equal src's (as load_state_tile reads it), bit for bit.
+template <int NT>
+CUTLASS_DEVICE bool state_tile_equals(const float (&acc)[NT][4], const float* src, int tq, int v0) {
+  bool eq = true;
+#pragma unroll
+  for (int j = 0; j < NT; ++j)
+#pragma unroll
+    for (int e = 0; e < 4; ++e)
+      eq &= __float_as_uint(acc[j][e]) ==
+            __float_as_uint(src[int64_t(8 * j + 2 * tq + (e & 1)) * kDimV + v0 + 8 * (e >> 1)]);  // (not .nc: the
+                                                                                                   // kernel writes dh)
+  return eq;
+}
+
 // kKSplit false: warp s owns V rows 16 s .. of the CTA's 64 columns and all 128 K columns of dS^T. kKSplit true
 // (few sequences x value heads, as the forward's state_role): V rows 16 (s / 2) .. of 32 columns and K columns
 // kKHalf (s % 2) ..; each warp forms its K half's share of KdS^T, the pair adds the shares through the loader
@@ -168,10 +227,17 @@ __global__ void __launch_bounds__(kAuxThreads, kBwdPrepCtasPerSm)
 // Q's and W''s columns): ~160 mma per warp a chunk instead of ~320.
 // kWg: the products as wgmma on the swizzled stage (StageSwBwd; unsplit only), as the forward's state_role.
 // kStatesByTma<Storage> (SharedStorageSwBwdSt, with kWg): dS' leaves by TMA on ds_map (state_map of dh).
-template <typename T, bool kKSplit, bool kWg = false, typename Storage>
+// kMerge (with kStatesByTma), a merging pair's runs; only walks that pass walk_may_merge take part. The source run
+// (merge_dh0 NULL; exact parallelism's B pass, from zero) stores dS' only in those walks. The merging run: dh
+// already holds the source run's dS' and merge_dh0 its dh0. At checkpoint steps (merge_checkpoint) the state warps
+// compare their dS' with dh's, bit for bit; once every thread's are equal the rest of the walk would repeat the
+// other run's instructions on the same operands, so its dh is already this run's: the warps stop, release the
+// loaders (sm.stop) and give merge_dh0's tile as dh0.
+template <typename T, bool kKSplit, bool kWg = false, bool kMerge = false, typename Storage>
 CUTLASS_DEVICE void dh_state_role(const flashqla_gdn_fwd_params_t& p, Storage& sm, const Work<T>& wk, float* dh,
-                                  const CUtensorMap* ds_map) {
+                                  const CUtensorMap* ds_map, const float* merge_dh0 = nullptr) {
   static_assert(!(kWg && kKSplit), "the wgmma chain is unsplit");
+  static_assert(!kMerge || kStatesByTma<Storage>, "the merging chain: the wgmma chain with dS' by TMA");
   using namespace warp;
   constexpr int kNT = kKSplit ? kDimK / 16 : kDimK / 8;  // C tiles of dS^T per warp
   constexpr int kKS = kNT / 2;
@@ -190,9 +256,36 @@ CUTLASS_DEVICE void dh_state_role(const flashqla_gdn_fwd_params_t& p, Storage& s
   if constexpr (kKSplit) pair_scratch = sm.aux[vg].la;
   const PairShares pair(pair_scratch, kh);
 
+  bool merged = false, may_merge = false;
+  if constexpr (kMerge) {
+    if (tid == 0) sm.stop = 0;  // (read by the loaders only after a stage release, which follows this store)
+    may_merge = walk_may_merge(p, sm, wk, tid);
+  }
+  const bool merging = kMerge && may_merge && merge_dh0 != nullptr;
+  const bool source_skips = kMerge && !may_merge && merge_dh0 == nullptr;  // (the source run stores no dS' here)
   for (int64_t it = 0; it < wk.num_chunks; ++it) {
     const int64_t c = wk.num_chunks - 1 - it;
     const int st = static_cast<int>(it % kStages);
+    if constexpr (kMerge) {
+      if (merging && merge_checkpoint(it) && uniform<true>(dh != nullptr && wk.chunk0 + c < chunk_bound(p))) {
+        const float* other = dh + ((wk.chunk0 + c) * p.heads_v + wk.h) * int64_t(kDimK) * kDimV + koff + wk.col0;
+        if (bar_red_and(kBarState, kStateThreads, state_tile_equals(sacc, other, tq, v0))) {
+          merged = true;
+          // Take the fills of the chunks the groups may still be loading (it .. it + kStages - 1; each group has
+          // then used up this warps' earlier release of its stage: a second arrival on a stage barrier the group
+          // has not yet waited at would complete it without the group), then release each of those stages once,
+          // as the walk would have, after the stop: each group's next wait returns and it reads the stop.
+#pragma unroll
+          for (int d = 0; d < kStages; ++d)
+            if (it + d < wk.num_chunks) bar_sync(kBarFull + static_cast<int>((it + d) % kStages), kHandoffThreads);
+          if (tid == 0) sm.stop = 1;
+#pragma unroll
+          for (int d = 0; d < kStages; ++d)
+            if (it + d + kStages < wk.num_chunks) bar_arrive(kBarEmpty + static_cast<int>((it + d) % kStages), kHandoffThreads);
+          break;
+        }
+      }
+    }
     const auto& S = sm.stage[st];
     bar_sync(kBarFull + st, kHandoffThreads);
     FLASHQLA_ROLE_PHASE(0, kStWaitFull);
@@ -202,7 +295,7 @@ CUTLASS_DEVICE void dh_state_role(const flashqla_gdn_fwd_params_t& p, Storage& s
     // (malformed cu_seqlens can name more chunks than dh has slots; uniform: the wgmma chain stores while its
     // products are in flight)
     // (dh NULL: exact parallelism's summaries passes, which want only dh0)
-    const bool store_ds = uniform<kWg>(dh != nullptr && wk.chunk0 + c < chunk_bound(p));
+    const bool store_ds = uniform<kWg>(dh != nullptr && !source_skips && wk.chunk0 + c < chunk_bound(p));
     float* ds_dst = dh + ((wk.chunk0 + c) * p.heads_v + wk.h) * int64_t(kDimK) * kDimV + koff + wk.col0;
 
     uint32_t sa[kKS][4];
@@ -302,18 +395,24 @@ CUTLASS_DEVICE void dh_state_role(const flashqla_gdn_fwd_params_t& p, Storage& s
     FLASHQLA_ROLE_PHASE(0, kStUpdate);
   }
 
-  if (p.final_state != nullptr) store_state_tile(p.final_state + wk.state_off + koff, sacc, tq, v0);  // dh0
+  if (p.final_state != nullptr) {  // dh0 (merged: the other run's, which this walk would have repeated)
+    if (kMerge && merged) load_state_tile(sacc, merge_dh0 + wk.state_off + koff, tq, v0);
+    store_state_tile(p.final_state + wk.state_off + koff, sacc, tq, v0);
+  }
   if constexpr (kStatesByTma<Storage>) {
     if (tid == 0) bulk_wait();  // (the boxes must outlive their stores' reads)
   }
 }
 
-// kTma (with kWg): dS' by TMA on ds_map (state_map of dh), else ds_map is unused.
-template <typename T, typename IndexT, bool kKSplit = false, bool kWg = false, bool kTma = false>
+// kTma (with kWg): dS' by TMA on ds_map (state_map of dh), else ds_map is unused. kMerge (with kTma): a merging
+// pair's run (dh_state_role; merge_dh0 NULL: the source run).
+template <typename T, typename IndexT, bool kKSplit = false, bool kWg = false, bool kTma = false, bool kMerge = false>
 __global__ void __launch_bounds__(kThreads, 1) gdn_bwd_dh_kernel(const __grid_constant__ flashqla_gdn_fwd_params_t p,
                                                                  const PrepBuffers<T> pb, float* dh,
-                                                                 const __grid_constant__ CUtensorMap ds_map) {
+                                                                 const __grid_constant__ CUtensorMap ds_map,
+                                                                 const float* merge_dh0) {
   static_assert(!kTma || kWg, "dS' by TMA: the wgmma chain");
+  static_assert(!kMerge || kTma, "the merging chain: dS' by TMA");
   constexpr int kVB = kKSplit ? kVBlocksK : kVBlocks, kBV = kKSplit ? kBlockVK : kBlockV;
   using SwStorage = std::conditional_t<kTma, SharedStorageSwBwdSt<T>, SharedStorageSwBwd<T>>;
   using Storage = std::conditional_t<kWg, SwStorage, SharedStorage<T>>;
@@ -330,10 +429,14 @@ __global__ void __launch_bounds__(kThreads, 1) gdn_bwd_dh_kernel(const __grid_co
   if (state_warps) {
     cutlass::arch::warpgroup_reg_alloc<kStateRegs>();
     wk.chunk0 = chunk_offset<IndexT>(p, ct.n, threadIdx.x & 31);
-    dh_state_role<T, kKSplit, kWg>(p, sm, wk, dh, &ds_map);
+    dh_state_role<T, kKSplit, kWg, kMerge>(p, sm, wk, dh, &ds_map, merge_dh0);
   } else {
     cutlass::arch::warpgroup_reg_dealloc<kAuxRegs>();
-    aux_role<T, AuxMode::kLoadBwd, kBV>(p, sm, wk, (threadIdx.x - kStateThreads) / kAuxThreads, pb);
+    if constexpr (kMerge)
+      aux_role<T, AuxMode::kLoadBwd, kBV, false, false, false, true>(p, sm, wk, (threadIdx.x - kStateThreads) / kAuxThreads,
+                                                                      pb, nullptr, &sm.stop);
+    else
+      aux_role<T, AuxMode::kLoadBwd, kBV>(p, sm, wk, (threadIdx.x - kStateThreads) / kAuxThreads, pb);
   }
 }
 
@@ -348,10 +451,11 @@ PrepBuffers<T> bwd_prep_buffers(const flashqla_gdn_fwd_params_t& p, void* worksp
 
 // The prep alone: W' and U into `workspace` (at least prep_workspace_bytes(p, kBwdPrepCols)), the inverse's rows
 // into a (NULL: not written) and, when states_x is not NULL, the state recompute's X there (the forward's
-// workspace layout). p as for launch below.
+// workspace layout) and, when states_gates is not NULL too, the chunks' gates (fwd_gate_workspace_bytes, as the
+// forward's gates_from_prep). p as for launch below.
 template <typename T>
 cudaError_t launch_prep(const flashqla_gdn_fwd_params_t& p, void* workspace, float* a, void* states_x,
-                        cudaStream_t stream) {
+                        float* states_gates, cudaStream_t stream) {
   const int64_t chunks = chunk_bound(p);
   if (chunks == 0 || p.num_seqs == 0 || p.heads_v == 0) return cudaSuccess;
   const bool ix64 = p.cu_seqlens != nullptr && p.cu_seqlens_dtype == FLASHQLA_INT64;
@@ -361,16 +465,20 @@ cudaError_t launch_prep(const flashqla_gdn_fwd_params_t& p, void* workspace, flo
   const cudaError_t err = cudaFuncSetAttribute(prep, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem));
   if (err != cudaSuccess) return err;
   prep<<<dim3(static_cast<unsigned>(chunks), static_cast<unsigned>(p.heads_v)), kAuxThreads, smem, stream>>>(
-      p, bwd_prep_buffers<T>(p, workspace, a), static_cast<T*>(states_x));
+      p, bwd_prep_buffers<T>(p, workspace, a), static_cast<T*>(states_x), states_x != nullptr ? states_gates : nullptr);
   return cudaGetLastError();
 }
 
 // p: the forward's struct with v = dO (and its strides), initial_state = dht or NULL, final_state = dh0 or
 // NULL; o unused; prep_ready: p.workspace already holds launch_prep's W' and U (the prep is skipped, a is not
 // written). dh: [chunk_bound(p), heads_v, 128, 128] fp32 (entries past the last chunk untouched). a: NULL
-// or [batch * seqlen, heads_v, 64] fp32, the inverse's rows (flashqla_gdn_bwd_dh_params_t::a).
+// or [batch * seqlen, heads_v, 64] fp32, the inverse's rows (flashqla_gdn_bwd_dh_params_t::a). merge: the run's
+// part in a merging pair (DhMerge; dh_state_role's kMerge). The source run stores dS' only in the walks that may
+// merge; the merging run (merge.other_dh0 set: dh holds the source run's dS', other_dh0 its dh0) may stop where its
+// walk merges with the source's (the same results). Only the wgmma chain with dS' by TMA takes part; in the other
+// forms the source stores every chunk and the merging run walks every chunk.
 template <typename T>
-cudaError_t launch(const flashqla_gdn_fwd_params_t& p, float* dh, float* a, cudaStream_t stream) {
+cudaError_t launch(const flashqla_gdn_fwd_params_t& p, float* dh, float* a, cudaStream_t stream, DhMerge merge = {}) {
   const ChainForm form = chain_form(p, true);
   const bool wg = form == ChainForm::kWgmma, ksplit = form == ChainForm::kKSplit;
   const int64_t ctas = p.num_seqs * p.heads_v * (ksplit ? kVBlocksK : kVBlocks);
@@ -384,7 +492,7 @@ cudaError_t launch(const flashqla_gdn_fwd_params_t& p, float* dh, float* a, cuda
     err = ws.acquire(p, prep_workspace_bytes(p, kBwdPrepCols), stream);
     if (err != cudaSuccess) return err;
     pb = bwd_prep_buffers<T>(p, ws.ptr, a);
-    if (!(p.prep_ready && !ws.owned)) err = launch_prep<T>(p, ws.ptr, a, nullptr, stream);
+    if (!(p.prep_ready && !ws.owned)) err = launch_prep<T>(p, ws.ptr, a, nullptr, nullptr, stream);
   }
   if (err == cudaSuccess) {
     // dS' by TMA (FLASHQLA_STATES_TMA: states_tma_mode)
@@ -392,7 +500,10 @@ cudaError_t launch(const flashqla_gdn_fwd_params_t& p, float* dh, float* a, cuda
     const int mode = states_tma_mode();
     const bool tma = wg && mode != 0 && dh != nullptr && state_map(p, dh, true, ds_map);
     if (wg && !tma && mode == 2 && dh != nullptr) return ws.release(cudaErrorNotSupported, stream);
-    auto kernel = tma      ? (ix64 ? gdn_bwd_dh_kernel<T, int64_t, false, true, true> : gdn_bwd_dh_kernel<T, int32_t, false, true, true>)
+    const bool merging = tma && (merge.source || merge.other_dh0 != nullptr);
+    auto kernel = merging  ? (ix64 ? gdn_bwd_dh_kernel<T, int64_t, false, true, true, true>
+                                   : gdn_bwd_dh_kernel<T, int32_t, false, true, true, true>)
+                  : tma    ? (ix64 ? gdn_bwd_dh_kernel<T, int64_t, false, true, true> : gdn_bwd_dh_kernel<T, int32_t, false, true, true>)
                   : wg     ? (ix64 ? gdn_bwd_dh_kernel<T, int64_t, false, true> : gdn_bwd_dh_kernel<T, int32_t, false, true>)
                   : ksplit ? (ix64 ? gdn_bwd_dh_kernel<T, int64_t, true> : gdn_bwd_dh_kernel<T, int32_t, true>)
                            : (ix64 ? gdn_bwd_dh_kernel<T, int64_t> : gdn_bwd_dh_kernel<T, int32_t>);
@@ -400,7 +511,7 @@ cudaError_t launch(const flashqla_gdn_fwd_params_t& p, float* dh, float* a, cuda
                         : wg ? sizeof(SharedStorageSwBwd<T>) + 1024 : sizeof(SharedStorage<T>);
     err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem));
     if (err == cudaSuccess) {
-      kernel<<<static_cast<unsigned>(ctas), kThreads, smem, stream>>>(p, pb, dh, ds_map);
+      kernel<<<static_cast<unsigned>(ctas), kThreads, smem, stream>>>(p, pb, dh, ds_map, merge.other_dh0);
       err = cudaGetLastError();
     }
   }

@@ -3,10 +3,12 @@
 #include "kernels.h"
 
 namespace flashqla {
-cudaError_t launch_gdn_bwd_dh_fp16(const flashqla_gdn_fwd_params_t& p, float* dh, float* a, cudaStream_t stream) {
-  return gdn_bwd_dh::launch<__half>(p, dh, a, stream);
+cudaError_t launch_gdn_bwd_dh_fp16(const flashqla_gdn_fwd_params_t& p, float* dh, float* a, DhMerge merge,
+                                   cudaStream_t stream) {
+  return gdn_bwd_dh::launch<__half>(p, dh, a, stream, merge);
 }
-cudaError_t launch_gdn_bwd_prep_fp16(const flashqla_gdn_fwd_params_t& p, float* a, void* states_x, cudaStream_t stream) {
-  return gdn_bwd_dh::launch_prep<__half>(p, p.workspace, a, states_x, stream);
+cudaError_t launch_gdn_bwd_prep_fp16(const flashqla_gdn_fwd_params_t& p, float* a, void* states_x, float* states_gates,
+                                     cudaStream_t stream) {
+  return gdn_bwd_dh::launch_prep<__half>(p, p.workspace, a, states_x, states_gates, stream);
 }
 }  // namespace flashqla

@@ -302,6 +302,8 @@ struct SharedStorageSwBwdSt {
   StageSwBwd<T> stage[kStages];
   GateScratch aux[kAuxGroups];
   alignas(1024) float st_box[2][kDimK * 64];
+  int stop;  // (the merging dS chain, gdn_bwd_dh's kMerge: the state warps tell the loaders to stop)
+  float merge_sum[kStateWarps];  // (kMerge: walk_may_merge's per-warp sums)
 };
 template <typename Storage>
 constexpr bool kStatesByTma = false;
@@ -1303,10 +1305,14 @@ CUTLASS_DEVICE void aux_chunk(const flashqla_gdn_fwd_params_t& p, StageT& S, Ax&
 // kOb: the O-beside kernel's pipeline (three stages, its barrier ids; see ob::Barrier).
 // kTmaChain (kLoadPrepared; with kOb, or the state recompute's wgmma chain): the stages' K, Q, X, W and V by TMA on
 // cmaps' maps (aux_chunk; with kReady, X and W after the chunk's ready flag).
+// kStop (the merging dS chain, gdn_bwd_dh's kMerge): after each wait for an empty stage the group reads *stop and
+// ends its walk where the state warps set it (they release every stage a group may wait for when they stop; the
+// group's copies are all landed by then: aux_chunk waits for them before the hand-over).
 template <typename T, AuxMode kMode, int kBV = kBlockV, bool kOb = false, bool kReady = false,
-          bool kTmaChain = false, typename Storage>
+          bool kTmaChain = false, bool kStop = false, typename Storage>
 CUTLASS_DEVICE void aux_role(const flashqla_gdn_fwd_params_t& p, Storage& sm, const Work<T>& wk, int group,
-                             const PrepBuffers<T>& pb, const tma::ChainMaps* cmaps = nullptr) {
+                             const PrepBuffers<T>& pb, const tma::ChainMaps* cmaps = nullptr,
+                             const volatile int* stop = nullptr) {
   using namespace warp;
   const int tid = threadIdx.x % kAuxThreads;
   auto& ax = sm.aux[group];
@@ -1327,7 +1333,12 @@ CUTLASS_DEVICE void aux_role(const flashqla_gdn_fwd_params_t& p, Storage& sm, co
       // (non-aligned: a summaries pass's O warps sync here too, from o_role)
       if (it >= kObStages) bar_sync_sites(ob::kEmpty + (it - kObStages) % 6, ob::kEmptyThreads);
     } else {
-      if (it >= kStages) bar_sync(kBarEmpty + st, kHandoffThreads);
+      if (it >= kStages) {
+        bar_sync(kBarEmpty + st, kHandoffThreads);
+        if constexpr (kStop) {
+          if (*stop != 0) break;
+        }
+      }
     }
     FLASHQLA_ROLE_PHASE(1, kAuxWaitEmpty);
     if constexpr (kTmaChain)  // (stage st's barrier completes once a fill: its (it / stages)-th phase)
@@ -2855,7 +2866,11 @@ cudaError_t launch(const flashqla_gdn_fwd_params_t& p, cudaStream_t stream,
   if (err != cudaSuccess) return err;
   const size_t rows = static_cast<size_t>(p.batch) * static_cast<size_t>(p.seqlen);
   PrepBuffers<T> pb{static_cast<T*>(ws.ptr), static_cast<T*>(ws.ptr) + rows * p.heads_v * kDimK};
-  if (p.prep_ready && !ws.owned) return chains(pb);  // X, W in place
+  if (p.prep_ready && !ws.owned) {  // X, W in place (prep_ready = 2: and the chunks' gates after them)
+    if (p.prep_ready == 2 && gmode != 0 && p.workspace_bytes >= xw_bytes + gate_bytes)
+      pb.gates = reinterpret_cast<float*>(static_cast<char*>(ws.ptr) + xw_bytes);
+    return chains(pb);
+  }
   if (const int prep_ctas = overlap_prep_ctas(p); prep_ctas > 0) {  // one launch: the prep beside the chain
     Workspace flags;  // (always its own, zeroed: a flag per chunk and value head)
     flags.owned = true;

@@ -61,13 +61,23 @@ cudaError_t launch_gdn_fwd_summaries_fp16(const flashqla_gdn_fwd_params_t& p, co
 cudaError_t launch_gdn_fwd_simple_bf16(const flashqla_gdn_fwd_params_t& p, cudaStream_t stream);
 cudaError_t launch_gdn_fwd_simple_fp16(const flashqla_gdn_fwd_params_t& p, cudaStream_t stream);
 // backward, the reverse state-gradient chain (gdn_bwd_dh.cuh); p.v = dO, p.initial_state = dht, p.final_state = dh0;
-// a: the chunk-local inverse rows (flashqla_gdn_bwd_dh_params_t::a) or NULL
-cudaError_t launch_gdn_bwd_dh_bf16(const flashqla_gdn_fwd_params_t& p, float* dh, float* a, cudaStream_t stream);
-cudaError_t launch_gdn_bwd_dh_fp16(const flashqla_gdn_fwd_params_t& p, float* dh, float* a, cudaStream_t stream);
+// a: the chunk-local inverse rows (flashqla_gdn_bwd_dh_params_t::a) or NULL; merge: the run's part in a merging
+// pair, if any: the source run (flashqla_gdn_bwd_dh_merge_source) or the merging one (other_dh0: the source's dh0,
+// flashqla_gdn_bwd_dh_merge)
+struct DhMerge {
+  bool source = false;
+  const float* other_dh0 = nullptr;
+};
+cudaError_t launch_gdn_bwd_dh_bf16(const flashqla_gdn_fwd_params_t& p, float* dh, float* a, DhMerge merge,
+                                   cudaStream_t stream);
+cudaError_t launch_gdn_bwd_dh_fp16(const flashqla_gdn_fwd_params_t& p, float* dh, float* a, DhMerge merge,
+                                   cudaStream_t stream);
 // its chunk-parallel prep alone (flashqla_gdn_bwd_prep): W', U into p.workspace, a, and the state recompute's X
-// into states_x unless NULL
-cudaError_t launch_gdn_bwd_prep_bf16(const flashqla_gdn_fwd_params_t& p, float* a, void* states_x, cudaStream_t stream);
-cudaError_t launch_gdn_bwd_prep_fp16(const flashqla_gdn_fwd_params_t& p, float* a, void* states_x, cudaStream_t stream);
+// into states_x unless NULL, with it the chunks' gates into states_gates unless NULL
+cudaError_t launch_gdn_bwd_prep_bf16(const flashqla_gdn_fwd_params_t& p, float* a, void* states_x, float* states_gates,
+                                     cudaStream_t stream);
+cudaError_t launch_gdn_bwd_prep_fp16(const flashqla_gdn_fwd_params_t& p, float* a, void* states_x, float* states_gates,
+                                     cudaStream_t stream);
 // backward, the chunk-parallel gradient step (gdn_bwd_grad.cuh)
 cudaError_t launch_gdn_bwd_grad_bf16(const flashqla_gdn_bwd_grad_params_t& p, cudaStream_t stream);
 cudaError_t launch_gdn_bwd_grad_fp16(const flashqla_gdn_bwd_grad_params_t& p, cudaStream_t stream);

@@ -265,6 +265,17 @@ CUTLASS_DEVICE void bar_sync_sites(uint32_t id, uint32_t threads) {
 CUTLASS_DEVICE void bar_arrive(uint32_t id, uint32_t threads) {
   asm volatile("bar.arrive %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
 }
+// bar.sync of `threads` threads at barrier id that also ANDs their predicates: true on every one of them where pred
+// holds on all.
+CUTLASS_DEVICE bool bar_red_and(uint32_t id, uint32_t threads, bool pred) {
+  uint32_t all;
+  asm volatile(
+      "{\n .reg .pred p, q;\n setp.ne.u32 p, %1, 0;\n bar.red.and.pred q, %2, %3, p;\n selp.u32 %0, 1, 0, q;\n}\n"
+      : "=r"(all)
+      : "r"(static_cast<uint32_t>(pred)), "r"(id), "r"(threads)
+      : "memory");
+  return all != 0;
+}
 
 }  // namespace warp
 }  // namespace flashqla

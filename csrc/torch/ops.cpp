@@ -4,6 +4,8 @@
 // backstop that turns any C API failure into a Python exception.
 #include <Python.h>
 
+#include <cstdlib>
+
 #include <ATen/core/Tensor.h>
 #include <ATen/ops/empty.h>
 #include <ATen/ops/empty_like.h>
@@ -321,15 +323,14 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> chunk_gdn_bwd_dh_cuda(
 struct ForkedStream {
   struct Event {
     cudaEvent_t e = nullptr;
+    explicit Event(const char* op) { cuda_check(cudaEventCreateWithFlags(&e, cudaEventDisableTiming), op); }
     ~Event() { if (e != nullptr) cudaEventDestroy(e); }
   };
   c10::cuda::CUDAStream main, side;
-  Event forked, joined;
   const char* op;
+  Event forked, joined;
   ForkedStream(c10::cuda::CUDAStream m, c10::DeviceIndex dev, const char* op_)
-      : main(m), side(c10::cuda::getStreamFromPool(false, dev)), op(op_) {
-    cuda_check(cudaEventCreateWithFlags(&forked.e, cudaEventDisableTiming), op);
-    cuda_check(cudaEventCreateWithFlags(&joined.e, cudaEventDisableTiming), op);
+      : main(m), side(c10::cuda::getStreamFromPool(false, dev)), op(op_), forked(op_), joined(op_) {
     cuda_check(cudaEventRecord(forked.e, main.stream()), op);
     cuda_check(cudaStreamWaitEvent(side.stream(), forked.e, 0), op);
   }
@@ -391,11 +392,13 @@ at::Tensor chunk_gdn_cp_scan_cuda(const at::Tensor& phi, const at::Tensor& b, co
 // the dS chain's W' and U and the recompute's X once for every pass. seg_cu: the segments' cu_seqlens; last: each
 // sequence's last segment, rev: the permutation reversing each sequence's segments in place, first: each
 // sequence's first segment (int64, _cp.device_plan and _cp._reverse_plan); eye [segments, H_v, K, K] fp32.
-// On a side stream, the states: the two summaries passes (B from zero, the transition from eye with v = 0), the
+// On a side stream, the states: the two summaries passes (B from zero, the transition Phi from eye with v = 0), the
 // scan from initial_state, the states pass. On the current stream, the dS chain, affine backwards too
-// (dS_start = L dS_end + B per segment): B from the real dO with zero end gradients, L from dO = 0 with eye as the
-// end gradients (neither writes dh), the scan over each sequence's segments reversed starting from dht, then the
-// pass from each segment's true end gradient. Joined before returning.
+// (dS_start = L dS_end + B per segment): B from the real dO with zero end gradients (dh written only as a merge's
+// source); L is Phi^T (the dS chain is the adjoint of the state chain, whose transition over a segment is Phi), so
+// no pass of its own:
+// the current stream waits for the side stream's summaries; then the scan over each sequence's segments reversed
+// starting from dht, and the pass from each segment's true end gradient. Joined before returning.
 std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> chunk_gdn_bwd_chains_cp_cuda(
     const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& g, const at::Tensor& beta,
     const at::Tensor& dout, const std::optional<at::Tensor>& dht, double scale,
@@ -420,7 +423,9 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> chunk_gdn_bwd_chains_
   TORCH_CHECK(rev.numel() == NS, "flashqla.", op, ": rev must hold one index per segment (", NS, ")");
   at::Tensor states = at::empty({flashqla_gdn_chunk_bound(&f), H, K, V}, q.options());
   at::Tensor ws_b = byte_workspace(flashqla_gdn_bwd_dh_workspace_bytes(&r.p), dout);
-  at::Tensor ws_f = byte_workspace(flashqla_gdn_fwd_workspace_bytes(&f), dout);
+  // the recompute's X and the chunks' gates (the summaries passes' paired launch copies them: prep_ready = 2)
+  const size_t x_bytes = flashqla_gdn_fwd_workspace_bytes(&f);
+  at::Tensor ws_f = byte_workspace(x_bytes > 0 ? x_bytes + flashqla_gdn_fwd_gates_workspace_bytes(&f) : 0, dout);
   TORCH_CHECK(ws_f.numel() > 0 || ws_b.numel() == 0, "flashqla.", op,
               ": needs the split forward (FLASHQLA_FWD_SPLIT=0 is set)");
   r.p.fwd.workspace = ws_b.numel() > 0 ? ws_b.data_ptr() : nullptr;
@@ -435,7 +440,6 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> chunk_gdn_bwd_chains_
     f.prep_ready = 1;
   }
   at::Tensor b_end = at::empty({NS, H, K, V}, fopts), phi = at::empty({NS, H, K, K}, fopts);
-  at::Tensor l_map = at::empty({NS, H, K, V}, fopts);
   at::Tensor h0;
   if (initial_state.has_value()) {
     TORCH_CHECK(initial_state->is_contiguous() && initial_state->scalar_type() == at::kFloat,
@@ -444,15 +448,38 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> chunk_gdn_bwd_chains_
   }
   ForkedStream fork(main, dev, op);
   c10::cuda::CUDAStream side = fork.side;
+  ForkedStream::Event phi_ready(op);
+  // the dS chain's B pass (zero end gradients, dh0 = B), on the current stream: issued before the states' passes
+  // with FLASHQLA_BWD_CP_ORDER=1, so that the block scheduler hands it the SMs first (by default the states'
+  // summaries take them and B waits: it started 175 us after the prep in session 34's H200 timeline, and the dS side
+  // is the longer one). With the merge (FLASHQLA_BWD_CP_MERGE, on unless 0) B also writes its chunks' dS' into dh
+  // where the segment's gates decay enough for a merge (flashqla_gdn_bwd_dh_merge_source), and the last pass stops
+  // where its walk merges with B's (flashqla_gdn_bwd_dh_merge): the same results, and only the chunks until the true
+  // end gradients' part has decayed out of the fp32 state.
+  const char* merge_env = std::getenv("FLASHQLA_BWD_CP_MERGE");
+  const bool merge = !(merge_env != nullptr && merge_env[0] == '0');
+  flashqla_gdn_bwd_dh_params_t pb = r.p;
+  pb.dht = nullptr;
+  pb.dh = merge ? r.dh.data_ptr<float>() : nullptr;
+  pb.a = nullptr;
+  pb.dh0 = r.dh0.data_ptr<float>();
+  const char* order = std::getenv("FLASHQLA_BWD_CP_ORDER");
+  const bool b_first = order != nullptr && order[0] == '1';
+  // (the merging pair's source: dS' only in the walks that may merge)
+  const auto b_pass = [&] { return merge ? flashqla_gdn_bwd_dh_merge_source(&pb, main.stream())
+                                         : flashqla_gdn_bwd_dh(&pb, main.stream()); };
+  flashqla_status_t ds = b_first ? b_pass() : FLASHQLA_SUCCESS;
   // the states, on the side stream; its tensors were all allocated above on the current stream, which waits for
   // the side stream before anything else can reuse them
-  flashqla_status_t fs;
-  {
+  flashqla_status_t fs = ds;
+  if (fs == FLASHQLA_SUCCESS) {
     c10::cuda::CUDAStreamGuard on_side(side);
     flashqla_gdn_fwd_params_t fb = f;
     fb.final_state = b_end.data_ptr<float>();
+    if (fb.prep_ready) fb.prep_ready = 2;
     fs = flashqla_gdn_fwd_cp_summaries(&fb, eye.data_ptr<float>(), phi.data_ptr<float>(), side.stream());
     if (fs == FLASHQLA_SUCCESS) {
+      cuda_check(cudaEventRecord(phi_ready.e, side.stream()), op);  // (the dS chain's reverse scan reads Phi^T)
       at::Tensor init = chunk_gdn_cp_scan_cuda(phi, b_end, initial_state.has_value() ? std::optional<at::Tensor>(h0)
                                                                                        : std::nullopt, last);
       flashqla_gdn_fwd_params_t fp = f;
@@ -462,30 +489,23 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> chunk_gdn_bwd_chains_
       // (init was allocated on the side stream: its memory is not reused before the side stream's work is done)
     }
   }
-  // the dS chain, on the current stream
-  flashqla_gdn_bwd_dh_params_t pb = r.p;  // B: zero end gradients, dh0 = B, dh not written
-  pb.dht = nullptr;
-  pb.dh = nullptr;
-  pb.a = nullptr;
-  pb.dh0 = r.dh0.data_ptr<float>();
-  flashqla_status_t ds = fs == FLASHQLA_SUCCESS ? flashqla_gdn_bwd_dh(&pb, main.stream()) : fs;
-  flashqla_gdn_bwd_dh_params_t pl = pb;  // L: dO = 0 (U = 0), eye as the end gradients
-  pl.dout = nullptr;
-  pl.dht = eye.data_ptr<float>();
-  pl.dh0 = l_map.data_ptr<float>();
-  if (ds == FLASHQLA_SUCCESS) ds = flashqla_gdn_bwd_dh(&pl, main.stream());
+  // the rest of the dS chain, on the current stream
+  if (!b_first || fs != FLASHQLA_SUCCESS) ds = fs == FLASHQLA_SUCCESS ? b_pass() : fs;
   at::Tensor dh0;
   if (ds == FLASHQLA_SUCCESS) {
-    // E_0 = dht, E_{j+1} = L_j E_j + B_j from each sequence's last segment back: the forward's scan over the
-    // segments reversed within each sequence (position j of the reversed order holds segment rev[j])
+    cuda_check(cudaStreamWaitEvent(main.stream(), phi_ready.e, 0), op);
+    // E_0 = dht, E_{j+1} = L_j E_j + B_j with L_j = Phi_j^T, from each sequence's last segment back: the forward's
+    // scan over the segments reversed within each sequence (position j of the reversed order holds segment rev[j])
+    at::Tensor l_rev = at::index_select(phi.transpose(2, 3), 0, rev).contiguous();
     at::Tensor ends = at::index_select(
-        chunk_gdn_cp_scan_cuda(at::index_select(l_map, 0, rev), at::index_select(r.dh0, 0, rev), dht, last), 0, rev);
+        chunk_gdn_cp_scan_cuda(l_rev, at::index_select(r.dh0, 0, rev), dht, last), 0, rev);
     flashqla_gdn_bwd_dh_params_t pr = r.p;  // the pass from each segment's true end gradient
     pr.dht = ends.data_ptr<float>();
     pr.a = nullptr;
     at::Tensor dh0_seg = output_dh0 ? at::empty({NS, H, K, V}, fopts) : at::Tensor();
     pr.dh0 = output_dh0 ? dh0_seg.data_ptr<float>() : nullptr;
-    ds = flashqla_gdn_bwd_dh(&pr, main.stream());
+    ds = merge ? flashqla_gdn_bwd_dh_merge(&pr, r.dh0.data_ptr<float>(), main.stream())
+               : flashqla_gdn_bwd_dh(&pr, main.stream());
     dh0 = output_dh0 ? at::index_select(dh0_seg, 0, first) : at::empty({0}, fopts);
   }
   fork.join();  // (also after a failed launch)

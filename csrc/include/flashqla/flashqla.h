@@ -140,7 +140,10 @@ typedef struct flashqla_gdn_fwd_params {
                                             0: computed. A call with chunk_states set and o = NULL (the
                                             backward's recompute) computes X alone, as flashqla_gdn_bwd_prep's
                                             states_workspace holds it: such a workspace cannot serve a later
-                                            prep_ready call that writes o. */
+                                            prep_ready call that writes o. 2: as 1, and the chunks' gates
+                                            follow X and W there (a workspace of flashqla_gdn_fwd_workspace_bytes +
+                                            flashqla_gdn_fwd_gates_workspace_bytes that flashqla_gdn_bwd_prep
+                                            filled as states_workspace): the summaries passes copy them. */
   /* Scheduling hints for packed batches of unequal sequences (zero-initialise both for the default; the
      results are the same bits either way). seq_order: NULL, or a device int32 permutation of the num_seqs
      sequences in the order their chains should start (longest first), read by every chain CTA (values are
@@ -187,6 +190,21 @@ typedef struct flashqla_gdn_bwd_dh_params {
 /* An upper bound on the number of 64-token chunks of all sequences, from the shapes alone. */
 FLASHQLA_API int64_t flashqla_gdn_chunk_bound(const flashqla_gdn_fwd_params_t* fwd);
 FLASHQLA_API flashqla_status_t flashqla_gdn_bwd_dh(const flashqla_gdn_bwd_dh_params_t* params, cudaStream_t stream);
+/* A merging pair, for exact parallelism's passes over segments: the same chain run twice with other end gradients
+ * (dht), the first (the source: the pass from zero) ordered before the second.
+ * flashqla_gdn_bwd_dh_merge_source is flashqla_gdn_bwd_dh, except that dh is written only by the walks that may
+ * merge: those whose first half's gates sum to at most -50 (a segment with g = 0, slowly decaying or short leaves
+ * its dh for the merging run to write).
+ * flashqla_gdn_bwd_dh_merge is the merging run: params->dh holds the source run's dS' and other_dh0 (16-byte
+ * aligned) its dh0. A walk that may merge compares its dS' with dh's at checkpoint chunks and stops at the first
+ * bitwise-equal one (from there it would repeat the source's arithmetic on the same operands), leaving the source's
+ * dS' in the chunks it has not reached and taking other_dh0's tile as dh0: the results of the full walk, in fewer chunks where the end gradients'
+ * difference decays out of the fp32 state. Other walks, and forms that cannot stop, walk in full. (A source run by
+ * flashqla_gdn_bwd_dh, which writes every chunk, serves too.) */
+FLASHQLA_API flashqla_status_t flashqla_gdn_bwd_dh_merge_source(const flashqla_gdn_bwd_dh_params_t* params,
+                                                                cudaStream_t stream);
+FLASHQLA_API flashqla_status_t flashqla_gdn_bwd_dh_merge(const flashqla_gdn_bwd_dh_params_t* params,
+                                                         const float* other_dh0, cudaStream_t stream);
 /* Device workspace flashqla_gdn_bwd_dh needs (in params->fwd.workspace). With params->fwd.prep_ready = 1 it
  * holds flashqla_gdn_bwd_prep's products already and only the chain runs (a is then not written). */
 FLASHQLA_API size_t flashqla_gdn_bwd_dh_workspace_bytes(const flashqla_gdn_bwd_dh_params_t* params);
@@ -197,7 +215,8 @@ FLASHQLA_API size_t flashqla_gdn_bwd_dh_workspace_bytes(const flashqla_gdn_bwd_d
  * flashqla_gdn_bwd_dh_workspace_bytes) and the inverse's rows into params->a (NULL: not written). With
  * states_workspace (NULL: not written; 16-byte aligned, at least flashqla_gdn_fwd_workspace_bytes of the
  * recompute's params) it also writes the state recompute's chunk products, so the Gram products and the inverse
- * are computed once for both chains. Then, in either order or on two streams at once (both only read what
+ * are computed once for both chains; with flashqla_gdn_fwd_gates_workspace_bytes more, the chunks' gates after
+ * them (for a forward call with prep_ready = 2). Then, in either order or on two streams at once (both only read what
  * this call wrote, so each needs only to be ordered after it):
  *  - flashqla_gdn_bwd_dh with the same params and fwd.prep_ready = 1 runs the dS chain;
  *  - flashqla_gdn_fwd with chunk_states set, o = NULL, prep_ready = 1 and workspace = states_workspace runs
