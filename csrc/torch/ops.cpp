@@ -396,9 +396,8 @@ at::Tensor chunk_gdn_cp_scan_cuda(const at::Tensor& phi, const at::Tensor& b, co
 // scan from initial_state, the states pass. On the current stream, the dS chain, affine backwards too
 // (dS_start = L dS_end + B per segment): B from the real dO with zero end gradients (dh written only as a merge's
 // source); L is Phi^T (the dS chain is the adjoint of the state chain, whose transition over a segment is Phi), so
-// no pass of its own:
-// the current stream waits for the side stream's summaries; then the scan over each sequence's segments reversed
-// starting from dht, and the pass from each segment's true end gradient. Joined before returning.
+// no pass of its own: the current stream waits for the side stream's summaries; then the scan over each sequence's
+// segments reversed starting from dht, and the pass from each segment's true end gradient. Joined before returning.
 std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> chunk_gdn_bwd_chains_cp_cuda(
     const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& g, const at::Tensor& beta,
     const at::Tensor& dout, const std::optional<at::Tensor>& dht, double scale,

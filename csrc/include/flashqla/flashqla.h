@@ -198,9 +198,9 @@ FLASHQLA_API flashqla_status_t flashqla_gdn_bwd_dh(const flashqla_gdn_bwd_dh_par
  * flashqla_gdn_bwd_dh_merge is the merging run: params->dh holds the source run's dS' and other_dh0 (16-byte
  * aligned) its dh0. A walk that may merge compares its dS' with dh's at checkpoint chunks and stops at the first
  * bitwise-equal one (from there it would repeat the source's arithmetic on the same operands), leaving the source's
- * dS' in the chunks it has not reached and taking other_dh0's tile as dh0: the results of the full walk, in fewer chunks where the end gradients'
- * difference decays out of the fp32 state. Other walks, and forms that cannot stop, walk in full. (A source run by
- * flashqla_gdn_bwd_dh, which writes every chunk, serves too.) */
+ * dS' in the chunks it has not reached and taking other_dh0's tile as dh0: the results of the full walk, in fewer
+ * chunks where the end gradients' difference decays out of the fp32 state. Other walks, and forms that cannot stop,
+ * walk in full. (A source run by flashqla_gdn_bwd_dh, which writes every chunk, serves too.) */
 FLASHQLA_API flashqla_status_t flashqla_gdn_bwd_dh_merge_source(const flashqla_gdn_bwd_dh_params_t* params,
                                                                 cudaStream_t stream);
 FLASHQLA_API flashqla_status_t flashqla_gdn_bwd_dh_merge(const flashqla_gdn_bwd_dh_params_t* params,
