@@ -153,6 +153,11 @@ if has build; then
   # A build made on the development machine and carried (flashqla/_C*.so), or kept in /tmp/flashqla-build by an
   # earlier call of the same machine start (a later call's carry may lack room for it), is used as it is when its
   # digest is FLASHQLA_SOURCES: the compile costs ~84 s of device time
+  # (a carried build may come xz-compressed, .whl/so/_C.so.xz: 23 MB -> ~5 MB, room in the carry for the z3 wheels)
+  if [ -f .whl/so/_C.so.xz ] && ! ls flashqla/_C.cpython-312-*.so > /dev/null 2>&1; then
+    python3 -c 'import lzma, shutil, sys; shutil.copyfileobj(lzma.open(sys.argv[1]), open(sys.argv[2], "wb"))' \
+      .whl/so/_C.so.xz flashqla/_C.cpython-312-x86_64-linux-gnu.so && say "unpacked the carried build .whl/so/_C.so.xz"
+  fi
   so=$(ls flashqla/_C.cpython-312-*.so 2>/dev/null | head -1)
   if [ -z "$so" ] && [ -n "${FLASHQLA_SOURCES:-}" ] && ls /tmp/flashqla-build/_C.cpython-312-*.so > /dev/null 2>&1; then
     cp /tmp/flashqla-build/_C.cpython-312-*.so flashqla/ && so=$(ls flashqla/_C.cpython-312-*.so | head -1)
