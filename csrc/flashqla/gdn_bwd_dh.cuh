@@ -210,7 +210,7 @@ CUTLASS_DEVICE void dh_state_role(const flashqla_gdn_fwd_params_t& p, Storage& s
   bool merged = false, may_merge = false;
   if constexpr (kMerge) {
     if (tid == 0) sm.stop = 0;  // (read by the loaders only after a stage release, which follows this store)
-    may_merge = walk_may_merge(p, wk, true, sm.merge_sum, kBarState, tid);
+    may_merge = walk_may_merge<true>(p, wk, sm.merge_sum, kBarState, tid);
   }
   const bool merging = kMerge && may_merge && merge_dh0 != nullptr;
   const bool source_skips = kMerge && !may_merge && merge_dh0 == nullptr;  // (the source run stores no dS' here)

@@ -1574,12 +1574,12 @@ CUTLASS_DEVICE bool merge_checkpoint(int64_t it) {
 // nor compare in the merging run. Both runs sum the same values in the same order, so they agree. scratch:
 // kStateWarps floats of shared memory; bar: the state warps' barrier.
 constexpr float kMergeLogDecay = -50.f;
-template <typename T>
-CUTLASS_DEVICE bool walk_may_merge(const flashqla_gdn_fwd_params_t& p, const Work<T>& wk, bool reverse, float* scratch,
-                                   uint32_t bar, int tid) {
-  const int64_t half = (wk.num_chunks + 1) / 2;
-  const int64_t first = reverse ? (wk.num_chunks - half) * kChunk : 0;  // the half's tokens [first, end)
-  const int64_t end = reverse || half * kChunk > wk.len ? wk.len : half * kChunk;
+template <bool kReverse, typename T>
+CUTLASS_DEVICE bool walk_may_merge(const flashqla_gdn_fwd_params_t& p, const Work<T>& wk, float* scratch, uint32_t bar,
+                                   int tid) {
+  // the half's tokens [first, end)
+  const int64_t first = kReverse ? (wk.num_chunks - (wk.num_chunks + 1) / 2) * kChunk : 0;
+  const int64_t end = kReverse || (wk.num_chunks + 1) / 2 * kChunk > wk.len ? wk.len : (wk.num_chunks + 1) / 2 * kChunk;
   const int64_t g_off = wk.b * p.g_stride_batch + wk.h * p.g_stride_head;
   float sum = 0.f;
   for (int64_t t = first + tid; t < end; t += kStateThreads)
@@ -1695,7 +1695,7 @@ CUTLASS_DEVICE void state_role(const flashqla_gdn_fwd_params_t& p, Storage& sm, 
       if (tid == 0) sm.stop = 0;  // (read by the loaders only after a stage release, which follows this store)
     }
     // (uniform: every thread reads the same sums)
-    merge_walk = merge_ckpt != nullptr && walk_may_merge(p, wk, false, sm.merge_sum, state_bar, tid);
+    merge_walk = merge_ckpt != nullptr && walk_may_merge<false>(p, wk, sm.merge_sum, state_bar, tid);
   }
 
   constexpr int kSt = kOb ? kObStages : kStages;

@@ -445,14 +445,15 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> chunk_gdn_bwd_chains_
                 "flashqla.", op, ": initial_state must be contiguous float32");
     h0 = *initial_state;
   }
-  // The states merge (FLASHQLA_BWD_CP_STATES_MERGE, on unless 0): the summaries' B pass (from zero) also writes the
-  // chunk states of the walks whose gates decay enough to merge, and fp32 checkpoints, and the states pass stops
-  // where its walk merges with B's (flashqla_gdn_fwd_cp_summaries_merge_source, flashqla_gdn_fwd_states_merge): the
-  // same states, the states pass only over the chunks until the initial state's part has decayed out of fp32.
+  // The states merge (FLASHQLA_BWD_CP_STATES_MERGE=1; off by default until measured on the device): the summaries'
+  // B pass (from zero) also writes the chunk states of the walks whose gates decay enough to merge, and fp32
+  // checkpoints, and the states pass stops where its walk merges with B's (flashqla_gdn_fwd_cp_summaries_merge_source,
+  // flashqla_gdn_fwd_states_merge): the same states, the states pass only over the chunks until the initial state's
+  // part has decayed out of fp32.
   flashqla_gdn_fwd_params_t fp = f;  // the states pass (its initial states come from the scan)
   fp.chunk_states = states.data_ptr();
   const char* smerge_env = std::getenv("FLASHQLA_BWD_CP_STATES_MERGE");
-  const size_t ckpt_bytes = smerge_env != nullptr && smerge_env[0] == '0' ? 0 : flashqla_gdn_fwd_states_merge_bytes(&fp);
+  const size_t ckpt_bytes = smerge_env != nullptr && smerge_env[0] == '1' ? flashqla_gdn_fwd_states_merge_bytes(&fp) : 0;
   at::Tensor ckpt = at::empty({static_cast<int64_t>(ckpt_bytes / sizeof(float))}, fopts);
   ForkedStream fork(main, dev, op);
   c10::cuda::CUDAStream side = fork.side;
