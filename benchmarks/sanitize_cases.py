@@ -126,3 +126,25 @@ for cu in ([0, 0, 65, 65, 200, 260], [0, 900, 20, 300], [-5, 3, 1 << 30]):
     print("bwd_chains (wgmma) ran", cu, flush=True)
 del os.environ["FLASHQLA_WGMMA"]
 print("wgmma chains sanitize cases ran")
+
+# exact parallelism's backward chains through segments with both merges (the last dS pass against the B pass, the
+# states pass against the summaries' B half: their stops and the loaders' exits), under strong decay so that the
+# walks merge; one sequence cut into 8-chunk segments, and packed sequences with a zero-length one
+from flashqla import _cp  # noqa: E402
+
+_cp.MIN_SEGMENT_CHUNKS = 4
+os.environ["FLASHQLA_KSPLIT"] = "0"  # (the merging forms: the wgmma chains; at 2 heads the rule would split K)
+for lengths in ([4096], [3000, 0, 1100, 70]):
+    Tm = sum(lengths)
+    qm = F.normalize(torch.randn(1, Tm, 1, D, device=dev), dim=-1).bfloat16()
+    km = F.normalize(torch.randn(1, Tm, 1, D, device=dev), dim=-1).bfloat16()
+    vm = torch.randn(1, Tm, 2, D, device=dev).bfloat16()
+    gm = -5 * torch.rand(1, Tm, 2, device=dev)
+    bm = torch.rand(1, Tm, 2, device=dev)
+    dom = torch.randn(1, Tm, 2, D, device=dev).bfloat16()
+    plan = _cp.plan(lengths, 2, 132)
+    _cp.backward_chains(torch.ops.flashqla, qm, km, vm, gm, bm, dom, torch.randn(len(lengths), 2, D, D, device=dev),
+                        0.088, None, plan, False, True, True)
+    torch.cuda.synchronize()
+    print("segmented bwd chains with merges ran", lengths, plan.segments, flush=True)
+del os.environ["FLASHQLA_KSPLIT"]

@@ -339,23 +339,27 @@ def test_segmented_chains_op_matches_the_plain_chains(monkeypatch, lengths, orde
         assert torch.isfinite(a.float()).all() and e < 1e-2, name
 
 
-@pytest.mark.parametrize("strong,with_dht", [(False, True), (True, True), (True, False)])
+@pytest.mark.parametrize("strong,with_dht,with_h0", [(False, True, True), (True, True, True), (True, False, False)])
 @pytest.mark.parametrize("lengths", [[4096], [3000, 0, 1100, 70]])
-def test_segmented_chains_merge_gives_the_full_walks_bits(monkeypatch, lengths, strong, with_dht):
-    # FLASHQLA_BWD_CP_MERGE: the last dS pass stops where its walk merges with the B pass's (bitwise-equal dS' at a
-    # checkpoint; under strong decay after a chunk or two, at once for a last segment without dht, never on head 0,
-    # whose g is 0) and takes the B pass's dS' and dh0 from there: the same bits as the full walk (=0)
+def test_segmented_chains_merge_gives_the_full_walks_bits(monkeypatch, lengths, strong, with_dht, with_h0):
+    # The merges of exact parallelism's backward give the full walks' bits. FLASHQLA_BWD_CP_MERGE: the last dS pass
+    # stops where its walk merges with the B pass's (bitwise-equal dS' at a checkpoint; under strong decay after a
+    # chunk or two, at once for a last segment without dht, never on head 0, whose g is 0) and takes the B pass's
+    # dS' and dh0 from there. FLASHQLA_BWD_CP_STATES_MERGE: the states pass stops where its walk merges with the
+    # summaries' B half (at once for a first segment without h0) and leaves B's chunk states from there (opt-in
+    # until measured). Both on (=1) against both off (=0): the same bits.
     from flashqla import _cp
     monkeypatch.setattr(_cp, "MIN_SEGMENT_CHUNKS", 4)
     d = make(lengths, 2, 4, strong=strong, dht=with_dht, seed=62)
     gen = torch.Generator(device=DEV).manual_seed(63)
     v = torch.randn(d["do"].shape, device=DEV, generator=gen).bfloat16()
-    h0 = torch.randn(len(lengths), 4, D, D, device=DEV, generator=gen) / 8
+    h0 = torch.randn(len(lengths), 4, D, D, device=DEV, generator=gen) / 8 if with_h0 else None
     p = _cp.plan(lengths, 4, 132)
     assert p is not None and p.segments > len(lengths)
     out = {}
     for merge in ("0", "1"):
         monkeypatch.setenv("FLASHQLA_BWD_CP_MERGE", merge)
+        monkeypatch.setenv("FLASHQLA_BWD_CP_STATES_MERGE", merge)
         out[merge] = _cp.backward_chains(torch.ops.flashqla, d["q"], d["k"], v, d["g"], d["beta"], d["do"], d["dht"],
                                          D ** -0.5, h0, p, False, True, True)
     torch.cuda.synchronize()

@@ -232,8 +232,8 @@ flashqla_status_t flashqla_gdn_fwd(const flashqla_gdn_fwd_params_t* p, cudaStrea
   return from_cuda(err, "gdn_fwd launch");
 }
 
-flashqla_status_t flashqla_gdn_fwd_cp_summaries(const flashqla_gdn_fwd_params_t* p, const float* transition_initial,
-                                                float* transition_final, cudaStream_t stream) {
+static flashqla_status_t cp_summaries(const flashqla_gdn_fwd_params_t* p, const float* transition_initial,
+                                      float* transition_final, flashqla::StatesMerge merge, cudaStream_t stream) {
   if (p == nullptr) return fail(FLASHQLA_ERROR_INVALID_ARGUMENT, "params is NULL");
   if (p->o != nullptr || p->chunk_states != nullptr)
     return fail(FLASHQLA_ERROR_INVALID_ARGUMENT, "cp_summaries: o and chunk_states must be NULL (summaries only)");
@@ -252,9 +252,55 @@ flashqla_status_t flashqla_gdn_fwd_cp_summaries(const flashqla_gdn_fwd_params_t*
   if (simple_forward())
     return fail(FLASHQLA_ERROR_UNSUPPORTED, "cp_summaries needs the default forward kernel (FLASHQLA_FWD_KERNEL=simple is set)");
   const bool bf16 = p->qkv_dtype == FLASHQLA_BFLOAT16;
-  const cudaError_t err = bf16 ? flashqla::launch_gdn_fwd_summaries_bf16(*p, t, stream)
-                               : flashqla::launch_gdn_fwd_summaries_fp16(*p, t, stream);
+  const cudaError_t err = bf16 ? flashqla::launch_gdn_fwd_summaries_bf16(*p, t, stream, merge)
+                               : flashqla::launch_gdn_fwd_summaries_fp16(*p, t, stream, merge);
+  if (err == cudaErrorNotSupported && merge.states != nullptr)
+    return fail(FLASHQLA_ERROR_UNSUPPORTED, "cp_summaries_merge_source: the paired summaries launch cannot run here");
   return from_cuda(err, "gdn_fwd_cp_summaries launch");
+}
+
+flashqla_status_t flashqla_gdn_fwd_cp_summaries(const flashqla_gdn_fwd_params_t* p, const float* transition_initial,
+                                                float* transition_final, cudaStream_t stream) {
+  return cp_summaries(p, transition_initial, transition_final, {}, stream);
+}
+
+size_t flashqla_gdn_fwd_states_merge_bytes(const flashqla_gdn_fwd_params_t* p) {
+  return p == nullptr || simple_forward() || !p->prep_ready ? 0 : flashqla::gdn_fwd_states_merge_bytes(*p);
+}
+
+static bool aligned16(const void* x) { return reinterpret_cast<uintptr_t>(x) % 16 == 0; }
+
+flashqla_status_t flashqla_gdn_fwd_cp_summaries_merge_source(const flashqla_gdn_fwd_params_t* p,
+                                                             const float* transition_initial, float* transition_final,
+                                                             void* chunk_states, float* checkpoints,
+                                                             cudaStream_t stream) {
+  if (chunk_states == nullptr || checkpoints == nullptr || !aligned16(checkpoints) ||
+      reinterpret_cast<uintptr_t>(chunk_states) % 32)
+    return fail(FLASHQLA_ERROR_INVALID_ARGUMENT,
+                "cp_summaries_merge_source: chunk_states (32-byte aligned) and checkpoints (16) must not be NULL");
+  if (p != nullptr && !p->prep_ready)
+    return fail(FLASHQLA_ERROR_UNSUPPORTED, "cp_summaries_merge_source: needs prepared chunks (prep_ready)");
+  return cp_summaries(p, transition_initial, transition_final, {chunk_states, checkpoints}, stream);
+}
+
+flashqla_status_t flashqla_gdn_fwd_states_merge(const flashqla_gdn_fwd_params_t* p, float* checkpoints,
+                                                cudaStream_t stream) {
+  if (p == nullptr) return fail(FLASHQLA_ERROR_INVALID_ARGUMENT, "params is NULL");
+  if (checkpoints == nullptr || !aligned16(checkpoints))
+    return fail(FLASHQLA_ERROR_INVALID_ARGUMENT, "states_merge: checkpoints must be non-NULL and 16-byte aligned");
+  if (p->o != nullptr || p->chunk_states == nullptr || p->final_state != nullptr || !p->prep_ready)
+    return fail(FLASHQLA_ERROR_INVALID_ARGUMENT,
+                "states_merge: the state recompute (o and final_state NULL, chunk_states set, prep_ready)");
+  bool run = false;
+  const flashqla_status_t vs = validate_gdn(p, &run);
+  if (vs != FLASHQLA_SUCCESS || !run) return vs;
+  if (simple_forward())
+    return fail(FLASHQLA_ERROR_UNSUPPORTED, "states_merge needs the default forward kernel (FLASHQLA_FWD_KERNEL=simple is set)");
+  const bool bf16 = p->qkv_dtype == FLASHQLA_BFLOAT16;
+  const flashqla::StatesMerge merge{nullptr, checkpoints};
+  const cudaError_t err = bf16 ? flashqla::launch_gdn_fwd_mma_bf16(*p, stream, merge)
+                               : flashqla::launch_gdn_fwd_mma_fp16(*p, stream, merge);
+  return from_cuda(err, "gdn_fwd_states_merge launch");
 }
 
 int64_t flashqla_gdn_chunk_bound(const flashqla_gdn_fwd_params_t* p) {

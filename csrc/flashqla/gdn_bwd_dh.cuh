@@ -171,55 +171,6 @@ __global__ void __launch_bounds__(kAuxThreads, kBwdPrepCtasPerSm)
 }
 
 // ---- the reverse chain
-// The merging chain's checkpoints (kMerge): steps 0 (end gradients equal from the start: a last segment without
-// dht), 4, 8, 12, 16, then 24, 32, 48, 64, 96, ... (powers of two and 1.5 times them). Each comparison reads the CTA's
-// 32 KB of the other run's dS' and waits for it, about a step's time; the anchors' gates merge at step ~10-11
-// (benchmarks/merge_steps.py), so the walk stops at 12 after 4 comparisons, and where none merges it makes
-// ~2 log2(chunks).
-CUTLASS_DEVICE bool merge_checkpoint(int64_t it) {
-  if (it == 0) return true;
-  if (it % 4 != 0) return false;
-  const int64_t q = it / 4, third = q % 3 == 0 ? q / 3 : 0;
-  return q <= 4 || (q & (q - 1)) == 0 || (third > 0 && (third & (third - 1)) == 0);
-}
-// The merging pair's gate test (kMerge): a walk may merge only where the gates of its first half (the segment's last
-// ceil(chunks / 2) chunks) sum to at most kMergeLogDecay. benchmarks/merge_steps.py puts the merge where the walk's
-// summed log-decay reaches about -35 (3.2 a chunk) to -49 (1.3 a chunk), and a merge pays (the source run's dS'
-// stores, ~0.4 of a last-pass step each, against the steps saved) only in the first half; walks that fail it (a
-// g = 0 head, slow decay, short segments) neither store in the source run nor compare in the merging run. Both runs
-// sum the same values in the same order, so they agree.
-constexpr float kMergeLogDecay = -50.f;
-template <typename T, typename Storage>
-CUTLASS_DEVICE bool walk_may_merge(const flashqla_gdn_fwd_params_t& p, Storage& sm, const Work<T>& wk, int tid) {
-  const int64_t first = (wk.num_chunks - (wk.num_chunks + 1) / 2) * kChunk;  // the half's first token
-  const int64_t g_off = wk.b * p.g_stride_batch + wk.h * p.g_stride_head;
-  float sum = 0.f;
-  for (int64_t t = first + tid; t < wk.len; t += kStateThreads)
-    sum += load_scalar(p.g, p.g_dtype, g_off + (wk.t0 + t) * p.g_stride_time);
-#pragma unroll
-  for (int off = 16; off > 0; off >>= 1) sum += __shfl_xor_sync(0xffffffffu, sum, off);  // (every lane the same bits)
-  if ((tid & 31) == 0) sm.merge_sum[tid >> 5] = sum;
-  warp::bar_sync(kBarState, kStateThreads);
-  float total = 0.f;
-#pragma unroll
-  for (int w = 0; w < kStateWarps; ++w) total += sm.merge_sum[w];
-  return total <= kMergeLogDecay;
-}
-
-// Whether this thread's fragments of the state tile equal src's (as load_state_tile reads it), bit for bit.
-template <int NT>
-CUTLASS_DEVICE bool state_tile_equals(const float (&acc)[NT][4], const float* src, int tq, int v0) {
-  bool eq = true;
-#pragma unroll
-  for (int j = 0; j < NT; ++j)
-#pragma unroll
-    for (int e = 0; e < 4; ++e)
-      eq &= __float_as_uint(acc[j][e]) ==
-            __float_as_uint(src[int64_t(8 * j + 2 * tq + (e & 1)) * kDimV + v0 + 8 * (e >> 1)]);  // (not .nc: the
-                                                                                                   // kernel writes dh)
-  return eq;
-}
-
 // kKSplit false: warp s owns V rows 16 s .. of the CTA's 64 columns and all 128 K columns of dS^T. kKSplit true
 // (few sequences x value heads, as the forward's state_role): V rows 16 (s / 2) .. of 32 columns and K columns
 // kKHalf (s % 2) ..; each warp forms its K half's share of KdS^T, the pair adds the shares through the loader
@@ -259,7 +210,7 @@ CUTLASS_DEVICE void dh_state_role(const flashqla_gdn_fwd_params_t& p, Storage& s
   bool merged = false, may_merge = false;
   if constexpr (kMerge) {
     if (tid == 0) sm.stop = 0;  // (read by the loaders only after a stage release, which follows this store)
-    may_merge = walk_may_merge(p, sm, wk, tid);
+    may_merge = walk_may_merge<true>(p, wk, sm.merge_sum, kBarState, tid);
   }
   const bool merging = kMerge && may_merge && merge_dh0 != nullptr;
   const bool source_skips = kMerge && !may_merge && merge_dh0 == nullptr;  // (the source run stores no dS' here)
@@ -271,17 +222,7 @@ CUTLASS_DEVICE void dh_state_role(const flashqla_gdn_fwd_params_t& p, Storage& s
         const float* other = dh + ((wk.chunk0 + c) * p.heads_v + wk.h) * int64_t(kDimK) * kDimV + koff + wk.col0;
         if (bar_red_and(kBarState, kStateThreads, state_tile_equals(sacc, other, tq, v0))) {
           merged = true;
-          // Take the fills of the chunks the groups may still be loading (it .. it + kStages - 1; each group has
-          // then used up this warps' earlier release of its stage: a second arrival on a stage barrier the group
-          // has not yet waited at would complete it without the group), then release each of those stages once,
-          // as the walk would have, after the stop: each group's next wait returns and it reads the stop.
-#pragma unroll
-          for (int d = 0; d < kStages; ++d)
-            if (it + d < wk.num_chunks) bar_sync(kBarFull + static_cast<int>((it + d) % kStages), kHandoffThreads);
-          if (tid == 0) sm.stop = 1;
-#pragma unroll
-          for (int d = 0; d < kStages; ++d)
-            if (it + d + kStages < wk.num_chunks) bar_arrive(kBarEmpty + static_cast<int>((it + d) % kStages), kHandoffThreads);
+          stop_walk(sm, it, wk.num_chunks, tid);
           break;
         }
       }

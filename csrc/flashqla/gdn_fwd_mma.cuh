@@ -260,6 +260,7 @@ struct SharedStoragePair {
   StagePairSw<T> stage[kStages];
   alignas(16) T o[2][2][kChunk * kLdC];  // each half's O tiles (state_role's sm.o)
   uint64_t tma_bar[kStages];            // a stage's boxes, one phase per fill
+  float merge_sum[kStateWarps];         // (the states merge's source: walk_may_merge's per-warp sums)
 };
 template <typename Storage>
 constexpr bool kPairStorage = false;
@@ -296,6 +297,8 @@ struct SharedStorageSwSt {
   GateScratch aux[kAuxGroups];
   alignas(1024) T st_box[2][kDimK * 64];
   uint64_t tma_bar[kStages];  // a stage's K, X and V, one phase per fill
+  int stop;                   // (the states merge: the state warps tell the loaders to stop)
+  float merge_sum[kStateWarps];  // (the states merge: walk_may_merge's per-warp sums)
 };
 template <typename T>
 struct SharedStorageSwBwdSt {
@@ -396,6 +399,9 @@ struct PrepBuffers {
   // TMA loader brings them with one 512-byte copy instead of computing them (compute_gates: ~2k cycles of its
   // warp 0 a chunk, mostly the latency of g's and beta's strided loads)
   float* gates = nullptr;
+  // The states merge (state_role's kMerge): kStateMergeCheckpoints fp32 state tiles per (segment, value head), or
+  // NULL: the summaries' B half writes them, the state recompute compares with them
+  float* merge_ckpt = nullptr;
 };
 // The ready flags' two sides: the writer's threads each fence their X / W stores and meet at a barrier before one
 // of them releases the flag; the reader acquires it and its group meets at a barrier before copying. A wait that
@@ -1544,6 +1550,93 @@ CUTLASS_DEVICE void warp_store_o(T* stg, const float (&os)[8][4], float scale, T
   }
 }
 
+// ---- Merging walks: exact parallelism's passes that repeat another run's walk over the same chunks from another
+// start (the backward's last dS pass against its B pass, gdn_bwd_dh.cuh; the backward's states pass against the
+// summaries' B half, state_role's kMerge). Where the two runs' fp32 states agree bit for bit at a step, every later
+// step repeats the other run's instructions on the same operands, so the later run may stop there and take the rest
+// of the walk from the other.
+// The checkpoints: steps 0 (equal from the start: a last segment without dht, a first one without h0), 4, 8, 12, 16,
+// then 24, 32, 48, 64, 96, ... (powers of two and 1.5 times them). A comparison reads the CTA's state tile of the
+// other run (32 or 64 KB) and waits for it, about a step's time; the anchors' gates merge at step ~10-11
+// (benchmarks/merge_steps.py), so a walk stops at 12 after 4 comparisons, and where none merges it makes
+// ~2 log2(chunks).
+CUTLASS_DEVICE bool merge_checkpoint(int64_t it) {
+  if (it == 0) return true;
+  if (it % 4 != 0) return false;
+  const int64_t q = it / 4, third = q % 3 == 0 ? q / 3 : 0;
+  return q <= 4 || (q & (q - 1)) == 0 || (third > 0 && (third & (third - 1)) == 0);
+}
+// The gate test of a merging pair: a walk may merge only where the gates of its first half (in walk order: the
+// segment's first ceil(chunks / 2) chunks going forward, its last going in reverse) sum to at most kMergeLogDecay.
+// benchmarks/merge_steps.py puts the dS merge where the walk's summed log-decay reaches about -35 (3.2 a chunk) to
+// -49 (1.3 a chunk), and a merge pays (the source run's stores, ~0.4 of a step each, against the steps saved) only
+// in the first half; walks that fail it (a g = 0 head, slow decay, short segments) neither store in the source run
+// nor compare in the merging run. Both runs sum the same values in the same order, so they agree. scratch:
+// kStateWarps floats of shared memory; bar: the state warps' barrier.
+constexpr float kMergeLogDecay = -50.f;
+template <bool kReverse, typename T>
+CUTLASS_DEVICE bool walk_may_merge(const flashqla_gdn_fwd_params_t& p, const Work<T>& wk, float* scratch, uint32_t bar,
+                                   int tid) {
+  // the half's tokens [first, end)
+  const int64_t first = kReverse ? (wk.num_chunks - (wk.num_chunks + 1) / 2) * kChunk : 0;
+  const int64_t end = kReverse || (wk.num_chunks + 1) / 2 * kChunk > wk.len ? wk.len : (wk.num_chunks + 1) / 2 * kChunk;
+  const int64_t g_off = wk.b * p.g_stride_batch + wk.h * p.g_stride_head;
+  float sum = 0.f;
+  for (int64_t t = first + tid; t < end; t += kStateThreads)
+    sum += load_scalar(p.g, p.g_dtype, g_off + (wk.t0 + t) * p.g_stride_time);
+#pragma unroll
+  for (int off = 16; off > 0; off >>= 1) sum += __shfl_xor_sync(0xffffffffu, sum, off);  // (every lane the same bits)
+  if ((tid & 31) == 0) scratch[tid >> 5] = sum;
+  warp::bar_sync(bar, kStateThreads);
+  float total = 0.f;
+#pragma unroll
+  for (int w = 0; w < kStateWarps; ++w) total += scratch[w];
+  return total <= kMergeLogDecay;
+}
+// Whether this thread's fragments of the state tile equal src's (as load_state_tile reads it), bit for bit.
+template <int NT>
+CUTLASS_DEVICE bool state_tile_equals(const float (&acc)[NT][4], const float* src, int tq, int v0) {
+  bool eq = true;
+#pragma unroll
+  for (int j = 0; j < NT; ++j)
+#pragma unroll
+    for (int e = 0; e < 4; ++e)
+      eq &= __float_as_uint(acc[j][e]) ==
+            __float_as_uint(src[int64_t(8 * j + 2 * tq + (e & 1)) * kDimV + v0 + 8 * (e >> 1)]);  // (not .nc: written
+                                                                                                   // by this launch's
+                                                                                                   // kind of kernel)
+  return eq;
+}
+// A merging walk's stop before step it of n (the chains whose loader groups read sm.stop: aux_role's kStop, one
+// stage a group). Take the fills of the chunks the groups may still be loading (it .. it + kStages - 1; each group
+// has then used up the state warps' earlier release of its stage: a second arrival on a stage barrier the group has
+// not yet waited at would complete it without the group), then release each of those stages once, as the walk
+// would have, after the stop: each group's next wait returns and it reads the stop.
+template <typename Storage>
+CUTLASS_DEVICE void stop_walk(Storage& sm, int64_t it, int64_t n, int tid) {
+#pragma unroll
+  for (int d = 0; d < kStages; ++d)
+    if (it + d < n) warp::bar_sync(kBarFull + static_cast<int>((it + d) % kStages), kHandoffThreads);
+  if (tid == 0) sm.stop = 1;
+#pragma unroll
+  for (int d = 0; d < kStages; ++d)
+    if (it + d + kStages < n) warp::bar_arrive(kBarEmpty + static_cast<int>((it + d) % kStages), kHandoffThreads);
+}
+
+// The states merge (kMerge; exact parallelism's backward, flashqla_gdn_fwd_cp_summaries_merge_source and
+// flashqla_gdn_fwd_states_merge): fp32 states at the first kStateMergeCheckpoints checkpoint steps of each walk,
+// [checkpoint, segment, heads_v, K, V] (a merge past step 48 would save little of a segment).
+constexpr int kStateMergeCheckpoints = 8;
+// The summaries pair's B half stores its chunk states by TMA through two 16-bit boxes laid over the O tiles, which
+// a summaries pass never uses (1024-byte aligned: the stages before them are).
+template <typename T>
+CUTLASS_DEVICE T* pair_state_box(SharedStoragePair<T>& sm, int i) {
+  static_assert(sizeof(SharedStoragePair<T>::o) >= 2 * kDimK * 64 * sizeof(T) &&
+                    offsetof(SharedStoragePair<T>, o) % 1024 == 0,
+                "two state boxes over the O tiles");
+  return reinterpret_cast<T*>(&sm.o[0][0][0]) + i * (kDimK * 64);
+}
+
 // The state warps' chain. kKSplit false: warp s owns V rows 16 s .. 16 s + 15 of the CTA's 64 columns and all
 // 128 K columns of S^T. kKSplit true (above): V rows 16 (s / 2) .. of 32 columns and one K half. kWg: the
 // products as wgmma on the swizzled stage (unsplit only). kOb (with kWg): O beside the chain: the state warps
@@ -1551,13 +1644,19 @@ CUTLASS_DEVICE void warp_store_o(T* stg, const float (&os)[8][4], float scale, T
 // kStatesByTma<Storage> (the state recompute, SharedStorageSwSt): the chunk states by TMA on cmaps->states.
 // kPairStorage<Storage> (the paired chain, with kWg): warpgroup `half` of the two, its V half's columns of the
 // shared stage (V block half), its own O tiles and barrier, the producer's handoff.
-template <typename T, bool kKSplit, bool kWg = false, bool kOb = false, typename Storage>
+// kMerge (the states merge; merge_ckpt, kStateMergeCheckpoints tiles): in a walk that may merge (walk_may_merge,
+// forward), the summaries pair's B half (kPair, the source run) stores every chunk state by TMA on cmaps->states
+// and its fp32 state at each checkpoint step into merge_ckpt; the state recompute (kStatesByTma, the merging run,
+// after the source) compares its state there with the checkpoint and, once every thread's are equal, stops (the
+// loaders through sm.stop): the rest of the walk's chunk states are already the source's, the same bits.
+template <typename T, bool kKSplit, bool kWg = false, bool kOb = false, bool kMerge = false, typename Storage>
 CUTLASS_DEVICE void state_role(const flashqla_gdn_fwd_params_t& p, Storage& sm, const Work<T>& wk,
-                               const tma::ChainMaps* cmaps = nullptr, int half = 0) {
+                               const tma::ChainMaps* cmaps = nullptr, int half = 0, float* merge_ckpt = nullptr) {
   static_assert(!(kWg && kKSplit), "the wgmma chain is unsplit");
   static_assert(!kOb || kWg, "O beside the wgmma chain");
   constexpr bool kPair = kPairStorage<Storage>;
   static_assert(!kPair || (kWg && !kOb), "the paired chain: two wgmma chains with O");
+  static_assert(!kMerge || kPair || kStatesByTma<Storage>, "the states merge: the summaries pair and the recompute");
   using namespace warp;
   constexpr int kNT = kKSplit ? kDimK / 16 : kDimK / 8;  // C tiles of S^T per warp (8 K columns each)
   constexpr int kKS = kNT / 2;                            // k16 steps over this warp's K columns
@@ -1589,11 +1688,34 @@ CUTLASS_DEVICE void state_role(const flashqla_gdn_fwd_params_t& p, Storage& sm, 
   // columns (K-split: five products each, W being lower triangular)
   const auto own_np = [&](int np) { return !kKSplit || (np == 1 || np == 2) == (kh == 1); };
 
+  bool merge_walk = false, merged = false;
+  int ck = 0;  // (the checkpoints passed)
+  if constexpr (kMerge) {
+    if constexpr (!kPair) {
+      if (tid == 0) sm.stop = 0;  // (read by the loaders only after a stage release, which follows this store)
+    }
+    // (uniform: every thread reads the same sums)
+    merge_walk = merge_ckpt != nullptr && walk_may_merge<false>(p, wk, sm.merge_sum, state_bar, tid);
+  }
+
   constexpr int kSt = kOb ? kObStages : kStages;
   for (int64_t c = 0; c < wk.num_chunks; ++c) {
     const int st = static_cast<int>(c % kSt);
     const auto& S = sm.stage[st];
     const int rows = static_cast<int>(wk.len - c * kChunk < kChunk ? wk.len - c * kChunk : kChunk);
+    if constexpr (kMerge) {  // S_c, the state at the chunk's start, against (or into) the checkpoint
+      if (merge_walk && ck < kStateMergeCheckpoints && merge_checkpoint(c)) {
+        float* const ckp = merge_ckpt + int64_t(ck) * p.num_seqs * p.heads_v * kDimK * kDimV + wk.state_off;
+        ++ck;
+        if constexpr (kPair) {
+          store_state_tile(ckp, sacc, tq, v0);
+        } else if (bar_red_and(state_bar, kStateThreads, state_tile_equals(sacc, ckp, tq, v0))) {
+          merged = true;
+          stop_walk(sm, c, wk.num_chunks, tid);
+          break;
+        }
+      }
+    }
     if constexpr (kPair)
       bar_sync(pr::kFull + 2 * st + half, pr::kFullThreads);
     else
@@ -1622,6 +1744,10 @@ CUTLASS_DEVICE void state_role(const flashqla_gdn_fwd_params_t& p, Storage& sm, 
       if (uniform<true>(wk.chunk0 + c < chunk_bound(p)))
         store_state_by_tma(&cmaps->states, sm.st_box[c & 1], sa, (wk.chunk0 + c) * p.heads_v + wk.h,
                            static_cast<int>(wk.col0), kBarState, tid);
+    } else if constexpr (kPair && kMerge) {  // (the states merge's source: the B half's chunk states)
+      if (uniform<true>(merge_walk && wk.chunk0 + c < chunk_bound(p)))
+        store_state_by_tma(&cmaps->states, pair_state_box(sm, static_cast<int>(c & 1)), sa,
+                           (wk.chunk0 + c) * p.heads_v + wk.h, static_cast<int>(wk.col0), state_bar, tid);
     } else if constexpr (!kOb && !kPair) {  // (the paired chain runs without chunk states)
       if (p.chunk_states != nullptr && wk.chunk0 + c < chunk_bound(p)) {  // the state at the chunk's start, in T
         // staged in the O buffer chunk c does not use (chunk c - 1's tile went out before this chunk's full barrier)
@@ -1754,8 +1880,10 @@ CUTLASS_DEVICE void state_role(const flashqla_gdn_fwd_params_t& p, Storage& sm, 
     FLASHQLA_ROLE_PHASE(0, kStStore);
   }
 
-  if (p.final_state != nullptr) store_state_tile(p.final_state + wk.state_off + int64_t(kcol) * kDimV, sacc, tq, v0);
-  if constexpr (kStatesByTma<Storage>) {
+  // (a merged walk's final state would be the source's: the merging run is launched without one)
+  if (p.final_state != nullptr && !merged)
+    store_state_tile(p.final_state + wk.state_off + int64_t(kcol) * kDimV, sacc, tq, v0);
+  if constexpr (kStatesByTma<Storage> || (kPair && kMerge)) {
     if (tid == 0) bulk_wait();  // (the boxes must outlive their stores' reads)
   }
 }
@@ -1862,8 +1990,9 @@ CUTLASS_DEVICE void prep_worker(const flashqla_gdn_fwd_params_t& p, const PrepBu
 // kOb (with kWg): O beside the chain (o_role; 512 threads: state, O, two loader groups). kOverlap (with kOb): the
 // first pb.prep_ctas CTAs are prep workers (prep_worker), the chain waits for their flags; kPrepWg: the workers
 // run the wgmma prep (prep_head_wg; the default, FLASHQLA_PREP_WG=0 turns it off: prep_wg).
+// kMerge (with the state recompute's TMA form): the states merge's merging run (state_role's kMerge, pb.merge_ckpt).
 template <typename T, typename IndexT, AuxMode kMode, bool kKSplit = false, bool kWg = false, bool kOb = false,
-          bool kOverlap = false, bool kPrepWg = false, bool kTma = false>
+          bool kOverlap = false, bool kPrepWg = false, bool kTma = false, bool kMerge = false>
 __global__ void __launch_bounds__(kOb ? kObThreads : kThreads, 1)
     gdn_fwd_mma_kernel(const __grid_constant__ flashqla_gdn_fwd_params_t p, const PrepBuffers<T> pb,
                        const __grid_constant__ tma::ChainMaps cmaps) {
@@ -1879,6 +2008,7 @@ __global__ void __launch_bounds__(kOb ? kObThreads : kThreads, 1)
   // the state recompute's chunk states by TMA stores and its loads by TMA (the wgmma chain without O; where the
   // host made the maps)
   constexpr bool kTmaStates = kTma && kWg && !kOb;
+  static_assert(!kMerge || kTmaStates, "the states merge: the state recompute's TMA form");
   using ObStorage = std::conditional_t<kTmaChain, SharedStorageObTma<T>, SharedStorageOb<T>>;
   using SwStorage = std::conditional_t<kTmaStates, SharedStorageSwSt<T>, SharedStorageSw<T>>;
   using Storage = std::conditional_t<kOb, ObStorage, std::conditional_t<kWg, SwStorage, SharedStorage<T>>>;
@@ -1915,7 +2045,7 @@ __global__ void __launch_bounds__(kOb ? kObThreads : kThreads, 1)
   if (role == 0) {
     cutlass::arch::warpgroup_reg_alloc<kOb ? kObStateRegs : kStateRegs>();
     if (p.chunk_states != nullptr) wk.chunk0 = chunk_offset<IndexT>(p, ct.n, threadIdx.x & 31);
-    state_role<T, kKSplit, kWg, kOb>(p, sm, wk, &cmaps);
+    state_role<T, kKSplit, kWg, kOb, kMerge>(p, sm, wk, &cmaps, 0, pb.merge_ckpt);
   } else if (kOb && role == 1) {
     cutlass::arch::warpgroup_reg_dealloc<kObORegs>();
     if constexpr (kOb) o_role<T>(p, sm, wk);
@@ -1924,8 +2054,12 @@ __global__ void __launch_bounds__(kOb ? kObThreads : kThreads, 1)
     cutlass::arch::warpgroup_reg_dealloc<kOb ? kObLoadRegs : kAuxRegs>();
     // (the ready flags' index; gates_from_prep's)
     if (kOverlap || (kTmaChain && pb.gates != nullptr)) wk.chunk0 = chunk_offset<IndexT>(p, ct.n, threadIdx.x & 31);
-    aux_role<T, kMode, kBV, kOb, kOverlap, kTmaChain || kTmaStates>(p, sm, wk, (threadIdx.x - kFirstLoader) / kAuxThreads,
-                                                                     pb, &cmaps);
+    if constexpr (kMerge)
+      aux_role<T, kMode, kBV, kOb, kOverlap, true, true>(p, sm, wk, (threadIdx.x - kFirstLoader) / kAuxThreads, pb,
+                                                         &cmaps, &sm.stop);
+    else
+      aux_role<T, kMode, kBV, kOb, kOverlap, kTmaChain || kTmaStates>(p, sm, wk, (threadIdx.x - kFirstLoader) / kAuxThreads,
+                                                                       pb, &cmaps);
   }
 }
 
@@ -2524,6 +2658,11 @@ cudaError_t launch_recurrent(const flashqla_gdn_fwd_params_t& p, const PrepBuffe
       kernel = ix64 ? gdn_fwd_mma_kernel<T, int64_t, kMode, kKSplit, kWg, kOb, kOverlap, kPrepWg, true>
                     : gdn_fwd_mma_kernel<T, int32_t, kMode, kKSplit, kWg, kOb, kOverlap, kPrepWg, true>;
   }
+  if constexpr (kStatesForm && !kKSplit && !kOverlap && !kPrepWg) {  // the states merge's merging run
+    if (use_tma && pb.merge_ckpt != nullptr)
+      kernel = ix64 ? gdn_fwd_mma_kernel<T, int64_t, kMode, false, true, false, false, false, true, true>
+                    : gdn_fwd_mma_kernel<T, int32_t, kMode, false, true, false, false, false, true, true>;
+  }
   constexpr size_t kPrepUnitsBytes =
       kPrepUnits * (kPrepWg ? sizeof(PrepStorageWg<T>) : sizeof(PrepStorage<T>)) + 1024;
   const size_t smem = kOb ? std::max(sizeof(SharedStorageOb<T>) + 1024, kOverlap ? kPrepUnitsBytes : size_t(0))
@@ -2649,7 +2788,8 @@ __global__ void __launch_bounds__(kPairThreads, 1)
 // transition chain of the same V columns (pt: v = 0, the stage's second V block; from pt.initial_state into
 // pt.final_state), both on the stage the producer fills once (K, X, this block's V, the prep's gates; no o, so no Q
 // and no W). The two chains overlap on the SM as the pair's halves do (NOTES, session 28).
-template <typename T, typename IndexT>
+// kMergeSource: the B chain is also the states merge's source (state_role's kMerge; pb.merge_ckpt, cmaps.states).
+template <typename T, typename IndexT, bool kMergeSource = false>
 __global__ void __launch_bounds__(kPairThreads, 1)
     gdn_fwd_pair_summaries_kernel(const __grid_constant__ flashqla_gdn_fwd_params_t p,
                                   const __grid_constant__ flashqla_gdn_fwd_params_t pt, const PrepBuffers<T> pb,
@@ -2663,7 +2803,13 @@ __global__ void __launch_bounds__(kPairThreads, 1)
   Work<T> wk = make_work<T>(p, ct);
   if (role < 2) {
     cutlass::arch::warpgroup_reg_alloc<kStateRegs>();
-    state_role<T, false, true, false>(role == 0 ? p : pt, sm, wk, &cmaps, role);
+    if constexpr (kMergeSource) {
+      wk.chunk0 = chunk_offset<IndexT>(p, ct.n, threadIdx.x & 31);  // (the chunk states' slots)
+      state_role<T, false, true, false, true>(role == 0 ? p : pt, sm, wk, &cmaps, role,
+                                              role == 0 ? pb.merge_ckpt : nullptr);
+    } else {
+      state_role<T, false, true, false>(role == 0 ? p : pt, sm, wk, &cmaps, role);
+    }
   } else {
     cutlass::arch::warpgroup_reg_dealloc<kPairProdRegs>();
     wk.chunk0 = chunk_offset<IndexT>(p, ct.n, threadIdx.x & 31);  // (the gates' index)
@@ -2734,6 +2880,13 @@ inline ChainForm chain_form(const flashqla_gdn_fwd_params_t& p, bool ds_chain = 
   return mode == 0 ? ChainForm::kMma : ChainForm::kWgmma;
 }
 
+// The states merge's checkpoint bytes for the state recompute p (kStateMergeCheckpoints fp32 tiles per segment and
+// value head), or 0 where its chain would not merge (the K split, or the states by the warps' own stores).
+inline size_t states_merge_bytes(const flashqla_gdn_fwd_params_t& p) {
+  if (!states_only(p) || !fwd_split_mode() || chain_form(p) != ChainForm::kWgmma || states_tma_mode() == 0) return 0;
+  return size_t(kStateMergeCheckpoints) * static_cast<size_t>(p.num_seqs * p.heads_v) * kDimK * kDimV * sizeof(float);
+}
+
 // FLASHQLA_GATES_FROM_PREP=0: the chain's loaders compute the gates; else (1, unset) where the wgmma prep kernel
 // feeds the O-beside chain's TMA form, the prep writes them and the loaders copy them (PrepBuffers::gates; the same
 // compute_gates on the same inputs, so the same bits); 2 (tests): there, or the launch fails.
@@ -2770,23 +2923,30 @@ inline int summary_pair_mode() {
 
 // The two summaries passes on prepared chunks: p (the B pass) and pt (the transition pass: v = 0), which differ
 // only in v, initial_state and final_state.
+// merge_states (with pb.merge_ckpt): the B pass is also the states merge's source, its chunk states there; the
+// paired launch only (else cudaErrorNotSupported, nothing launched: the caller runs the plain passes).
 template <typename T>
 cudaError_t launch_summaries(const flashqla_gdn_fwd_params_t& p, const flashqla_gdn_fwd_params_t& pt,
-                             const PrepBuffers<T>& pb, cudaStream_t stream) {
+                             const PrepBuffers<T>& pb, cudaStream_t stream, void* merge_states = nullptr) {
   const int mode = summary_pair_mode();
   tma::ChainMaps cmaps{};  // (Q's map is made and not read; W's not made)
+  const bool source = merge_states != nullptr;
+  if (source && (pb.merge_ckpt == nullptr || !state_map(p, merge_states, false, cmaps.states)))
+    return cudaErrorNotSupported;
   if (mode != 0 && pb.gates != nullptr && chain_tma_mode() != 0 && kqx_maps(p, pb, cmaps.k, cmaps.q, cmaps.x) &&
       v_map(p, cmaps.v)) {
     const int64_t blocks = p.num_seqs * p.heads_v * kVBlocks;
     if (blocks == 0) return cudaSuccess;
     const bool ix64 = p.cu_seqlens != nullptr && p.cu_seqlens_dtype == FLASHQLA_INT64;
     auto kernel = ix64 ? gdn_fwd_pair_summaries_kernel<T, int64_t> : gdn_fwd_pair_summaries_kernel<T, int32_t>;
+    if (source)
+      kernel = ix64 ? gdn_fwd_pair_summaries_kernel<T, int64_t, true> : gdn_fwd_pair_summaries_kernel<T, int32_t, true>;
     size_t smem = 0;
     if (const cudaError_t err = pair_smem<T>(kernel, smem); err != cudaSuccess) return err;
     kernel<<<static_cast<unsigned>(blocks), kPairThreads, smem, stream>>>(p, pt, pb, cmaps);
     return cudaGetLastError();
   }
-  if (mode == 2) return cudaErrorNotSupported;
+  if (mode == 2 || source) return cudaErrorNotSupported;
   cudaError_t err = launch_prepared<T>(p, pb, stream);
   return err == cudaSuccess ? launch_prepared<T>(pt, pb, stream) : err;
 }
@@ -2833,14 +2993,20 @@ inline int prep_ahead(const flashqla_gdn_fwd_params_t& p, int prep_ctas) {
 
 // pt (flashqla_gdn_fwd_cp_summaries): p is exact parallelism's B pass (o and chunk states NULL) and pt its
 // transition pass on the same chunks; both run after the one prep (launch_summaries).
+// The states merge (prepared chunks only, p.prep_ready): merge_ckpt its checkpoints; with pt, merge_states the
+// chunk states the B pass writes as the source (flashqla_gdn_fwd_cp_summaries_merge_source), else p is the merging
+// state recompute (flashqla_gdn_fwd_states_merge).
 template <typename T>
 cudaError_t launch(const flashqla_gdn_fwd_params_t& p, cudaStream_t stream,
-                   const flashqla_gdn_fwd_params_t* pt = nullptr) {
+                   const flashqla_gdn_fwd_params_t* pt = nullptr, void* merge_states = nullptr,
+                   float* merge_ckpt = nullptr) {
   const int64_t chunks = chunk_bound(p);
   // the chains after the prep: p's, or with pt both summaries passes
   const auto chains = [&](const PrepBuffers<T>& pb) {
-    return pt != nullptr ? launch_summaries<T>(p, *pt, pb, stream) : launch_prepared<T>(p, pb, stream);
+    return pt != nullptr ? launch_summaries<T>(p, *pt, pb, stream, merge_states) : launch_prepared<T>(p, pb, stream);
   };
+  if (merge_ckpt != nullptr && (!p.prep_ready || !fwd_split_mode()))  // (the merge: prepared chunks only)
+    return cudaErrorNotSupported;
   if (!fwd_split_mode() || chunks == 0 || p.num_seqs == 0) {
     const PrepBuffers<T> none{nullptr, nullptr};
     const cudaError_t err = launch_recurrent<T, AuxMode::kFused>(p, none, stream);
@@ -2866,6 +3032,7 @@ cudaError_t launch(const flashqla_gdn_fwd_params_t& p, cudaStream_t stream,
   if (err != cudaSuccess) return err;
   const size_t rows = static_cast<size_t>(p.batch) * static_cast<size_t>(p.seqlen);
   PrepBuffers<T> pb{static_cast<T*>(ws.ptr), static_cast<T*>(ws.ptr) + rows * p.heads_v * kDimK};
+  pb.merge_ckpt = merge_ckpt;
   if (p.prep_ready && !ws.owned) {  // X, W in place (prep_ready = 2: and the chunks' gates after them)
     if (p.prep_ready == 2 && gmode != 0 && p.workspace_bytes >= xw_bytes + gate_bytes)
       pb.gates = reinterpret_cast<float*>(static_cast<char*>(ws.ptr) + xw_bytes);

@@ -49,14 +49,23 @@ cudaError_t launch_chunk_local_cumsum(const flashqla_chunk_cumsum_params_t& p, c
 // the l2norm backward (l2norm_bwd.cu)
 cudaError_t launch_l2norm_bwd(const flashqla_l2norm_bwd_params_t& p, cudaStream_t stream);
 // v2, warp-specialised with the state chain in registers (gdn_fwd_mma.cuh): the default
-cudaError_t launch_gdn_fwd_mma_bf16(const flashqla_gdn_fwd_params_t& p, cudaStream_t stream);
-cudaError_t launch_gdn_fwd_mma_fp16(const flashqla_gdn_fwd_params_t& p, cudaStream_t stream);
+// The states merge of exact parallelism's backward (flashqla_gdn_fwd_cp_summaries_merge_source,
+// flashqla_gdn_fwd_states_merge): checkpoints (fp32, gdn_fwd_states_merge_bytes); states: the source's chunk states
+struct StatesMerge {
+  void* states = nullptr;
+  float* checkpoints = nullptr;
+};
+// merge.checkpoints: p is the merging state recompute
+cudaError_t launch_gdn_fwd_mma_bf16(const flashqla_gdn_fwd_params_t& p, cudaStream_t stream, StatesMerge merge = {});
+cudaError_t launch_gdn_fwd_mma_fp16(const flashqla_gdn_fwd_params_t& p, cudaStream_t stream, StatesMerge merge = {});
 // exact parallelism's two summaries passes after one prep (flashqla_gdn_fwd_cp_summaries): p the B pass, pt the
-// transition pass (p but for v, initial_state and final_state)
+// transition pass (p but for v, initial_state and final_state); merge.states: the B pass is the states merge's source
 cudaError_t launch_gdn_fwd_summaries_bf16(const flashqla_gdn_fwd_params_t& p, const flashqla_gdn_fwd_params_t& pt,
-                                          cudaStream_t stream);
+                                          cudaStream_t stream, StatesMerge merge = {});
 cudaError_t launch_gdn_fwd_summaries_fp16(const flashqla_gdn_fwd_params_t& p, const flashqla_gdn_fwd_params_t& pt,
-                                          cudaStream_t stream);
+                                          cudaStream_t stream, StatesMerge merge = {});
+// the checkpoint bytes of the state recompute p's merge, or 0 where its chain would not merge (gdn_fwd_mma.cuh)
+size_t gdn_fwd_states_merge_bytes(const flashqla_gdn_fwd_params_t& p);
 // v1 (gdn_fwd_simple.cuh): the correctness baseline, FLASHQLA_FWD_KERNEL=simple
 cudaError_t launch_gdn_fwd_simple_bf16(const flashqla_gdn_fwd_params_t& p, cudaStream_t stream);
 cudaError_t launch_gdn_fwd_simple_fp16(const flashqla_gdn_fwd_params_t& p, cudaStream_t stream);

@@ -445,6 +445,16 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> chunk_gdn_bwd_chains_
                 "flashqla.", op, ": initial_state must be contiguous float32");
     h0 = *initial_state;
   }
+  // The states merge (FLASHQLA_BWD_CP_STATES_MERGE=1; off by default until measured on the device): the summaries'
+  // B pass (from zero) also writes the chunk states of the walks whose gates decay enough to merge, and fp32
+  // checkpoints, and the states pass stops where its walk merges with B's (flashqla_gdn_fwd_cp_summaries_merge_source,
+  // flashqla_gdn_fwd_states_merge): the same states, the states pass only over the chunks until the initial state's
+  // part has decayed out of fp32.
+  flashqla_gdn_fwd_params_t fp = f;  // the states pass (its initial states come from the scan)
+  fp.chunk_states = states.data_ptr();
+  const char* smerge_env = std::getenv("FLASHQLA_BWD_CP_STATES_MERGE");
+  const size_t ckpt_bytes = smerge_env != nullptr && smerge_env[0] == '1' ? flashqla_gdn_fwd_states_merge_bytes(&fp) : 0;
+  at::Tensor ckpt = at::empty({static_cast<int64_t>(ckpt_bytes / sizeof(float))}, fopts);
   ForkedStream fork(main, dev, op);
   c10::cuda::CUDAStream side = fork.side;
   ForkedStream::Event phi_ready(op);
@@ -476,15 +486,21 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> chunk_gdn_bwd_chains_
     flashqla_gdn_fwd_params_t fb = f;
     fb.final_state = b_end.data_ptr<float>();
     if (fb.prep_ready) fb.prep_ready = 2;
-    fs = flashqla_gdn_fwd_cp_summaries(&fb, eye.data_ptr<float>(), phi.data_ptr<float>(), side.stream());
+    bool states_merge = ckpt.numel() > 0;
+    if (states_merge) {
+      fs = flashqla_gdn_fwd_cp_summaries_merge_source(&fb, eye.data_ptr<float>(), phi.data_ptr<float>(),
+                                                      states.data_ptr(), ckpt.data_ptr<float>(), side.stream());
+      states_merge = fs != FLASHQLA_ERROR_UNSUPPORTED;  // (nothing launched: the plain passes)
+    }
+    if (!states_merge)
+      fs = flashqla_gdn_fwd_cp_summaries(&fb, eye.data_ptr<float>(), phi.data_ptr<float>(), side.stream());
     if (fs == FLASHQLA_SUCCESS) {
       cuda_check(cudaEventRecord(phi_ready.e, side.stream()), op);  // (the dS chain's reverse scan reads Phi^T)
       at::Tensor init = chunk_gdn_cp_scan_cuda(phi, b_end, initial_state.has_value() ? std::optional<at::Tensor>(h0)
                                                                                        : std::nullopt, last);
-      flashqla_gdn_fwd_params_t fp = f;
       fp.initial_state = init.data_ptr<float>();
-      fp.chunk_states = states.data_ptr();
-      fs = flashqla_gdn_fwd(&fp, side.stream());
+      fs = states_merge ? flashqla_gdn_fwd_states_merge(&fp, ckpt.data_ptr<float>(), side.stream())
+                        : flashqla_gdn_fwd(&fp, side.stream());
       // (init was allocated on the side stream: its memory is not reused before the side stream's work is done)
     }
   }
