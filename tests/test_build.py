@@ -55,3 +55,31 @@ def test_c_api_errors_are_readable():
     st = lib.flashqla_chunk_local_cumsum(None, None)
     assert st == 1 and lib.flashqla_status_string(st) == b"invalid argument"
     assert lib.flashqla_last_error() == b"params is NULL"
+
+
+@needs_ext
+def test_states_merge_entries_reject_bad_arguments_before_the_device():
+    # the states merge's C entries (exact parallelism's backward): a missing or misaligned checkpoint buffer, or
+    # params that are not a state recompute, are argument errors with a message, found before any device call
+    lib = ctypes.CDLL(backend._C.__file__)
+    lib.flashqla_last_error.restype = ctypes.c_char_p
+    lib.flashqla_gdn_fwd_states_merge_bytes.restype = ctypes.c_size_t
+    assert lib.flashqla_gdn_fwd_states_merge_bytes(None) == 0
+    params = ctypes.create_string_buffer(4096)  # a zeroed flashqla_gdn_fwd_params_t (no o, no chunk states)
+    assert lib.flashqla_gdn_fwd_states_merge_bytes(params) == 0  # (not prepared: no merge)
+    buf = ctypes.create_string_buffer(64)
+    aligned = ctypes.c_void_p((ctypes.addressof(buf) + 15) // 16 * 16)
+    cases = [
+        (lib.flashqla_gdn_fwd_states_merge, (None, aligned, None), b"params is NULL"),
+        (lib.flashqla_gdn_fwd_states_merge, (params, None, None), b"states_merge: checkpoints must be non-NULL"),
+        (lib.flashqla_gdn_fwd_states_merge, (params, ctypes.c_void_p(aligned.value + 4), None),
+         b"states_merge: checkpoints must be non-NULL"),
+        (lib.flashqla_gdn_fwd_states_merge, (params, aligned, None), b"states_merge: the state recompute"),
+        (lib.flashqla_gdn_fwd_cp_summaries_merge_source, (params, None, None, None, aligned, None),
+         b"cp_summaries_merge_source: chunk_states"),
+        (lib.flashqla_gdn_fwd_cp_summaries_merge_source, (params, None, None, aligned, None, None),
+         b"cp_summaries_merge_source: chunk_states"),
+    ]
+    for fn, args, message in cases:
+        assert fn(*args) == 1, message  # FLASHQLA_ERROR_INVALID_ARGUMENT
+        assert lib.flashqla_last_error().startswith(message), (lib.flashqla_last_error(), message)
