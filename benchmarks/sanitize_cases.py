@@ -148,3 +148,20 @@ for lengths in ([4096], [3000, 0, 1100, 70]):
     torch.cuda.synchronize()
     print("segmented bwd chains with merges ran", lengths, plan.segments, flush=True)
 del os.environ["FLASHQLA_KSPLIT"]
+
+# exact parallelism's forward with the merge (FLASHQLA_CP_MERGE=1): the summaries' B pass writing O, the last pass's
+# checkpoints and stop, under strong decay; one sequence and packed ones with a zero-length one
+os.environ["FLASHQLA_CP_MERGE"] = "1"
+for lengths in ([8192], [6000, 0, 1100]):
+    Tm = sum(lengths)
+    cm = torch.tensor([0] + torch.tensor(lengths).cumsum(0).tolist(), dtype=torch.int32)
+    qm = F.normalize(torch.randn(1, Tm, 1, D, device=dev), dim=-1).bfloat16()
+    km = F.normalize(torch.randn(1, Tm, 1, D, device=dev), dim=-1).bfloat16()
+    vm = torch.randn(1, Tm, 2, D, device=dev).bfloat16()
+    gm = -5 * torch.rand(1, Tm, 2, device=dev)
+    bm = torch.rand(1, Tm, 2, device=dev)
+    flashqla.chunk_gdn(qm, km, vm, gm, bm, initial_state=torch.randn(len(lengths), 2, D, D, device=dev),
+                       output_final_state=True, cu_seqlens=cm.to(dev), cu_seqlens_cpu=cm)
+    torch.cuda.synchronize()
+    print("segmented forward with the merge ran", lengths, _cp.plan(lengths, 2, 132).segments, flush=True)
+del os.environ["FLASHQLA_CP_MERGE"]

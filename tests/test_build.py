@@ -58,27 +58,28 @@ def test_c_api_errors_are_readable():
 
 
 @needs_ext
-def test_states_merge_entries_reject_bad_arguments_before_the_device():
-    # the states merge's C entries (exact parallelism's backward): a missing or misaligned checkpoint buffer, or
-    # params that are not a state recompute, are argument errors with a message, found before any device call
+def test_merge_entries_reject_bad_arguments_before_the_device():
+    # the merges' C entries (exact parallelism's summaries as the source, the state recompute or the last pass as
+    # the merging run): a missing or misaligned checkpoint buffer, a source with neither chunk states nor o, or
+    # params that are neither merging run, are argument errors with a message, found before any device call
     lib = ctypes.CDLL(backend._C.__file__)
     lib.flashqla_last_error.restype = ctypes.c_char_p
-    lib.flashqla_gdn_fwd_states_merge_bytes.restype = ctypes.c_size_t
-    assert lib.flashqla_gdn_fwd_states_merge_bytes(None) == 0
+    lib.flashqla_gdn_fwd_merge_bytes.restype = ctypes.c_size_t
+    assert lib.flashqla_gdn_fwd_merge_bytes(None) == 0
     params = ctypes.create_string_buffer(4096)  # a zeroed flashqla_gdn_fwd_params_t (no o, no chunk states)
-    assert lib.flashqla_gdn_fwd_states_merge_bytes(params) == 0  # (not prepared: no merge)
-    buf = ctypes.create_string_buffer(64)
-    aligned = ctypes.c_void_p((ctypes.addressof(buf) + 15) // 16 * 16)
+    assert lib.flashqla_gdn_fwd_merge_bytes(params) == 0  # (neither merging run)
+    buf = ctypes.create_string_buffer(128)
+    aligned = ctypes.c_void_p((ctypes.addressof(buf) + 31) // 32 * 32)
     cases = [
-        (lib.flashqla_gdn_fwd_states_merge, (None, aligned, None), b"params is NULL"),
-        (lib.flashqla_gdn_fwd_states_merge, (params, None, None), b"states_merge: checkpoints must be non-NULL"),
-        (lib.flashqla_gdn_fwd_states_merge, (params, ctypes.c_void_p(aligned.value + 4), None),
-         b"states_merge: checkpoints must be non-NULL"),
-        (lib.flashqla_gdn_fwd_states_merge, (params, aligned, None), b"states_merge: the state recompute"),
+        (lib.flashqla_gdn_fwd_merge, (None, aligned, None, None), b"params is NULL"),
+        (lib.flashqla_gdn_fwd_merge, (params, None, None, None), b"merge: checkpoints must be non-NULL"),
+        (lib.flashqla_gdn_fwd_merge, (params, ctypes.c_void_p(aligned.value + 4), None, None),
+         b"merge: checkpoints must be non-NULL"),
+        (lib.flashqla_gdn_fwd_merge, (params, aligned, None, None), b"merge: prep_ready, and either"),
+        (lib.flashqla_gdn_fwd_cp_summaries_merge_source, (params, None, None, None, None, None),
+         b"cp_summaries_merge_source: checkpoints"),
         (lib.flashqla_gdn_fwd_cp_summaries_merge_source, (params, None, None, None, aligned, None),
-         b"cp_summaries_merge_source: chunk_states"),
-        (lib.flashqla_gdn_fwd_cp_summaries_merge_source, (params, None, None, aligned, None, None),
-         b"cp_summaries_merge_source: chunk_states"),
+         b"cp_summaries_merge_source: checkpoints"),  # (neither chunk_states nor o)
     ]
     for fn, args, message in cases:
         assert fn(*args) == 1, message  # FLASHQLA_ERROR_INVALID_ARGUMENT

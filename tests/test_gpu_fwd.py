@@ -224,6 +224,33 @@ def test_context_parallel_forward(monkeypatch):
     assert torch.equal(go, o) and torch.equal(gs, s)
 
 
+@pytest.mark.parametrize("strong,with_h0", [(False, True), (True, True), (True, False)])
+def test_context_parallel_merge_gives_the_full_walks_bits(monkeypatch, strong, with_h0):
+    # FLASHQLA_CP_MERGE=1 (opt-in until measured): the summaries' B pass also writes O where its walk may merge (the
+    # segment's first half of gates sums to at most -50), and the last pass stops where its fp32 state equals B's at
+    # a checkpoint, leaving B's O and final state: o and the final states bitwise the full last pass's (=0) on the
+    # same chain form (FLASHQLA_WGMMA=1: O by the state warps, as the merging pass and the paired chain form it; the
+    # default O-beside chain orders O's products otherwise). A long sequence cut into 64-chunk segments (the anchors'
+    # gates merge after ~11 chunks) and a short one; under strong decay after a chunk; without h0 the first segment
+    # merges at once. Outputs poisoned (run_ours).
+    from flashqla import _cp
+    monkeypatch.setenv("FLASHQLA_WGMMA", "1")
+    d = make([24576, 1000], 2, 8, strong=strong, seed=14)
+    if not with_h0:
+        d["initial_state"] = None
+    cu_cpu = d["cu_seqlens"].cpu()
+    calls = []
+    real = _cp.forward
+    monkeypatch.setattr(_cp, "forward", lambda *a, **kw: calls.append(1) or real(*a, **kw))
+    out = {}
+    for merge in ("0", "1"):
+        monkeypatch.setenv("FLASHQLA_CP_MERGE", merge)
+        out[merge] = run_ours(d, cu_seqlens_cpu=cu_cpu)
+    assert len(calls) == 2, "the plan did not choose segments"
+    assert torch.isfinite(out["1"][0].float()).all()
+    assert torch.equal(out["1"][0], out["0"][0]) and torch.equal(out["1"][1], out["0"][1])
+
+
 def test_deterministic_and_cuda_graph():
     d = make([1000, 3000], 2, 4, seed=10)
     a = flashqla.chunk_gdn(**d, output_final_state=True)

@@ -233,16 +233,18 @@ flashqla_status_t flashqla_gdn_fwd(const flashqla_gdn_fwd_params_t* p, cudaStrea
 }
 
 static flashqla_status_t cp_summaries(const flashqla_gdn_fwd_params_t* p, const float* transition_initial,
-                                      float* transition_final, flashqla::StatesMerge merge, cudaStream_t stream) {
+                                      float* transition_final, flashqla::ChainMerge merge, cudaStream_t stream) {
   if (p == nullptr) return fail(FLASHQLA_ERROR_INVALID_ARGUMENT, "params is NULL");
-  if (p->o != nullptr || p->chunk_states != nullptr)
+  // (o: only as a merge's source, whose B pass writes O in the walks that may merge)
+  if ((p->o != nullptr && merge.checkpoints == nullptr) || p->chunk_states != nullptr)
     return fail(FLASHQLA_ERROR_INVALID_ARGUMENT, "cp_summaries: o and chunk_states must be NULL (summaries only)");
   if (p->final_state == nullptr || transition_final == nullptr)
     return fail(FLASHQLA_ERROR_INVALID_ARGUMENT, "cp_summaries: final_state and transition_final must not be NULL");
   if (p->v == nullptr && p->batch * p->seqlen > 0)
     return fail(FLASHQLA_ERROR_INVALID_ARGUMENT, "cp_summaries: v must not be NULL");
-  flashqla_gdn_fwd_params_t t = *p;  // the transition pass: v = 0, its own initial and final states
+  flashqla_gdn_fwd_params_t t = *p;  // the transition pass: v = 0, its own initial and final states, no o
   t.v = nullptr;
+  t.o = nullptr;
   t.initial_state = transition_initial;
   t.final_state = transition_final;
   bool run = false;
@@ -254,7 +256,7 @@ static flashqla_status_t cp_summaries(const flashqla_gdn_fwd_params_t* p, const 
   const bool bf16 = p->qkv_dtype == FLASHQLA_BFLOAT16;
   const cudaError_t err = bf16 ? flashqla::launch_gdn_fwd_summaries_bf16(*p, t, stream, merge)
                                : flashqla::launch_gdn_fwd_summaries_fp16(*p, t, stream, merge);
-  if (err == cudaErrorNotSupported && merge.states != nullptr)
+  if (err == cudaErrorNotSupported && merge.checkpoints != nullptr)
     return fail(FLASHQLA_ERROR_UNSUPPORTED, "cp_summaries_merge_source: the paired summaries launch cannot run here");
   return from_cuda(err, "gdn_fwd_cp_summaries launch");
 }
@@ -264,8 +266,8 @@ flashqla_status_t flashqla_gdn_fwd_cp_summaries(const flashqla_gdn_fwd_params_t*
   return cp_summaries(p, transition_initial, transition_final, {}, stream);
 }
 
-size_t flashqla_gdn_fwd_states_merge_bytes(const flashqla_gdn_fwd_params_t* p) {
-  return p == nullptr || simple_forward() || !p->prep_ready ? 0 : flashqla::gdn_fwd_states_merge_bytes(*p);
+size_t flashqla_gdn_fwd_merge_bytes(const flashqla_gdn_fwd_params_t* p) {
+  return p == nullptr || simple_forward() ? 0 : flashqla::gdn_fwd_merge_bytes(*p);
 }
 
 static bool aligned16(const void* x) { return reinterpret_cast<uintptr_t>(x) % 16 == 0; }
@@ -274,33 +276,37 @@ flashqla_status_t flashqla_gdn_fwd_cp_summaries_merge_source(const flashqla_gdn_
                                                              const float* transition_initial, float* transition_final,
                                                              void* chunk_states, float* checkpoints,
                                                              cudaStream_t stream) {
-  if (chunk_states == nullptr || checkpoints == nullptr || !aligned16(checkpoints) ||
-      reinterpret_cast<uintptr_t>(chunk_states) % 32)
+  if (checkpoints == nullptr || !aligned16(checkpoints) || reinterpret_cast<uintptr_t>(chunk_states) % 32 ||
+      (p != nullptr && (chunk_states == nullptr) == (p->o == nullptr)))
     return fail(FLASHQLA_ERROR_INVALID_ARGUMENT,
-                "cp_summaries_merge_source: chunk_states (32-byte aligned) and checkpoints (16) must not be NULL");
-  if (p != nullptr && !p->prep_ready)
-    return fail(FLASHQLA_ERROR_UNSUPPORTED, "cp_summaries_merge_source: needs prepared chunks (prep_ready)");
-  return cp_summaries(p, transition_initial, transition_final, {chunk_states, checkpoints}, stream);
+                "cp_summaries_merge_source: checkpoints (16-byte aligned) and either chunk_states (32-byte aligned) "
+                "or params->o must be given");
+  return cp_summaries(p, transition_initial, transition_final, {chunk_states, checkpoints, nullptr}, stream);
 }
 
-flashqla_status_t flashqla_gdn_fwd_states_merge(const flashqla_gdn_fwd_params_t* p, float* checkpoints,
-                                                cudaStream_t stream) {
+flashqla_status_t flashqla_gdn_fwd_merge(const flashqla_gdn_fwd_params_t* p, float* checkpoints,
+                                         const float* source_final, cudaStream_t stream) {
   if (p == nullptr) return fail(FLASHQLA_ERROR_INVALID_ARGUMENT, "params is NULL");
   if (checkpoints == nullptr || !aligned16(checkpoints))
-    return fail(FLASHQLA_ERROR_INVALID_ARGUMENT, "states_merge: checkpoints must be non-NULL and 16-byte aligned");
-  if (p->o != nullptr || p->chunk_states == nullptr || p->final_state != nullptr || !p->prep_ready)
+    return fail(FLASHQLA_ERROR_INVALID_ARGUMENT, "merge: checkpoints must be non-NULL and 16-byte aligned");
+  const bool recompute = p->o == nullptr && p->chunk_states != nullptr && p->final_state == nullptr;
+  const bool last_pass = p->o != nullptr && p->chunk_states == nullptr;
+  if (!p->prep_ready || !(recompute || last_pass))
     return fail(FLASHQLA_ERROR_INVALID_ARGUMENT,
-                "states_merge: the state recompute (o and final_state NULL, chunk_states set, prep_ready)");
+                "merge: prep_ready, and either the state recompute (o and final_state NULL, chunk_states set) or the "
+                "last pass (o set, chunk_states NULL)");
+  if (p->final_state != nullptr && (source_final == nullptr || !aligned16(source_final)))
+    return fail(FLASHQLA_ERROR_INVALID_ARGUMENT, "merge: final_state needs the source's (source_final, 16-byte aligned)");
   bool run = false;
   const flashqla_status_t vs = validate_gdn(p, &run);
   if (vs != FLASHQLA_SUCCESS || !run) return vs;
   if (simple_forward())
-    return fail(FLASHQLA_ERROR_UNSUPPORTED, "states_merge needs the default forward kernel (FLASHQLA_FWD_KERNEL=simple is set)");
+    return fail(FLASHQLA_ERROR_UNSUPPORTED, "merge needs the default forward kernel (FLASHQLA_FWD_KERNEL=simple is set)");
   const bool bf16 = p->qkv_dtype == FLASHQLA_BFLOAT16;
-  const flashqla::StatesMerge merge{nullptr, checkpoints};
+  const flashqla::ChainMerge merge{nullptr, checkpoints, source_final};
   const cudaError_t err = bf16 ? flashqla::launch_gdn_fwd_mma_bf16(*p, stream, merge)
                                : flashqla::launch_gdn_fwd_mma_fp16(*p, stream, merge);
-  return from_cuda(err, "gdn_fwd_states_merge launch");
+  return from_cuda(err, "gdn_fwd_merge launch");
 }
 
 int64_t flashqla_gdn_chunk_bound(const flashqla_gdn_fwd_params_t* p) {

@@ -214,6 +214,8 @@ struct SharedStorageOf {
   StageT stage[kStages];
   AuxScratch<T> aux[kAuxGroups];
   alignas(16) T o[2][kChunk * kLdC];
+  int stop;                      // (the forward's merge, the last pass: the state warps tell the loaders to stop)
+  float merge_sum[kStateWarps];  // (... walk_may_merge's per-warp sums)
 };
 template <typename T>
 using SharedStorageSw = SharedStorageOf<StageSw<T>, T>;
@@ -402,6 +404,8 @@ struct PrepBuffers {
   // The states merge (state_role's kMerge): kStateMergeCheckpoints fp32 state tiles per (segment, value head), or
   // NULL: the summaries' B half writes them, the state recompute compares with them
   float* merge_ckpt = nullptr;
+  // The forward's merge (the last pass with o): the source's final states, a merged walk's own
+  const float* merge_final = nullptr;
 };
 // The ready flags' two sides: the writer's threads each fence their X / W stores and meet at a barrier before one
 // of them releases the flag; the reader acquires it and its group meets at a barrier before copying. A wait that
@@ -1623,12 +1627,12 @@ CUTLASS_DEVICE void stop_walk(Storage& sm, int64_t it, int64_t n, int tid) {
     if (it + d + kStages < n) warp::bar_arrive(kBarEmpty + static_cast<int>((it + d) % kStages), kHandoffThreads);
 }
 
-// The states merge (kMerge; exact parallelism's backward, flashqla_gdn_fwd_cp_summaries_merge_source and
-// flashqla_gdn_fwd_states_merge): fp32 states at the first kStateMergeCheckpoints checkpoint steps of each walk,
-// [checkpoint, segment, heads_v, K, V] (a merge past step 48 would save little of a segment).
+// The forward chain's merges (kMerge; flashqla_gdn_fwd_cp_summaries_merge_source and flashqla_gdn_fwd_merge): fp32
+// states at the first kStateMergeCheckpoints checkpoint steps of each walk, [checkpoint, segment, heads_v, K, V] (a
+// merge past step 48 would save little of a segment).
 constexpr int kStateMergeCheckpoints = 8;
-// The summaries pair's B half stores its chunk states by TMA through two 16-bit boxes laid over the O tiles, which
-// a summaries pass never uses (1024-byte aligned: the stages before them are).
+// The summaries pair's B half stores its chunk states by TMA through two 16-bit boxes laid over the O tiles (the
+// backward's states merge: no O then; 1024-byte aligned: the stages before them are).
 template <typename T>
 CUTLASS_DEVICE T* pair_state_box(SharedStoragePair<T>& sm, int i) {
   static_assert(sizeof(SharedStoragePair<T>::o) >= 2 * kDimK * 64 * sizeof(T) &&
@@ -1651,12 +1655,13 @@ CUTLASS_DEVICE T* pair_state_box(SharedStoragePair<T>& sm, int i) {
 // loaders through sm.stop): the rest of the walk's chunk states are already the source's, the same bits.
 template <typename T, bool kKSplit, bool kWg = false, bool kOb = false, bool kMerge = false, typename Storage>
 CUTLASS_DEVICE void state_role(const flashqla_gdn_fwd_params_t& p, Storage& sm, const Work<T>& wk,
-                               const tma::ChainMaps* cmaps = nullptr, int half = 0, float* merge_ckpt = nullptr) {
+                               const tma::ChainMaps* cmaps = nullptr, int half = 0, float* merge_ckpt = nullptr,
+                               const float* merge_final = nullptr) {
   static_assert(!(kWg && kKSplit), "the wgmma chain is unsplit");
   static_assert(!kOb || kWg, "O beside the wgmma chain");
   constexpr bool kPair = kPairStorage<Storage>;
   static_assert(!kPair || (kWg && !kOb), "the paired chain: two wgmma chains with O");
-  static_assert(!kMerge || kPair || kStatesByTma<Storage>, "the states merge: the summaries pair and the recompute");
+  static_assert(!kMerge || (kWg && !kOb), "the merges: the wgmma chains (the pair, the recompute, the last pass)");
   using namespace warp;
   constexpr int kNT = kKSplit ? kDimK / 16 : kDimK / 8;  // C tiles of S^T per warp (8 K columns each)
   constexpr int kKS = kNT / 2;                            // k16 steps over this warp's K columns
@@ -1679,15 +1684,6 @@ CUTLASS_DEVICE void state_role(const flashqla_gdn_fwd_params_t& p, Storage& sm, 
   // else the chain alone: no Q S^T, no intra-chunk O, no O store (warp-uniform for ptxas in the wgmma chain)
   // (kOb: the O warps form O from the published S^T and Z^T; without o, the passes of exact parallelism, nothing
   // is published and the O warps only keep the stage barriers; the host launches it without chunk states)
-  const bool has_o = uniform<kWg>(wk.o != nullptr);
-  const bool want_o = !kOb && has_o, ob_pub = kOb && has_o;
-  float* pair_scratch = nullptr;  // (the K split)
-  if constexpr (kKSplit) pair_scratch = sm.aux[vg].la;
-  const PairShares pair(pair_scratch, kh);
-  // the O products and rows of this warp: all (unsplit), n pairs {0, 3} (kh 0) or {1, 2} (kh 1) of the chunk's
-  // columns (K-split: five products each, W being lower triangular)
-  const auto own_np = [&](int np) { return !kKSplit || (np == 1 || np == 2) == (kh == 1); };
-
   bool merge_walk = false, merged = false;
   int ck = 0;  // (the checkpoints passed)
   if constexpr (kMerge) {
@@ -1697,6 +1693,15 @@ CUTLASS_DEVICE void state_role(const flashqla_gdn_fwd_params_t& p, Storage& sm, 
     // (uniform: every thread reads the same sums)
     merge_walk = merge_ckpt != nullptr && walk_may_merge<false>(p, wk, sm.merge_sum, state_bar, tid);
   }
+  const bool has_o = uniform<kWg>(wk.o != nullptr);
+  // (the merge's source, the pair's B half with o: O only in the walks that may merge, for the merging pass)
+  const bool want_o = !kOb && has_o && (!(kPair && kMerge) || merge_walk), ob_pub = kOb && has_o;
+  float* pair_scratch = nullptr;  // (the K split)
+  if constexpr (kKSplit) pair_scratch = sm.aux[vg].la;
+  const PairShares pair(pair_scratch, kh);
+  // the O products and rows of this warp: all (unsplit), n pairs {0, 3} (kh 0) or {1, 2} (kh 1) of the chunk's
+  // columns (K-split: five products each, W being lower triangular)
+  const auto own_np = [&](int np) { return !kKSplit || (np == 1 || np == 2) == (kh == 1); };
 
   constexpr int kSt = kOb ? kObStages : kStages;
   for (int64_t c = 0; c < wk.num_chunks; ++c) {
@@ -1745,7 +1750,7 @@ CUTLASS_DEVICE void state_role(const flashqla_gdn_fwd_params_t& p, Storage& sm, 
         store_state_by_tma(&cmaps->states, sm.st_box[c & 1], sa, (wk.chunk0 + c) * p.heads_v + wk.h,
                            static_cast<int>(wk.col0), kBarState, tid);
     } else if constexpr (kPair && kMerge) {  // (the states merge's source: the B half's chunk states)
-      if (uniform<true>(merge_walk && wk.chunk0 + c < chunk_bound(p)))
+      if (uniform<true>(merge_walk && p.chunk_states != nullptr && wk.chunk0 + c < chunk_bound(p)))
         store_state_by_tma(&cmaps->states, pair_state_box(sm, static_cast<int>(c & 1)), sa,
                            (wk.chunk0 + c) * p.heads_v + wk.h, static_cast<int>(wk.col0), state_bar, tid);
     } else if constexpr (!kOb && !kPair) {  // (the paired chain runs without chunk states)
@@ -1880,9 +1885,11 @@ CUTLASS_DEVICE void state_role(const flashqla_gdn_fwd_params_t& p, Storage& sm, 
     FLASHQLA_ROLE_PHASE(0, kStStore);
   }
 
-  // (a merged walk's final state would be the source's: the merging run is launched without one)
-  if (p.final_state != nullptr && !merged)
+  // (a merged walk's final state is the source's: merge_final's tile; the states merge runs without one)
+  if (p.final_state != nullptr) {
+    if (merged) load_state_tile(sacc, merge_final + wk.state_off + int64_t(kcol) * kDimV, tq, v0);
     store_state_tile(p.final_state + wk.state_off + int64_t(kcol) * kDimV, sacc, tq, v0);
+  }
   if constexpr (kStatesByTma<Storage> || (kPair && kMerge)) {
     if (tid == 0) bulk_wait();  // (the boxes must outlive their stores' reads)
   }
@@ -1990,7 +1997,8 @@ CUTLASS_DEVICE void prep_worker(const flashqla_gdn_fwd_params_t& p, const PrepBu
 // kOb (with kWg): O beside the chain (o_role; 512 threads: state, O, two loader groups). kOverlap (with kOb): the
 // first pb.prep_ctas CTAs are prep workers (prep_worker), the chain waits for their flags; kPrepWg: the workers
 // run the wgmma prep (prep_head_wg; the default, FLASHQLA_PREP_WG=0 turns it off: prep_wg).
-// kMerge (with the state recompute's TMA form): the states merge's merging run (state_role's kMerge, pb.merge_ckpt).
+// kMerge (the wgmma chain on prepared chunks): a merging run (state_role's kMerge; pb.merge_ckpt, pb.merge_final): the
+// state recompute's TMA form, or the last pass with o in the copy form.
 template <typename T, typename IndexT, AuxMode kMode, bool kKSplit = false, bool kWg = false, bool kOb = false,
           bool kOverlap = false, bool kPrepWg = false, bool kTma = false, bool kMerge = false>
 __global__ void __launch_bounds__(kOb ? kObThreads : kThreads, 1)
@@ -2008,7 +2016,8 @@ __global__ void __launch_bounds__(kOb ? kObThreads : kThreads, 1)
   // the state recompute's chunk states by TMA stores and its loads by TMA (the wgmma chain without O; where the
   // host made the maps)
   constexpr bool kTmaStates = kTma && kWg && !kOb;
-  static_assert(!kMerge || kTmaStates, "the states merge: the state recompute's TMA form");
+  static_assert(!kMerge || (kWg && !kOb && !kOverlap && kMode == AuxMode::kLoadPrepared),
+                "the merging runs: the wgmma chain on prepared chunks (the recompute's TMA form, the last pass's copies)");
   using ObStorage = std::conditional_t<kTmaChain, SharedStorageObTma<T>, SharedStorageOb<T>>;
   using SwStorage = std::conditional_t<kTmaStates, SharedStorageSwSt<T>, SharedStorageSw<T>>;
   using Storage = std::conditional_t<kOb, ObStorage, std::conditional_t<kWg, SwStorage, SharedStorage<T>>>;
@@ -2045,7 +2054,7 @@ __global__ void __launch_bounds__(kOb ? kObThreads : kThreads, 1)
   if (role == 0) {
     cutlass::arch::warpgroup_reg_alloc<kOb ? kObStateRegs : kStateRegs>();
     if (p.chunk_states != nullptr) wk.chunk0 = chunk_offset<IndexT>(p, ct.n, threadIdx.x & 31);
-    state_role<T, kKSplit, kWg, kOb, kMerge>(p, sm, wk, &cmaps, 0, pb.merge_ckpt);
+    state_role<T, kKSplit, kWg, kOb, kMerge>(p, sm, wk, &cmaps, 0, pb.merge_ckpt, pb.merge_final);
   } else if (kOb && role == 1) {
     cutlass::arch::warpgroup_reg_dealloc<kObORegs>();
     if constexpr (kOb) o_role<T>(p, sm, wk);
@@ -2055,8 +2064,8 @@ __global__ void __launch_bounds__(kOb ? kObThreads : kThreads, 1)
     // (the ready flags' index; gates_from_prep's)
     if (kOverlap || (kTmaChain && pb.gates != nullptr)) wk.chunk0 = chunk_offset<IndexT>(p, ct.n, threadIdx.x & 31);
     if constexpr (kMerge)
-      aux_role<T, kMode, kBV, kOb, kOverlap, true, true>(p, sm, wk, (threadIdx.x - kFirstLoader) / kAuxThreads, pb,
-                                                         &cmaps, &sm.stop);
+      aux_role<T, kMode, kBV, kOb, kOverlap, kTmaStates, true>(p, sm, wk, (threadIdx.x - kFirstLoader) / kAuxThreads,
+                                                               pb, &cmaps, &sm.stop);
     else
       aux_role<T, kMode, kBV, kOb, kOverlap, kTmaChain || kTmaStates>(p, sm, wk, (threadIdx.x - kFirstLoader) / kAuxThreads,
                                                                        pb, &cmaps);
@@ -2658,10 +2667,13 @@ cudaError_t launch_recurrent(const flashqla_gdn_fwd_params_t& p, const PrepBuffe
       kernel = ix64 ? gdn_fwd_mma_kernel<T, int64_t, kMode, kKSplit, kWg, kOb, kOverlap, kPrepWg, true>
                     : gdn_fwd_mma_kernel<T, int32_t, kMode, kKSplit, kWg, kOb, kOverlap, kPrepWg, true>;
   }
-  if constexpr (kStatesForm && !kKSplit && !kOverlap && !kPrepWg) {  // the states merge's merging run
-    if (use_tma && pb.merge_ckpt != nullptr)
+  if constexpr (kStatesForm && !kKSplit && !kOverlap && !kPrepWg) {  // the merging runs
+    if (use_tma && pb.merge_ckpt != nullptr)  // (the state recompute)
       kernel = ix64 ? gdn_fwd_mma_kernel<T, int64_t, kMode, false, true, false, false, false, true, true>
                     : gdn_fwd_mma_kernel<T, int32_t, kMode, false, true, false, false, false, true, true>;
+    if (!use_tma && pb.merge_ckpt != nullptr && p.o != nullptr)  // (the forward's last pass)
+      kernel = ix64 ? gdn_fwd_mma_kernel<T, int64_t, kMode, false, true, false, false, false, false, true>
+                    : gdn_fwd_mma_kernel<T, int32_t, kMode, false, true, false, false, false, false, true>;
   }
   constexpr size_t kPrepUnitsBytes =
       kPrepUnits * (kPrepWg ? sizeof(PrepStorageWg<T>) : sizeof(PrepStorage<T>)) + 1024;
@@ -2683,7 +2695,7 @@ cudaError_t launch_recurrent(const flashqla_gdn_fwd_params_t& p, const PrepBuffe
 // chunk_bound on malformed cu_seqlens, get unit gates: any finite values; such a call's output is not defined);
 // then all zero the rows past the sequence's end (TMA brings the next packed sequence's tokens there), apply the
 // l2norm where asked, and hand the stage over.
-template <typename T, bool kSum = false>
+template <typename T, bool kSum = false, bool kMergeSource = false>
 CUTLASS_DEVICE void pair_producer(const flashqla_gdn_fwd_params_t& p, SharedStoragePair<T>& sm, const Work<T>& wk,
                                   const PrepBuffers<T>& pb, const tma::ChainMaps& cm) {
   using namespace warp;
@@ -2692,8 +2704,10 @@ CUTLASS_DEVICE void pair_producer(const flashqla_gdn_fwd_params_t& p, SharedStor
   const int b = static_cast<int>(wk.b);
   constexpr uint32_t kBoxBytes = kChunk * 64 * sizeof(T);
   // kSum (gdn_fwd_pair_summaries_kernel): no o, so no Q and no W; V block 0 is this CTA's V columns, block 1 the
-  // transition chain's v = 0, zeroed once here (no box ever lands there; the first full barrier orders the stores)
-  constexpr int kBoxes = kSum ? 5 : 9;
+  // transition chain's v = 0, zeroed once here (no box ever lands there; the first full barrier orders the stores).
+  // With o (kMergeSource: the forward merge's source, the B chain's O where its walk may merge) Q and W too.
+  const bool qw = !kSum || (kMergeSource && p.o != nullptr);
+  const int boxes = kSum ? (qw ? 8 : 5) : 9;
   if constexpr (kSum) {
     for (int i = tid; i < kStages * kChunk * 8; i += kAuxThreads)
       reinterpret_cast<uint4*>(sm.stage[i / (kChunk * 8)].v[1])[i % (kChunk * 8)] = make_uint4(0u, 0u, 0u, 0u);
@@ -2707,7 +2721,7 @@ CUTLASS_DEVICE void pair_producer(const flashqla_gdn_fwd_params_t& p, SharedStor
     const bool gates = wk.chunk0 + c < chunk_bound(p);
     if (tid == 0) {
       const int t = static_cast<int>(wk.t0 + c * kChunk), row0 = static_cast<int>(wk.flat0 + c * kChunk);
-      tma::mbar_expect_tx(bar, kBoxes * kBoxBytes + (gates ? 2 * kChunk * sizeof(float) : 0));
+      tma::mbar_expect_tx(bar, boxes * kBoxBytes + (gates ? 2 * kChunk * sizeof(float) : 0));
       if (gates) {
         static_assert(offsetof(StagePairSw<T>, decay) == offsetof(StagePairSw<T>, gamma) + kChunk * sizeof(float),
                       "gamma, decay");
@@ -2717,16 +2731,12 @@ CUTLASS_DEVICE void pair_producer(const flashqla_gdn_fwd_params_t& p, SharedStor
 #pragma unroll
       for (int blk = 0; blk < 2; ++blk) {
         tma::load_box(S.k[blk], &cm.k, bar, 64 * blk, hq, t, b);
-        if constexpr (!kSum) {
-          tma::load_box(S.q[blk], &cm.q, bar, 64 * blk, hq, t, b);
-          tma::load_box(S.v[blk], &cm.v, bar, 64 * blk, h, t, b);
-        }
+        if (qw) tma::load_box(S.q[blk], &cm.q, bar, 64 * blk, hq, t, b);
+        if constexpr (!kSum) tma::load_box(S.v[blk], &cm.v, bar, 64 * blk, h, t, b);
         tma::load_box3(S.x[blk], &cm.x, bar, 64 * blk, h, row0);
       }
-      if constexpr (kSum)
-        tma::load_box(S.v[0], &cm.v, bar, static_cast<int>(wk.col0), h, t, b);
-      else
-        tma::load_box3(S.w, &cm.w, bar, 0, h, row0);
+      if constexpr (kSum) tma::load_box(S.v[0], &cm.v, bar, static_cast<int>(wk.col0), h, t, b);
+      if (qw) tma::load_box3(S.w, &cm.w, bar, 0, h, row0);
     }
     if (!gates && tid < kChunk) {  // (generic stores, read by the state warps' generic loads after the handoff)
       S.gamma[tid] = 1.f;
@@ -2746,7 +2756,7 @@ CUTLASS_DEVICE void pair_producer(const flashqla_gdn_fwd_params_t& p, SharedStor
     }
     if (p.use_qk_l2norm) {  // (K and Q rows to unit length, as the O-beside chain's loaders do)
       bar_sync(pr::kProd, kAuxThreads);
-      l2norm_stage_rows<T>(S, tid, !kSum);
+      l2norm_stage_rows<T>(S, tid, qw);
     }
     fence_async_smem();  // (the zeros and l2norm's stores, before the wgmma read the tiles through the async proxy)
     bar_sync(pr::kProd, kAuxThreads);  // (racecheck: bar.arrive orders the stores, racecheck does not model it)
@@ -2788,7 +2798,8 @@ __global__ void __launch_bounds__(kPairThreads, 1)
 // transition chain of the same V columns (pt: v = 0, the stage's second V block; from pt.initial_state into
 // pt.final_state), both on the stage the producer fills once (K, X, this block's V, the prep's gates; no o, so no Q
 // and no W). The two chains overlap on the SM as the pair's halves do (NOTES, session 28).
-// kMergeSource: the B chain is also the states merge's source (state_role's kMerge; pb.merge_ckpt, cmaps.states).
+// kMergeSource: the B chain is also a merge's source (state_role's kMerge; pb.merge_ckpt): its chunk states
+// (p.chunk_states, cmaps.states) or its O (p.o; the producer then loads Q and W too).
 template <typename T, typename IndexT, bool kMergeSource = false>
 __global__ void __launch_bounds__(kPairThreads, 1)
     gdn_fwd_pair_summaries_kernel(const __grid_constant__ flashqla_gdn_fwd_params_t p,
@@ -2813,7 +2824,7 @@ __global__ void __launch_bounds__(kPairThreads, 1)
   } else {
     cutlass::arch::warpgroup_reg_dealloc<kPairProdRegs>();
     wk.chunk0 = chunk_offset<IndexT>(p, ct.n, threadIdx.x & 31);  // (the gates' index)
-    pair_producer<T, true>(p, sm, wk, pb, cmaps);
+    pair_producer<T, true, kMergeSource>(p, sm, wk, pb, cmaps);
   }
 }
 
@@ -2880,11 +2891,15 @@ inline ChainForm chain_form(const flashqla_gdn_fwd_params_t& p, bool ds_chain = 
   return mode == 0 ? ChainForm::kMma : ChainForm::kWgmma;
 }
 
-// The states merge's checkpoint bytes for the state recompute p (kStateMergeCheckpoints fp32 tiles per segment and
-// value head), or 0 where its chain would not merge (the K split, or the states by the warps' own stores).
-inline size_t states_merge_bytes(const flashqla_gdn_fwd_params_t& p) {
-  if (!states_only(p) || !fwd_split_mode() || chain_form(p) != ChainForm::kWgmma || states_tma_mode() == 0) return 0;
-  return size_t(kStateMergeCheckpoints) * static_cast<size_t>(p.num_seqs * p.heads_v) * kDimK * kDimV * sizeof(float);
+// A merging run's checkpoint bytes (kStateMergeCheckpoints fp32 tiles per segment and value head): the state
+// recompute p, or 0 where its chain would not merge (the K split, or the states by the warps' own stores); the last
+// pass with o (always the wgmma chain's copy form when merging).
+inline size_t merge_bytes(const flashqla_gdn_fwd_params_t& p) {
+  const size_t bytes = size_t(kStateMergeCheckpoints) * static_cast<size_t>(p.num_seqs * p.heads_v) * kDimK * kDimV *
+                       sizeof(float);
+  if (!fwd_split_mode() || p.num_seqs * p.heads_v == 0) return 0;
+  if (p.o != nullptr) return p.chunk_states == nullptr ? bytes : 0;
+  return states_only(p) && chain_form(p) == ChainForm::kWgmma && states_tma_mode() != 0 ? bytes : 0;
 }
 
 // FLASHQLA_GATES_FROM_PREP=0: the chain's loaders compute the gates; else (1, unset) where the wgmma prep kernel
@@ -2923,15 +2938,19 @@ inline int summary_pair_mode() {
 
 // The two summaries passes on prepared chunks: p (the B pass) and pt (the transition pass: v = 0), which differ
 // only in v, initial_state and final_state.
-// merge_states (with pb.merge_ckpt): the B pass is also the states merge's source, its chunk states there; the
-// paired launch only (else cudaErrorNotSupported, nothing launched: the caller runs the plain passes).
+// pb.merge_ckpt: the B pass is also a merge's source (state_role's kMerge): its chunk states into merge_states (the
+// backward's states merge) or its O into p.o (the forward's), in the walks that may merge, and the checkpoints; the
+// paired launch only (else cudaErrorNotSupported: the caller runs the plain passes).
 template <typename T>
 cudaError_t launch_summaries(const flashqla_gdn_fwd_params_t& p, const flashqla_gdn_fwd_params_t& pt,
                              const PrepBuffers<T>& pb, cudaStream_t stream, void* merge_states = nullptr) {
   const int mode = summary_pair_mode();
-  tma::ChainMaps cmaps{};  // (Q's map is made and not read; W's not made)
-  const bool source = merge_states != nullptr;
-  if (source && (pb.merge_ckpt == nullptr || !state_map(p, merge_states, false, cmaps.states)))
+  tma::ChainMaps cmaps{};  // (Q's map is made and not read without o; W's made only with o)
+  const bool source = pb.merge_ckpt != nullptr;
+  flashqla_gdn_fwd_params_t pk = p;  // (the kernel's B params: the source's chunk states)
+  pk.chunk_states = merge_states;
+  if (source && ((merge_states != nullptr && !state_map(p, merge_states, false, cmaps.states)) ||
+                 (p.o != nullptr && !w_map(p, pb, cmaps.w))))
     return cudaErrorNotSupported;
   if (mode != 0 && pb.gates != nullptr && chain_tma_mode() != 0 && kqx_maps(p, pb, cmaps.k, cmaps.q, cmaps.x) &&
       v_map(p, cmaps.v)) {
@@ -2943,7 +2962,7 @@ cudaError_t launch_summaries(const flashqla_gdn_fwd_params_t& p, const flashqla_
       kernel = ix64 ? gdn_fwd_pair_summaries_kernel<T, int64_t, true> : gdn_fwd_pair_summaries_kernel<T, int32_t, true>;
     size_t smem = 0;
     if (const cudaError_t err = pair_smem<T>(kernel, smem); err != cudaSuccess) return err;
-    kernel<<<static_cast<unsigned>(blocks), kPairThreads, smem, stream>>>(p, pt, pb, cmaps);
+    kernel<<<static_cast<unsigned>(blocks), kPairThreads, smem, stream>>>(pk, pt, pb, cmaps);
     return cudaGetLastError();
   }
   if (mode == 2 || source) return cudaErrorNotSupported;
@@ -2993,19 +3012,22 @@ inline int prep_ahead(const flashqla_gdn_fwd_params_t& p, int prep_ctas) {
 
 // pt (flashqla_gdn_fwd_cp_summaries): p is exact parallelism's B pass (o and chunk states NULL) and pt its
 // transition pass on the same chunks; both run after the one prep (launch_summaries).
-// The states merge (prepared chunks only, p.prep_ready): merge_ckpt its checkpoints; with pt, merge_states the
-// chunk states the B pass writes as the source (flashqla_gdn_fwd_cp_summaries_merge_source), else p is the merging
-// state recompute (flashqla_gdn_fwd_states_merge).
+// The merges (merge_ckpt: their checkpoints; split mode only). With pt, the B pass as the source
+// (flashqla_gdn_fwd_cp_summaries_merge_source): its chunk states into merge_states, or its O into p.o. Without, p is
+// the merging run on prepared chunks (flashqla_gdn_fwd_merge): the state recompute, or the last pass with o on the
+// wgmma chain (whose O is the paired chain's, bit for bit), merge_final the source's final states.
 template <typename T>
 cudaError_t launch(const flashqla_gdn_fwd_params_t& p, cudaStream_t stream,
                    const flashqla_gdn_fwd_params_t* pt = nullptr, void* merge_states = nullptr,
-                   float* merge_ckpt = nullptr) {
+                   float* merge_ckpt = nullptr, const float* merge_final = nullptr) {
   const int64_t chunks = chunk_bound(p);
   // the chains after the prep: p's, or with pt both summaries passes
   const auto chains = [&](const PrepBuffers<T>& pb) {
-    return pt != nullptr ? launch_summaries<T>(p, *pt, pb, stream, merge_states) : launch_prepared<T>(p, pb, stream);
+    if (pt != nullptr) return launch_summaries<T>(p, *pt, pb, stream, merge_states);
+    if (pb.merge_ckpt != nullptr && p.o != nullptr) return launch_recurrent<T, AuxMode::kLoadPrepared, false, true>(p, pb, stream);
+    return launch_prepared<T>(p, pb, stream);
   };
-  if (merge_ckpt != nullptr && (!p.prep_ready || !fwd_split_mode()))  // (the merge: prepared chunks only)
+  if (merge_ckpt != nullptr && (!fwd_split_mode() || (pt == nullptr && !p.prep_ready)))
     return cudaErrorNotSupported;
   if (!fwd_split_mode() || chunks == 0 || p.num_seqs == 0) {
     const PrepBuffers<T> none{nullptr, nullptr};
@@ -3033,12 +3055,14 @@ cudaError_t launch(const flashqla_gdn_fwd_params_t& p, cudaStream_t stream,
   const size_t rows = static_cast<size_t>(p.batch) * static_cast<size_t>(p.seqlen);
   PrepBuffers<T> pb{static_cast<T*>(ws.ptr), static_cast<T*>(ws.ptr) + rows * p.heads_v * kDimK};
   pb.merge_ckpt = merge_ckpt;
+  pb.merge_final = merge_final;
   if (p.prep_ready && !ws.owned) {  // X, W in place (prep_ready = 2: and the chunks' gates after them)
     if (p.prep_ready == 2 && gmode != 0 && p.workspace_bytes >= xw_bytes + gate_bytes)
       pb.gates = reinterpret_cast<float*>(static_cast<char*>(ws.ptr) + xw_bytes);
     return chains(pb);
   }
-  if (const int prep_ctas = overlap_prep_ctas(p); prep_ctas > 0) {  // one launch: the prep beside the chain
+  // one launch: the prep beside the chain (not for the summaries: a merge's source has o)
+  if (const int prep_ctas = pt == nullptr ? overlap_prep_ctas(p) : 0; prep_ctas > 0) {
     Workspace flags;  // (always its own, zeroed: a flag per chunk and value head)
     flags.owned = true;
     const size_t bytes = static_cast<size_t>(chunks) * static_cast<size_t>(p.heads_v) * sizeof(int);

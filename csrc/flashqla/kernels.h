@@ -49,23 +49,26 @@ cudaError_t launch_chunk_local_cumsum(const flashqla_chunk_cumsum_params_t& p, c
 // the l2norm backward (l2norm_bwd.cu)
 cudaError_t launch_l2norm_bwd(const flashqla_l2norm_bwd_params_t& p, cudaStream_t stream);
 // v2, warp-specialised with the state chain in registers (gdn_fwd_mma.cuh): the default
-// The states merge of exact parallelism's backward (flashqla_gdn_fwd_cp_summaries_merge_source,
-// flashqla_gdn_fwd_states_merge): checkpoints (fp32, gdn_fwd_states_merge_bytes); states: the source's chunk states
-struct StatesMerge {
+// The merges of exact parallelism (gdn_fwd_mma.cuh, state_role's kMerge): checkpoints (fp32, gdn_fwd_merge_bytes);
+// the source (the summaries' B pass, flashqla_gdn_fwd_cp_summaries_merge_source) also writes its chunk states into
+// states (the backward's states merge) or its O into p.o (the forward's); the merging run (flashqla_gdn_fwd_merge)
+// takes final, the source's final states, where it merges
+struct ChainMerge {
   void* states = nullptr;
   float* checkpoints = nullptr;
+  const float* final = nullptr;
 };
-// merge.checkpoints: p is the merging state recompute
-cudaError_t launch_gdn_fwd_mma_bf16(const flashqla_gdn_fwd_params_t& p, cudaStream_t stream, StatesMerge merge = {});
-cudaError_t launch_gdn_fwd_mma_fp16(const flashqla_gdn_fwd_params_t& p, cudaStream_t stream, StatesMerge merge = {});
+// merge.checkpoints: p is a merging run (the state recompute, or the last pass with o)
+cudaError_t launch_gdn_fwd_mma_bf16(const flashqla_gdn_fwd_params_t& p, cudaStream_t stream, ChainMerge merge = {});
+cudaError_t launch_gdn_fwd_mma_fp16(const flashqla_gdn_fwd_params_t& p, cudaStream_t stream, ChainMerge merge = {});
 // exact parallelism's two summaries passes after one prep (flashqla_gdn_fwd_cp_summaries): p the B pass, pt the
-// transition pass (p but for v, initial_state and final_state); merge.states: the B pass is the states merge's source
+// transition pass (p but for v, initial_state and final_state); merge.checkpoints: the B pass is a merge's source
 cudaError_t launch_gdn_fwd_summaries_bf16(const flashqla_gdn_fwd_params_t& p, const flashqla_gdn_fwd_params_t& pt,
-                                          cudaStream_t stream, StatesMerge merge = {});
+                                          cudaStream_t stream, ChainMerge merge = {});
 cudaError_t launch_gdn_fwd_summaries_fp16(const flashqla_gdn_fwd_params_t& p, const flashqla_gdn_fwd_params_t& pt,
-                                          cudaStream_t stream, StatesMerge merge = {});
-// the checkpoint bytes of the state recompute p's merge, or 0 where its chain would not merge (gdn_fwd_mma.cuh)
-size_t gdn_fwd_states_merge_bytes(const flashqla_gdn_fwd_params_t& p);
+                                          cudaStream_t stream, ChainMerge merge = {});
+// a merging run p's checkpoint bytes, or 0 where its chain would not merge (gdn_fwd_mma.cuh)
+size_t gdn_fwd_merge_bytes(const flashqla_gdn_fwd_params_t& p);
 // v1 (gdn_fwd_simple.cuh): the correctness baseline, FLASHQLA_FWD_KERNEL=simple
 cudaError_t launch_gdn_fwd_simple_bf16(const flashqla_gdn_fwd_params_t& p, cudaStream_t stream);
 cudaError_t launch_gdn_fwd_simple_fp16(const flashqla_gdn_fwd_params_t& p, cudaStream_t stream);

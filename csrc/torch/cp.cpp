@@ -13,6 +13,12 @@
 #include <ATen/ops/index_select.h>
 #include <torch/library.h>
 
+// The same steps with the merge (ops.cpp; nullopt where it does not run)
+std::optional<std::tuple<at::Tensor, at::Tensor>> chunk_gdn_cp_fwd_merged(
+    const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& g, const at::Tensor& beta,
+    double scale, const std::optional<at::Tensor>& initial_state, const at::Tensor& seg_cu, const at::Tensor& last,
+    int64_t single_last, bool use_qk_l2norm, at::Tensor& workspace, const at::Tensor& eye);
+
 namespace {
 
 using PassFn = std::tuple<at::Tensor, at::Tensor>(const at::Tensor&, const at::Tensor&, const at::Tensor&,
@@ -40,6 +46,9 @@ std::tuple<at::Tensor, at::Tensor> chunk_gdn_cp_fwd(const at::Tensor& q, const a
                                .findSchemaOrThrow("flashqla::chunk_gdn_cp_summaries", "")
                                .typed<SummariesFn>();
   static auto scan = c10::Dispatcher::singleton().findSchemaOrThrow("flashqla::chunk_gdn_cp_scan", "").typed<ScanFn>();
+  if (auto merged = chunk_gdn_cp_fwd_merged(q, k, v, g, beta, scale, initial_state, seg_cu, last, single_last,
+                                             use_qk_l2norm, workspace, eye))
+    return *merged;
   const std::optional<at::Tensor> cu(seg_cu);
   // 1. B: each segment's final state from zero (the real v); 2. Phi: from the identity with v = 0 (one op: on the
   // GPU one prep and, where the workspace holds the gates too, one launch for both chains)

@@ -256,6 +256,57 @@ std::tuple<at::Tensor, at::Tensor> chunk_gdn_cp_summaries_cuda(const at::Tensor&
   return {b_end, phi};
 }
 
+at::Tensor chunk_gdn_cp_scan_cuda(const at::Tensor& phi, const at::Tensor& b, const std::optional<at::Tensor>& initial_state,
+                                  const at::Tensor& last);
+
+// The forward's exact parallelism with the merge (FLASHQLA_CP_MERGE=1, opt-in until measured on the device; called by
+// chunk_gdn_cp_fwd, cp.cpp): the summaries' B pass (from zero) also writes O and fp32 checkpoints in the walks whose
+// gates decay enough to merge (flashqla_gdn_fwd_cp_summaries_merge_source), and the last pass from the true initial
+// states stops where its walk merges with B's (flashqla_gdn_fwd_merge, the wgmma chain with O, whose O is the paired
+// chain's bit for bit): the same o and final states, the last pass only over the chunks until the initial state's part
+// has decayed out of fp32. nullopt where it does not run (the caller then runs the plain steps).
+std::optional<std::tuple<at::Tensor, at::Tensor>> cp_fwd_merged(
+    const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& g, const at::Tensor& beta,
+    double scale, const std::optional<at::Tensor>& initial_state, const at::Tensor& seg_cu, const at::Tensor& last,
+    int64_t single_last, bool use_qk_l2norm, at::Tensor& workspace, const at::Tensor& eye) {
+  const char* env = std::getenv("FLASHQLA_CP_MERGE");
+  if (env == nullptr || env[0] != '1' || !q.is_cuda()) return std::nullopt;
+  c10::cuda::CUDAGuard guard(q.device());
+  const char* op = "chunk_gdn_cp_fwd";
+  const std::optional<at::Tensor> cu(seg_cu);
+  flashqla_gdn_fwd_params_t f = input_params(op, q, k, v, g, beta, scale, cu, use_qk_l2norm);
+  use_workspace(f, workspace, q, op);
+  const int64_t NS = f.num_seqs, H = v.size(2), K = k.size(3), V = v.size(3);
+  auto fopts = v.options().dtype(at::kFloat);
+  TORCH_CHECK(eye.device() == q.device() && eye.scalar_type() == at::kFloat && eye.is_contiguous() &&
+                  eye.sizes() == at::IntArrayRef({NS, H, K, K}),
+              "flashqla.", op, ": eye must be contiguous float32 [segments, H_v, K, K] on q's device");
+  at::Tensor o = at::empty(v.sizes(), v.options());
+  f.o = o.data_ptr();
+  f.o_stride_batch = o.stride(0); f.o_stride_time = o.stride(1); f.o_stride_head = o.stride(2);
+  flashqla_gdn_fwd_params_t fl = f;  // the last pass (its initial states come from the scan)
+  fl.prep_ready = 1;
+  const size_t ckpt_bytes = flashqla_gdn_fwd_merge_bytes(&fl);
+  if (ckpt_bytes == 0) return std::nullopt;
+  at::Tensor ckpt = at::empty({static_cast<int64_t>(ckpt_bytes / sizeof(float))}, fopts);
+  at::Tensor b_end = at::empty({NS, H, K, V}, fopts), phi = at::empty({NS, H, K, V}, fopts);
+  const cudaStream_t stream = c10::cuda::getCurrentCUDAStream(q.device().index()).stream();
+  flashqla_gdn_fwd_params_t fb = f;  // B (and O where its walk may merge), from zero, after the prep
+  fb.final_state = b_end.data_ptr<float>();
+  const flashqla_status_t st = flashqla_gdn_fwd_cp_summaries_merge_source(&fb, eye.data_ptr<float>(),
+                                                                          phi.data_ptr<float>(), nullptr,
+                                                                          ckpt.data_ptr<float>(), stream);
+  if (st == FLASHQLA_ERROR_UNSUPPORTED) return std::nullopt;  // (the prep may have run: the plain steps redo it)
+  check_status(st, op);
+  at::Tensor init = chunk_gdn_cp_scan_cuda(phi, b_end, initial_state, last);
+  at::Tensor finals = at::empty({NS, H, K, V}, fopts);
+  fl.initial_state = init.data_ptr<float>();
+  fl.final_state = finals.data_ptr<float>();
+  check_status(flashqla_gdn_fwd_merge(&fl, ckpt.data_ptr<float>(), b_end.data_ptr<float>(), stream), op);
+  finals = single_last >= 0 ? finals.slice(0, single_last).clone() : at::index_select(finals, 0, last);
+  return std::make_tuple(o, finals);
+}
+
 // The backward's recompute: the chunk-start states only (summaries mode: no o, no output products).
 at::Tensor chunk_gdn_fwd_states_cuda(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& g,
                                      const at::Tensor& beta, double scale, const std::optional<at::Tensor>& initial_state,
@@ -448,12 +499,12 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> chunk_gdn_bwd_chains_
   // The states merge (FLASHQLA_BWD_CP_STATES_MERGE=1; off by default until measured on the device): the summaries'
   // B pass (from zero) also writes the chunk states of the walks whose gates decay enough to merge, and fp32
   // checkpoints, and the states pass stops where its walk merges with B's (flashqla_gdn_fwd_cp_summaries_merge_source,
-  // flashqla_gdn_fwd_states_merge): the same states, the states pass only over the chunks until the initial state's
+  // flashqla_gdn_fwd_merge): the same states, the states pass only over the chunks until the initial state's
   // part has decayed out of fp32.
   flashqla_gdn_fwd_params_t fp = f;  // the states pass (its initial states come from the scan)
   fp.chunk_states = states.data_ptr();
   const char* smerge_env = std::getenv("FLASHQLA_BWD_CP_STATES_MERGE");
-  const size_t ckpt_bytes = smerge_env != nullptr && smerge_env[0] == '1' ? flashqla_gdn_fwd_states_merge_bytes(&fp) : 0;
+  const size_t ckpt_bytes = smerge_env != nullptr && smerge_env[0] == '1' ? flashqla_gdn_fwd_merge_bytes(&fp) : 0;
   at::Tensor ckpt = at::empty({static_cast<int64_t>(ckpt_bytes / sizeof(float))}, fopts);
   ForkedStream fork(main, dev, op);
   c10::cuda::CUDAStream side = fork.side;
@@ -499,7 +550,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> chunk_gdn_bwd_chains_
       at::Tensor init = chunk_gdn_cp_scan_cuda(phi, b_end, initial_state.has_value() ? std::optional<at::Tensor>(h0)
                                                                                        : std::nullopt, last);
       fp.initial_state = init.data_ptr<float>();
-      fs = states_merge ? flashqla_gdn_fwd_states_merge(&fp, ckpt.data_ptr<float>(), side.stream())
+      fs = states_merge ? flashqla_gdn_fwd_merge(&fp, ckpt.data_ptr<float>(), nullptr, side.stream())
                         : flashqla_gdn_fwd(&fp, side.stream());
       // (init was allocated on the side stream: its memory is not reused before the side stream's work is done)
     }
@@ -615,6 +666,14 @@ at::Tensor chunk_gdn_cp_scan_cuda(const at::Tensor& phi, const at::Tensor& b, co
 }
 
 }  // namespace
+
+// (cp.cpp's chunk_gdn_cp_fwd calls it: the steps with the merge, or nullopt)
+std::optional<std::tuple<at::Tensor, at::Tensor>> chunk_gdn_cp_fwd_merged(
+    const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& g, const at::Tensor& beta,
+    double scale, const std::optional<at::Tensor>& initial_state, const at::Tensor& seg_cu, const at::Tensor& last,
+    int64_t single_last, bool use_qk_l2norm, at::Tensor& workspace, const at::Tensor& eye) {
+  return cp_fwd_merged(q, k, v, g, beta, scale, initial_state, seg_cu, last, single_last, use_qk_l2norm, workspace, eye);
+}
 
 // Schemas are defined in Python (flashqla/_library.py) so that fake-tensor and
 // CPU implementations exist even where this extension is not built.

@@ -299,27 +299,30 @@ FLASHQLA_API flashqla_status_t flashqla_gdn_fwd_cp_summaries(const flashqla_gdn_
                                                              const float* transition_initial, float* transition_final,
                                                              cudaStream_t stream);
 /*
- * The states merge, for exact parallelism's backward (its state recompute over segments after the summaries):
- * the same state chain walked twice from other initial states, B's walk from zero before the recompute's from the
- * true ones. flashqla_gdn_fwd_states_merge_bytes(states) is the checkpoint buffer's size for the recompute's params
- * `states` (o NULL, chunk_states set, prep_ready), or 0 where its chain does not merge (then call the plain
- * entries). flashqla_gdn_fwd_cp_summaries_merge_source is flashqla_gdn_fwd_cp_summaries with the B pass as the
- * source: in the walks that may merge (their first half's gates sum to at most -50) it also writes every chunk
- * state into chunk_states (as the recompute would, same layout) and its fp32 states at the walk's first checkpoint
- * chunks into checkpoints (16-byte aligned); FLASHQLA_ERROR_UNSUPPORTED, nothing launched, where it cannot (then
- * call flashqla_gdn_fwd_cp_summaries and flashqla_gdn_fwd). flashqla_gdn_fwd_states_merge is the recompute
- * (flashqla_gdn_fwd with o NULL, chunk_states set, final_state NULL, prep_ready) after that source on the same
- * chunk_states and checkpoints: a walk that may merge compares its state with the checkpoints and stops at the
- * first bitwise-equal one, leaving the source's chunk states in the chunks it has not reached: the full walk's
- * results, in fewer chunks where the initial states' difference decays out of the fp32 state.
+ * The merges of exact parallelism: a chain walked twice over the same segments from other initial states, B's walk
+ * from zero (the summaries) before the walk from the true ones (the backward's state recompute, or the forward's
+ * last pass with o). From the first checkpoint chunk where the second walk's fp32 state equals B's, bit for bit,
+ * it would repeat B's arithmetic on the same operands, so it stops there and leaves the rest to B: the full walk's
+ * results, in fewer chunks where the initial states' difference decays out of the fp32 state. Only walks whose
+ * first half's gates sum to at most -50 take part (a g = 0 head, slow decay or a short segment walks in full).
+ * flashqla_gdn_fwd_merge_bytes(run) is the checkpoint buffer's size for the merging run's params (the recompute: o
+ * NULL, chunk_states set; the last pass: o set, chunk_states NULL), or 0 where it does not merge (then call the
+ * plain entries). flashqla_gdn_fwd_cp_summaries_merge_source is flashqla_gdn_fwd_cp_summaries with the B pass as
+ * the source: in the walks that may merge it also writes every chunk state into chunk_states (as the recompute
+ * would) or, with params->o set and chunk_states NULL, O into params->o (as the last pass would), and its fp32 states
+ * at the walk's first checkpoint chunks into checkpoints (16-byte aligned); FLASHQLA_ERROR_UNSUPPORTED where the
+ * paired launch cannot run (nothing of the chains launched; with prep_ready = 0 the prep may have run: call
+ * flashqla_gdn_fwd_cp_summaries then). flashqla_gdn_fwd_merge is the merging run after that source on the same
+ * buffers (prep_ready): the recompute (flashqla_gdn_fwd's params with o and final_state NULL) or the last pass (o set;
+ * its final_state takes source_final's tile, the source's final states, where a walk merged).
  */
-FLASHQLA_API size_t flashqla_gdn_fwd_states_merge_bytes(const flashqla_gdn_fwd_params_t* states);
+FLASHQLA_API size_t flashqla_gdn_fwd_merge_bytes(const flashqla_gdn_fwd_params_t* run);
 FLASHQLA_API flashqla_status_t flashqla_gdn_fwd_cp_summaries_merge_source(const flashqla_gdn_fwd_params_t* params,
                                                                           const float* transition_initial,
                                                                           float* transition_final, void* chunk_states,
                                                                           float* checkpoints, cudaStream_t stream);
-FLASHQLA_API flashqla_status_t flashqla_gdn_fwd_states_merge(const flashqla_gdn_fwd_params_t* params,
-                                                             float* checkpoints, cudaStream_t stream);
+FLASHQLA_API flashqla_status_t flashqla_gdn_fwd_merge(const flashqla_gdn_fwd_params_t* params, float* checkpoints,
+                                                      const float* source_final, cudaStream_t stream);
 
 /*
  * Exact context parallelism's scan over segment summaries (the PyTorch op chunk_gdn_cp_fwd's third step). A
