@@ -203,6 +203,7 @@ flashqla_status_t validate_gdn(const flashqla_gdn_fwd_params_t* p, bool* run) {
   *run = true;
   return ok();
 }
+bool aligned16(const void* x) { return reinterpret_cast<uintptr_t>(x) % 16 == 0; }
 // FLASHQLA_FWD_KERNEL=simple selects the v1 kernel (the correctness baseline), read once.
 bool simple_forward() {
   static const bool simple = [] {
@@ -269,8 +270,6 @@ flashqla_status_t flashqla_gdn_fwd_cp_summaries(const flashqla_gdn_fwd_params_t*
 size_t flashqla_gdn_fwd_merge_bytes(const flashqla_gdn_fwd_params_t* p) {
   return p == nullptr || simple_forward() ? 0 : flashqla::gdn_fwd_merge_bytes(*p);
 }
-
-static bool aligned16(const void* x) { return reinterpret_cast<uintptr_t>(x) % 16 == 0; }
 
 flashqla_status_t flashqla_gdn_fwd_cp_summaries_merge_source(const flashqla_gdn_fwd_params_t* p,
                                                              const float* transition_initial, float* transition_final,
@@ -427,7 +426,7 @@ flashqla_status_t flashqla_gdn_bwd_dh_merge_source(const flashqla_gdn_bwd_dh_par
 
 flashqla_status_t flashqla_gdn_bwd_dh_merge(const flashqla_gdn_bwd_dh_params_t* p, const float* other_dh0,
                                             cudaStream_t stream) {
-  if (p != nullptr && (other_dh0 == nullptr || reinterpret_cast<uintptr_t>(other_dh0) % 16 != 0 ||
+  if (p != nullptr && (other_dh0 == nullptr || !aligned16(other_dh0) ||
                        (p->dh == nullptr && p->fwd.batch * p->fwd.seqlen > 0)))
     return fail(FLASHQLA_ERROR_INVALID_ARGUMENT,
                 "merge: other_dh0 must be non-NULL and 16-byte aligned, and dh must hold the other run's dS'");

@@ -183,7 +183,7 @@ __global__ void __launch_bounds__(kAuxThreads, kBwdPrepCtasPerSm)
 // already holds the source run's dS' and merge_dh0 its dh0. At checkpoint steps (merge_checkpoint) the state warps
 // compare their dS' with dh's, bit for bit; once every thread's are equal the rest of the walk would repeat the
 // other run's instructions on the same operands, so its dh is already this run's: the warps stop, release the
-// loaders (sm.stop) and give merge_dh0's tile as dh0.
+// loaders (sm.merge.stop) and give merge_dh0's tile as dh0.
 template <typename T, bool kKSplit, bool kWg = false, bool kMerge = false, typename Storage>
 CUTLASS_DEVICE void dh_state_role(const flashqla_gdn_fwd_params_t& p, Storage& sm, const Work<T>& wk, float* dh,
                                   const CUtensorMap* ds_map, const float* merge_dh0 = nullptr) {
@@ -209,8 +209,8 @@ CUTLASS_DEVICE void dh_state_role(const flashqla_gdn_fwd_params_t& p, Storage& s
 
   bool merged = false, may_merge = false;
   if constexpr (kMerge) {
-    if (tid == 0) sm.stop = 0;  // (read by the loaders only after a stage release, which follows this store)
-    may_merge = walk_may_merge<true>(p, wk, sm.merge_sum, kBarState, tid);
+    if (tid == 0) sm.merge.stop = 0;  // (read by the loaders only after a stage release, which follows this store)
+    may_merge = walk_may_merge<true>(p, wk, sm.merge.sum, kBarState, tid);
   }
   const bool merging = kMerge && may_merge && merge_dh0 != nullptr;
   const bool source_skips = kMerge && !may_merge && merge_dh0 == nullptr;  // (the source run stores no dS' here)
@@ -375,7 +375,7 @@ __global__ void __launch_bounds__(kThreads, 1) gdn_bwd_dh_kernel(const __grid_co
     cutlass::arch::warpgroup_reg_dealloc<kAuxRegs>();
     if constexpr (kMerge)
       aux_role<T, AuxMode::kLoadBwd, kBV, false, false, false, true>(p, sm, wk, (threadIdx.x - kStateThreads) / kAuxThreads,
-                                                                      pb, nullptr, &sm.stop);
+                                                                      pb, nullptr, &sm.merge.stop);
     else
       aux_role<T, AuxMode::kLoadBwd, kBV>(p, sm, wk, (threadIdx.x - kStateThreads) / kAuxThreads, pb);
   }

@@ -209,13 +209,18 @@ struct alignas(1024) StageSwBwd {
   float gamma[kChunk];
   float decay[kChunk];
 };
+// A merging walk's shared scratch (the merging chains: state_role's and dh_state_role's kMerge): stop, the state
+// warps' word to the loaders (aux_role's kStop); sum, walk_may_merge's per-warp sums.
+struct MergeScratch {
+  int stop;
+  float sum[kStateWarps];
+};
 template <typename StageT, typename T>
 struct SharedStorageOf {
   StageT stage[kStages];
   AuxScratch<T> aux[kAuxGroups];
   alignas(16) T o[2][kChunk * kLdC];
-  int stop;                      // (the forward's merge, the last pass: the state warps tell the loaders to stop)
-  float merge_sum[kStateWarps];  // (... walk_may_merge's per-warp sums)
+  MergeScratch merge;  // (the forward's merge, its last pass)
 };
 template <typename T>
 using SharedStorageSw = SharedStorageOf<StageSw<T>, T>;
@@ -262,7 +267,7 @@ struct SharedStoragePair {
   StagePairSw<T> stage[kStages];
   alignas(16) T o[2][2][kChunk * kLdC];  // each half's O tiles (state_role's sm.o)
   uint64_t tma_bar[kStages];            // a stage's boxes, one phase per fill
-  float merge_sum[kStateWarps];         // (the states merge's source: walk_may_merge's per-warp sums)
+  MergeScratch merge;                   // (a merge's source: walk_may_merge's sums)
 };
 template <typename Storage>
 constexpr bool kPairStorage = false;
@@ -299,16 +304,14 @@ struct SharedStorageSwSt {
   GateScratch aux[kAuxGroups];
   alignas(1024) T st_box[2][kDimK * 64];
   uint64_t tma_bar[kStages];  // a stage's K, X and V, one phase per fill
-  int stop;                   // (the states merge: the state warps tell the loaders to stop)
-  float merge_sum[kStateWarps];  // (the states merge: walk_may_merge's per-warp sums)
+  MergeScratch merge;  // (the states merge)
 };
 template <typename T>
 struct SharedStorageSwBwdSt {
   StageSwBwd<T> stage[kStages];
   GateScratch aux[kAuxGroups];
   alignas(1024) float st_box[2][kDimK * 64];
-  int stop;  // (the merging dS chain, gdn_bwd_dh's kMerge: the state warps tell the loaders to stop)
-  float merge_sum[kStateWarps];  // (kMerge: walk_may_merge's per-warp sums)
+  MergeScratch merge;  // (the merging dS chain, gdn_bwd_dh's kMerge)
 };
 template <typename Storage>
 constexpr bool kStatesByTma = false;
@@ -1611,7 +1614,7 @@ CUTLASS_DEVICE bool state_tile_equals(const float (&acc)[NT][4], const float* sr
                                                                                                    // kind of kernel)
   return eq;
 }
-// A merging walk's stop before step it of n (the chains whose loader groups read sm.stop: aux_role's kStop, one
+// A merging walk's stop before step it of n (the chains whose loader groups read sm.merge.stop: aux_role's kStop, one
 // stage a group). Take the fills of the chunks the groups may still be loading (it .. it + kStages - 1; each group
 // has then used up the state warps' earlier release of its stage: a second arrival on a stage barrier the group has
 // not yet waited at would complete it without the group), then release each of those stages once, as the walk
@@ -1621,7 +1624,7 @@ CUTLASS_DEVICE void stop_walk(Storage& sm, int64_t it, int64_t n, int tid) {
 #pragma unroll
   for (int d = 0; d < kStages; ++d)
     if (it + d < n) warp::bar_sync(kBarFull + static_cast<int>((it + d) % kStages), kHandoffThreads);
-  if (tid == 0) sm.stop = 1;
+  if (tid == 0) sm.merge.stop = 1;
 #pragma unroll
   for (int d = 0; d < kStages; ++d)
     if (it + d + kStages < n) warp::bar_arrive(kBarEmpty + static_cast<int>((it + d) % kStages), kHandoffThreads);
@@ -1652,7 +1655,7 @@ CUTLASS_DEVICE T* pair_state_box(SharedStoragePair<T>& sm, int i) {
 // forward), the summaries pair's B half (kPair, the source run) stores every chunk state by TMA on cmaps->states
 // and its fp32 state at each checkpoint step into merge_ckpt; the state recompute (kStatesByTma, the merging run,
 // after the source) compares its state there with the checkpoint and, once every thread's are equal, stops (the
-// loaders through sm.stop): the rest of the walk's chunk states are already the source's, the same bits.
+// loaders through sm.merge.stop): the rest of the walk's chunk states are already the source's, the same bits.
 template <typename T, bool kKSplit, bool kWg = false, bool kOb = false, bool kMerge = false, typename Storage>
 CUTLASS_DEVICE void state_role(const flashqla_gdn_fwd_params_t& p, Storage& sm, const Work<T>& wk,
                                const tma::ChainMaps* cmaps = nullptr, int half = 0, float* merge_ckpt = nullptr,
@@ -1688,10 +1691,10 @@ CUTLASS_DEVICE void state_role(const flashqla_gdn_fwd_params_t& p, Storage& sm, 
   int ck = 0;  // (the checkpoints passed)
   if constexpr (kMerge) {
     if constexpr (!kPair) {
-      if (tid == 0) sm.stop = 0;  // (read by the loaders only after a stage release, which follows this store)
+      if (tid == 0) sm.merge.stop = 0;  // (read by the loaders only after a stage release, which follows this store)
     }
     // (uniform: every thread reads the same sums)
-    merge_walk = merge_ckpt != nullptr && walk_may_merge<false>(p, wk, sm.merge_sum, state_bar, tid);
+    merge_walk = merge_ckpt != nullptr && walk_may_merge<false>(p, wk, sm.merge.sum, state_bar, tid);
   }
   const bool has_o = uniform<kWg>(wk.o != nullptr);
   // (the merge's source, the pair's B half with o: O only in the walks that may merge, for the merging pass)
@@ -2065,7 +2068,7 @@ __global__ void __launch_bounds__(kOb ? kObThreads : kThreads, 1)
     if (kOverlap || (kTmaChain && pb.gates != nullptr)) wk.chunk0 = chunk_offset<IndexT>(p, ct.n, threadIdx.x & 31);
     if constexpr (kMerge)
       aux_role<T, kMode, kBV, kOb, kOverlap, kTmaStates, true>(p, sm, wk, (threadIdx.x - kFirstLoader) / kAuxThreads,
-                                                               pb, &cmaps, &sm.stop);
+                                                               pb, &cmaps, &sm.merge.stop);
     else
       aux_role<T, kMode, kBV, kOb, kOverlap, kTmaChain || kTmaStates>(p, sm, wk, (threadIdx.x - kFirstLoader) / kAuxThreads,
                                                                        pb, &cmaps);

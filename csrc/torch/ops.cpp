@@ -53,6 +53,22 @@ void set_cu_seqlens(P& p, const std::optional<at::Tensor>& cu_seqlens, const at:
   p.num_seqs = cu.numel() - 1;
 }
 
+// An environment switch (the FLASHQLA_* knobs): its first character, or `otherwise` where it is unset or empty.
+char env_switch(const char* name, char otherwise) {
+  const char* e = std::getenv(name);
+  return e != nullptr && e[0] != '\0' ? e[0] : otherwise;
+}
+
+// Exact parallelism's transition passes' initial states: the identity per segment and value head, [segments, H_v,
+// K, K] fp32 (K = V), contiguous on q's device.
+void check_eye(const at::Tensor& eye, const at::Tensor& q, int64_t segments, int64_t heads_v, int64_t k,
+               const char* op) {
+  TORCH_CHECK(eye.device() == q.device() && eye.scalar_type() == at::kFloat && eye.is_contiguous() &&
+                  eye.sizes() == at::IntArrayRef({segments, heads_v, k, k}),
+              "flashqla.", op, ": eye must be contiguous float32 [segments, H_v, K, K] = [", segments, ", ", heads_v,
+              ", ", k, ", ", k, "] on q's device");
+}
+
 at::Tensor chunk_local_cumsum_cuda(const at::Tensor& g, int64_t chunk_size, bool reverse, double scale,
                                    const std::optional<at::Tensor>& cu_seqlens) {
   TORCH_CHECK(g.is_cuda() && g.dim() == 3, "flashqla.chunk_local_cumsum: g must be a CUDA tensor [B, T, H]");
@@ -245,9 +261,7 @@ std::tuple<at::Tensor, at::Tensor> chunk_gdn_cp_summaries_cuda(const at::Tensor&
   flashqla_gdn_fwd_params_t p = input_params("chunk_gdn_cp_summaries", q, k, v, g, beta, scale, cu, use_qk_l2norm);
   at::Tensor b_end = at::empty({p.num_seqs, v.size(2), k.size(3), v.size(3)}, v.options().dtype(at::kFloat));
   at::Tensor phi = at::empty_like(b_end);
-  TORCH_CHECK(eye.device() == q.device() && eye.scalar_type() == at::kFloat && eye.is_contiguous() &&
-                  eye.sizes() == b_end.sizes(),
-              "flashqla.chunk_gdn_cp_summaries: eye must be contiguous float32 ", b_end.sizes(), " on q's device");
+  check_eye(eye, q, p.num_seqs, v.size(2), k.size(3), "chunk_gdn_cp_summaries");
   p.final_state = b_end.data_ptr<float>();
   use_workspace(p, workspace, q, "chunk_gdn_cp_summaries");
   check_status(flashqla_gdn_fwd_cp_summaries(&p, eye.data_ptr<float>(), phi.data_ptr<float>(),
@@ -269,8 +283,7 @@ std::optional<std::tuple<at::Tensor, at::Tensor>> cp_fwd_merged(
     const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& g, const at::Tensor& beta,
     double scale, const std::optional<at::Tensor>& initial_state, const at::Tensor& seg_cu, const at::Tensor& last,
     int64_t single_last, bool use_qk_l2norm, at::Tensor& workspace, const at::Tensor& eye) {
-  const char* env = std::getenv("FLASHQLA_CP_MERGE");
-  if (env == nullptr || env[0] != '1' || !q.is_cuda()) return std::nullopt;
+  if (env_switch("FLASHQLA_CP_MERGE", '0') != '1' || !q.is_cuda()) return std::nullopt;
   c10::cuda::CUDAGuard guard(q.device());
   const char* op = "chunk_gdn_cp_fwd";
   const std::optional<at::Tensor> cu(seg_cu);
@@ -278,9 +291,7 @@ std::optional<std::tuple<at::Tensor, at::Tensor>> cp_fwd_merged(
   use_workspace(f, workspace, q, op);
   const int64_t NS = f.num_seqs, H = v.size(2), K = k.size(3), V = v.size(3);
   auto fopts = v.options().dtype(at::kFloat);
-  TORCH_CHECK(eye.device() == q.device() && eye.scalar_type() == at::kFloat && eye.is_contiguous() &&
-                  eye.sizes() == at::IntArrayRef({NS, H, K, K}),
-              "flashqla.", op, ": eye must be contiguous float32 [segments, H_v, K, K] on q's device");
+  check_eye(eye, q, NS, H, K, op);
   at::Tensor o = at::empty(v.sizes(), v.options());
   f.o = o.data_ptr();
   f.o_stride_batch = o.stride(0); f.o_stride_time = o.stride(1); f.o_stride_head = o.stride(2);
@@ -464,9 +475,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> chunk_gdn_bwd_chains_
   const int64_t NS = r.p.fwd.num_seqs;
   const int64_t H = v.size(2), K = k.size(3), V = v.size(3);
   auto fopts = dout.options().dtype(at::kFloat);
-  TORCH_CHECK(eye.device() == q.device() && eye.scalar_type() == at::kFloat && eye.is_contiguous() &&
-                  eye.sizes() == at::IntArrayRef({NS, H, K, K}),
-              "flashqla.", op, ": eye must be contiguous float32 [segments, H_v, K, K] on q's device");
+  check_eye(eye, q, NS, H, K, op);
   for (const at::Tensor* t : {&last, &rev, &first})
     TORCH_CHECK(t->device() == q.device() && t->scalar_type() == at::kLong && t->dim() == 1 && t->is_contiguous(),
                 "flashqla.", op, ": last, rev and first must be contiguous int64 vectors on q's device");
@@ -503,8 +512,8 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> chunk_gdn_bwd_chains_
   // part has decayed out of fp32.
   flashqla_gdn_fwd_params_t fp = f;  // the states pass (its initial states come from the scan)
   fp.chunk_states = states.data_ptr();
-  const char* smerge_env = std::getenv("FLASHQLA_BWD_CP_STATES_MERGE");
-  const size_t ckpt_bytes = smerge_env != nullptr && smerge_env[0] == '1' ? flashqla_gdn_fwd_merge_bytes(&fp) : 0;
+  const size_t ckpt_bytes =
+      env_switch("FLASHQLA_BWD_CP_STATES_MERGE", '0') == '1' ? flashqla_gdn_fwd_merge_bytes(&fp) : 0;
   at::Tensor ckpt = at::empty({static_cast<int64_t>(ckpt_bytes / sizeof(float))}, fopts);
   ForkedStream fork(main, dev, op);
   c10::cuda::CUDAStream side = fork.side;
@@ -516,15 +525,13 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> chunk_gdn_bwd_chains_
   // where the segment's gates decay enough for a merge (flashqla_gdn_bwd_dh_merge_source), and the last pass stops
   // where its walk merges with B's (flashqla_gdn_bwd_dh_merge): the same results, and only the chunks until the true
   // end gradients' part has decayed out of the fp32 state.
-  const char* merge_env = std::getenv("FLASHQLA_BWD_CP_MERGE");
-  const bool merge = !(merge_env != nullptr && merge_env[0] == '0');
+  const bool merge = env_switch("FLASHQLA_BWD_CP_MERGE", '1') != '0';
   flashqla_gdn_bwd_dh_params_t pb = r.p;
   pb.dht = nullptr;
   pb.dh = merge ? r.dh.data_ptr<float>() : nullptr;
   pb.a = nullptr;
   pb.dh0 = r.dh0.data_ptr<float>();
-  const char* order = std::getenv("FLASHQLA_BWD_CP_ORDER");
-  const bool b_first = order != nullptr && order[0] == '1';
+  const bool b_first = env_switch("FLASHQLA_BWD_CP_ORDER", '0') == '1';
   // (the merging pair's source: dS' only in the walks that may merge)
   const auto b_pass = [&] { return merge ? flashqla_gdn_bwd_dh_merge_source(&pb, main.stream())
                                          : flashqla_gdn_bwd_dh(&pb, main.stream()); };
