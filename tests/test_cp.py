@@ -5,6 +5,7 @@ import torch
 
 import flashqla
 from flashqla import _backend, _cp, reference
+from conftest import count_calls
 from util import make_inputs
 
 
@@ -58,9 +59,7 @@ def test_api_takes_the_segmented_path(monkeypatch):
     monkeypatch.setattr(_cp, "RANK_STEP", 0.0)  # tiny cases: plan as if the scan were free
     monkeypatch.setattr(flashqla.api, "KERNEL_HEAD_DIM", 16)
     monkeypatch.setattr(flashqla.api, "_why_not_kernel", lambda shape, q, g: None)
-    calls = []
-    real = _cp.forward
-    monkeypatch.setattr(_cp, "forward", lambda *a, **kw: calls.append(1) or real(*a, **kw))
+    calls = count_calls(monkeypatch, _cp, "forward")
     d = make_inputs(1, 640, 1, 1, 16, 16, h0=True, seed=4)
     o, final = flashqla.chunk_gdn(**d, output_final_state=True)
     ro, rf = reference.chunk_gdn_torch(**d, output_final_state=True)
@@ -130,9 +129,7 @@ def test_api_backward_takes_the_segmented_chains(monkeypatch):
     monkeypatch.setattr(_cp, "RANK_STEP", 0.0)
     monkeypatch.setattr(flashqla.api, "KERNEL_HEAD_DIM", 16)
     monkeypatch.setattr(flashqla.api, "_why_not_kernel", lambda shape, q, g: None)
-    calls = []
-    real = _cp.backward_chains
-    monkeypatch.setattr(_cp, "backward_chains", lambda *a, **kw: calls.append(1) or real(*a, **kw))
+    calls = count_calls(monkeypatch, _cp, "backward_chains")
     d = make_inputs(1, 700, 1, 2, 16, 16, h0=True, n_seqs=2, seed=7)
     cu = torch.tensor([0, 500, 700])
     gen = torch.Generator().manual_seed(8)

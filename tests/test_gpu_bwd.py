@@ -6,7 +6,7 @@ import torch
 import torch.nn.functional as F
 
 from flashqla.reference import chunk_state_grads_torch
-from conftest import gpu, rel_l2
+from conftest import count_calls, gpu, rel_l2
 
 pytestmark = gpu
 DEV = "cuda"
@@ -290,9 +290,7 @@ def test_backward_context_parallelism_matches_float64(monkeypatch):
     gen = torch.Generator(device=DEV).manual_seed(51)
     v = torch.randn(d["do"].shape, device=DEV, generator=gen).bfloat16()
     h0 = torch.randn(1, 2, D, D, device=DEV, generator=gen)
-    calls = []
-    real = _cp.backward_chains
-    monkeypatch.setattr(_cp, "backward_chains", lambda *a, **kw: calls.append(1) or real(*a, **kw))
+    calls = count_calls(monkeypatch, _cp, "backward_chains")
     out = {}
     for mode in ("1", "0"):
         monkeypatch.setenv("FLASHQLA_BWD_CP", mode)

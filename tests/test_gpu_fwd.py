@@ -5,7 +5,7 @@ import torch.nn.functional as F
 
 import flashqla
 from flashqla.reference import chunk_gdn_torch, recurrent_gdn
-from conftest import gpu, rel_l2
+from conftest import count_calls, gpu, rel_l2
 
 pytestmark = gpu
 DEV = "cuda"
@@ -208,9 +208,7 @@ def test_context_parallel_forward(monkeypatch):
     monkeypatch.setenv("FLASHQLA_CP", "0")
     plain_o, plain_s = run_ours(d, cu_seqlens_cpu=cu_cpu)
     monkeypatch.setenv("FLASHQLA_CP", "1")
-    calls = []
-    real = _cp.forward
-    monkeypatch.setattr(_cp, "forward", lambda *a, **kw: calls.append(1) or real(*a, **kw))
+    calls = count_calls(monkeypatch, _cp, "forward")
     o, s = flashqla.chunk_gdn(**d, output_final_state=True, cu_seqlens_cpu=cu_cpu)
     assert calls, "the plan did not choose segments"
     x = {k: (v.double() if isinstance(v, torch.Tensor) and v.is_floating_point() else v) for k, v in d.items()}
@@ -239,9 +237,7 @@ def test_context_parallel_merge_gives_the_full_walks_bits(monkeypatch, strong, w
     if not with_h0:
         d["initial_state"] = None
     cu_cpu = d["cu_seqlens"].cpu()
-    calls = []
-    real = _cp.forward
-    monkeypatch.setattr(_cp, "forward", lambda *a, **kw: calls.append(1) or real(*a, **kw))
+    calls = count_calls(monkeypatch, _cp, "forward")
     out = {}
     for merge in ("0", "1"):
         monkeypatch.setenv("FLASHQLA_CP_MERGE", merge)
