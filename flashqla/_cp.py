@@ -398,12 +398,10 @@ def backward_chain_passes(ops, q, k, v, g, beta, do, dht, scale, initial_state, 
     init = ops.chunk_gdn_cp_scan(phi, b_end, h0, last)
     states = ops.chunk_gdn_fwd_states(q, k, v, g, beta, scale, init, cu, l2norm)
     _, b_start, _ = ops.chunk_gdn_bwd_dh(q, k, g, beta, do, None, scale, cu, l2norm, True, False)
-    # E_0 = dht, E_{j+1} = L_j E_j + B_j with L_j = Phi_j^T (the dS chain is the state chain's adjoint), from each
-    # sequence's last segment back: the forward's scan over the segments reversed within each sequence (position j
-    # of the reversed order holds the end gradient of segment rev[j])
+    # E_last = dht, E_{i-1} = L_i E_i + B_i with L_i = Phi_i^T (the dS chain is the state chain's adjoint), from
+    # each sequence's last segment back: the scan's reverse walk
     dht_ = None if dht is None else dht.to(sd).contiguous()
-    l_rev = phi.transpose(2, 3).index_select(0, rev).contiguous()
-    ends = ops.chunk_gdn_cp_scan(l_rev, b_start.index_select(0, rev), dht_, last).index_select(0, rev)
+    ends = ops.chunk_gdn_cp_scan(phi, b_start, dht_, last, True)
     dh, dh0_seg, a = ops.chunk_gdn_bwd_dh(q, k, g, beta, do, ends, scale, cu, l2norm, True, output_a)
     dh0 = dh0_seg.index_select(0, first) if output_dh0 else dh0_seg.new_empty((0,))
     return states, dh, dh0, a

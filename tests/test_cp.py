@@ -210,6 +210,27 @@ def test_cp_scan_op_walks_each_sequence(h0):
     assert all(v == "SUCCESS" for v in res.values()), res
 
 
+@pytest.mark.parametrize("h0", [True, False])
+def test_cp_scan_op_reverse_walks_each_sequence_back(h0):
+    # reverse=True, the backward's end gradients: out[last] = h0 (or zeros), out[i - 1] = Phi_i^T out[i] + B_i along
+    # each sequence's segments from its last one back; the same as the forward walk over each sequence's segments
+    # in reversed order with Phi transposed (what the op ran before the kernel had a reverse walk)
+    counts = [3, 1, 4, 2]
+    phi, b, h, last = _scan_inputs(counts)
+    h = h if h0 else None
+    rev = torch.cat([torch.arange(e, e - n, -1) for n, e in zip(counts, last.tolist())])
+    got = torch.ops.flashqla.chunk_gdn_cp_scan(phi, b, h, last, True)
+    flipped = torch.ops.flashqla.chunk_gdn_cp_scan(phi.transpose(2, 3)[rev], b[rev], h, last)[rev]
+    assert (got - flipped).abs().max() < 1e-12
+    # by hand, the last sequence: out[9] = h0[3], out[8] = Phi_9^T h0[3] + B_9
+    top = h[3] if h0 else torch.zeros_like(b[9])
+    assert (got[9] - top).abs().max() == 0
+    assert (got[8] - (phi[9].transpose(1, 2) @ top + b[9])).abs().max() < 1e-12
+    res = torch.library.opcheck(torch.ops.flashqla.chunk_gdn_cp_scan.default, (phi, b, h, last, True),
+                                test_utils=("test_schema", "test_faketensor"))
+    assert all(v == "SUCCESS" for v in res.values()), res
+
+
 def test_overlap_plan_only_for_one_long_sequence_and_short_ones(monkeypatch):
     monkeypatch.delenv("FLASHQLA_SEQ_ORDER", raising=False)
     # TP2 28672+4096: the long sequence's 64 chain CTAs first, 68 prep workers, the short one's chains after them

@@ -495,11 +495,13 @@ def test_states_recompute_prep_agrees_bitwise(monkeypatch, l2norm):
     assert torch.equal(out["0"][:n], out["1"][:n]) and torch.isfinite(out["1"][:n].float()).all()
 
 
+@pytest.mark.parametrize("reverse", [False, True])
 @pytest.mark.parametrize("counts", [[9, 1, 4, 2], [6]])  # 16 and 8 columns per CTA (few sequences x heads)
 @pytest.mark.parametrize("h0", [True, False])
-def test_cp_scan_kernel_against_float64(h0, counts):
+def test_cp_scan_kernel_against_float64(h0, counts, reverse):
     # the scan kernel (chunk_gdn_cp_scan on the GPU) against the same recursion in float64 on the CPU: sequences
-    # of 1 to 9 segments, 3 heads; every entry of the output compared (a missed write would show as garbage)
+    # of 1 to 9 segments, 3 heads; every entry of the output compared (a missed write would show as garbage); and
+    # the reverse walk (Phi read transposed in place, each sequence from its last segment back)
     S, H = sum(counts), 3
     gen = torch.Generator(device=DEV).manual_seed(31)
     # maps of norm ~1 (decayed transitions), as the summaries passes give them
@@ -507,9 +509,9 @@ def test_cp_scan_kernel_against_float64(h0, counts):
     b = torch.randn(S, H, D, D, device=DEV, generator=gen)
     h = torch.randn(len(counts), H, D, D, device=DEV, generator=gen) if h0 else None
     last = torch.tensor(counts, device=DEV).cumsum(0) - 1
-    got = torch.ops.flashqla.chunk_gdn_cp_scan(phi.contiguous(), b, h, last)
+    got = torch.ops.flashqla.chunk_gdn_cp_scan(phi.contiguous(), b, h, last, reverse)
     ref = torch.ops.flashqla.chunk_gdn_cp_scan(phi.double().cpu(), b.double().cpu(), None if h is None else h.double().cpu(),
-                                               last.cpu())
+                                               last.cpu(), reverse)
     err = rel_l2(got, ref)
     print(f"cp scan: rel. L2 {err:.2e}")
     assert torch.isfinite(got).all() and err < 1e-5
@@ -517,8 +519,9 @@ def test_cp_scan_kernel_against_float64(h0, counts):
         torch.ops.flashqla.chunk_gdn_cp_scan(phi.contiguous(), b, h, last.int())
 
 
+@pytest.mark.parametrize("reverse", [False, True])
 @pytest.mark.parametrize("cols", ["8", "16", "32"])
-def test_cp_scan_tma_is_the_copies_bitwise(monkeypatch, cols):
+def test_cp_scan_tma_is_the_copies_bitwise(monkeypatch, cols, reverse):
     # FLASHQLA_SCAN_TMA (on by default): Phi_i arrives as four swizzled 128 x 32 boxes by TMA instead of every
     # thread's cp.async into padded rows; the FMAs read the same values in the same order, so the states are
     # bitwise those of =0, for every slice width, on sequences of 1 to 9 segments with and without h0, and within
@@ -534,11 +537,16 @@ def test_cp_scan_tma_is_the_copies_bitwise(monkeypatch, cols):
         for mode in ("0", "1", "1-rows2"):  # (and two rows a thread, FLASHQLA_SCAN_ROWS=2: the same FMA order)
             monkeypatch.setenv("FLASHQLA_SCAN_TMA", mode[0])
             monkeypatch.setenv("FLASHQLA_SCAN_ROWS", "2" if mode.endswith("rows2") else "1")
-            out[mode] = torch.ops.flashqla.chunk_gdn_cp_scan(phi, b, h, last)
+            out[mode] = torch.ops.flashqla.chunk_gdn_cp_scan(phi, b, h, last, reverse)
         assert torch.equal(out["0"], out["1"]) and torch.equal(out["0"], out["1-rows2"])
         ref = torch.ops.flashqla.chunk_gdn_cp_scan(phi.double().cpu(), b.double().cpu(),
-                                                   None if h is None else h.double().cpu(), last.cpu())
+                                                   None if h is None else h.double().cpu(), last.cpu(), reverse)
         assert rel_l2(out["1"], ref) < 1e-5
+        if reverse:  # the reverse walk is the forward one over the reversed, transposed copy, bit for bit
+            rev = torch.cat([torch.arange(e, e - n, -1) for n, e in zip(counts, last.tolist())]).to(DEV)
+            fwd = torch.ops.flashqla.chunk_gdn_cp_scan(phi.transpose(2, 3)[rev].contiguous(), b[rev].contiguous(),
+                                                       h, last)[rev]
+            assert torch.equal(out["1"], fwd)
 
 
 @pytest.mark.parametrize("summary_ob", ["1", "1-copies", "0"])

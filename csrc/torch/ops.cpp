@@ -271,7 +271,7 @@ std::tuple<at::Tensor, at::Tensor> chunk_gdn_cp_summaries_cuda(const at::Tensor&
 }
 
 at::Tensor chunk_gdn_cp_scan_cuda(const at::Tensor& phi, const at::Tensor& b, const std::optional<at::Tensor>& initial_state,
-                                  const at::Tensor& last);
+                                  const at::Tensor& last, bool reverse);
 
 // The forward's exact parallelism with the merge (FLASHQLA_CP_MERGE=1, opt-in until measured on the device; called by
 // chunk_gdn_cp_fwd, cp.cpp): the summaries' B pass (from zero) also writes O and fp32 checkpoints in the walks whose
@@ -309,7 +309,7 @@ std::optional<std::tuple<at::Tensor, at::Tensor>> cp_fwd_merged(
                                                                           ckpt.data_ptr<float>(), stream);
   if (st == FLASHQLA_ERROR_UNSUPPORTED) return std::nullopt;  // (the prep may have run: the plain steps redo it)
   check_status(st, op);
-  at::Tensor init = chunk_gdn_cp_scan_cuda(phi, b_end, initial_state, last);
+  at::Tensor init = chunk_gdn_cp_scan_cuda(phi, b_end, initial_state, last, false);
   at::Tensor finals = at::empty({NS, H, K, V}, fopts);
   fl.initial_state = init.data_ptr<float>();
   fl.final_state = finals.data_ptr<float>();
@@ -447,7 +447,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> chunk_gdn_bwd_chains_
 }
 
 at::Tensor chunk_gdn_cp_scan_cuda(const at::Tensor& phi, const at::Tensor& b, const std::optional<at::Tensor>& initial_state,
-                                  const at::Tensor& last);
+                                  const at::Tensor& last, bool reverse);
 
 // Both of the backward's chains through exact parallelism's segments (flashqla/_cp.py, backward_chains; the
 // returns of chunk_gdn_bwd_chains) from one prep, as chunk_gdn_bwd_chains shares it: the Gram products, the inverse,
@@ -555,7 +555,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> chunk_gdn_bwd_chains_
     if (fs == FLASHQLA_SUCCESS) {
       cuda_check(cudaEventRecord(phi_ready.e, side.stream()), op);  // (the dS chain's reverse scan reads Phi^T)
       at::Tensor init = chunk_gdn_cp_scan_cuda(phi, b_end, initial_state.has_value() ? std::optional<at::Tensor>(h0)
-                                                                                       : std::nullopt, last);
+                                                                                       : std::nullopt, last, false);
       fp.initial_state = init.data_ptr<float>();
       fs = states_merge ? flashqla_gdn_fwd_merge(&fp, ckpt.data_ptr<float>(), nullptr, side.stream())
                         : flashqla_gdn_fwd(&fp, side.stream());
@@ -567,11 +567,17 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> chunk_gdn_bwd_chains_
   at::Tensor dh0;
   if (ds == FLASHQLA_SUCCESS) {
     cuda_check(cudaStreamWaitEvent(main.stream(), phi_ready.e, 0), op);
-    // E_0 = dht, E_{j+1} = L_j E_j + B_j with L_j = Phi_j^T, from each sequence's last segment back: the forward's
-    // scan over the segments reversed within each sequence (position j of the reversed order holds segment rev[j])
-    at::Tensor l_rev = at::index_select(phi.transpose(2, 3), 0, rev).contiguous();
-    at::Tensor ends = at::index_select(
-        chunk_gdn_cp_scan_cuda(l_rev, at::index_select(r.dh0, 0, rev), dht, last), 0, rev);
+    // each segment's true end gradient, from each sequence's last segment back: E_last = dht, E_{i-1} = L_i E_i + B_i
+    // with L_i = Phi_i^T (the dS chain is the state chain's adjoint) and B_i the B pass's dh0; the scan kernel's
+    // reverse walk reads Phi transposed in place. FLASHQLA_BWD_SCAN_REV=0 (the A/B's control): the forward walk
+    // over a reversed, transposed copy (three gathers), the same FMAs in the same order, so the same bits.
+    at::Tensor ends;
+    if (env_switch("FLASHQLA_BWD_SCAN_REV", '1') != '0') {
+      ends = chunk_gdn_cp_scan_cuda(phi, r.dh0, dht, last, true);
+    } else {
+      at::Tensor l_rev = at::index_select(phi.transpose(2, 3), 0, rev).contiguous();
+      ends = at::index_select(chunk_gdn_cp_scan_cuda(l_rev, at::index_select(r.dh0, 0, rev), dht, last, false), 0, rev);
+    }
     flashqla_gdn_bwd_dh_params_t pr = r.p;  // the pass from each segment's true end gradient
     pr.dht = ends.data_ptr<float>();
     pr.a = nullptr;
@@ -642,9 +648,10 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> chunk_gdn
 
 // Exact context parallelism's scan: every segment's initial state [segments, H_v, K, V] from the summaries
 // phi [segments, H_v, K, K] and b [segments, H_v, K, V] (fp32), h0 [N, H_v, K, V] or None, and each
-// sequence's last segment (int64 [N]); see flashqla_gdn_cp_scan.
+// sequence's last segment (int64 [N]); reverse: the adjoint walk (Phi^T, each sequence from its last segment
+// back); see flashqla_gdn_cp_scan.
 at::Tensor chunk_gdn_cp_scan_cuda(const at::Tensor& phi, const at::Tensor& b, const std::optional<at::Tensor>& initial_state,
-                                  const at::Tensor& last) {
+                                  const at::Tensor& last, bool reverse) {
   c10::cuda::CUDAGuard guard(b.device());
   TORCH_CHECK(b.is_cuda() && b.dim() == 4 && b.scalar_type() == at::kFloat && b.is_contiguous(),
               "flashqla.chunk_gdn_cp_scan: b must be a contiguous float32 CUDA tensor [segments, H_v, K, V]");
@@ -668,6 +675,7 @@ at::Tensor chunk_gdn_cp_scan_cuda(const at::Tensor& phi, const at::Tensor& b, co
   p.last = last.data_ptr();
   p.last_dtype = FLASHQLA_INT64;
   p.num_seqs = N; p.segments = S; p.heads = H; p.head_dim_k = K; p.head_dim_v = V;
+  p.reverse = reverse ? 1 : 0;
   check_status(flashqla_gdn_cp_scan(&p, c10::cuda::getCurrentCUDAStream(b.device().index()).stream()), "chunk_gdn_cp_scan");
   return init;
 }
