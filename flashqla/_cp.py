@@ -349,15 +349,9 @@ def backward_plan(lengths, heads_v: int, sms: int, chunk: int = CHUNK):
     return plan(lengths, heads_v, sms, chunk)
 
 
-def _reverse_plan(p: Plan, device: torch.device):
-    """Device indices of the backward's reverse scan, cached like device_plan: `rev`, the permutation that reverses
-    each sequence's segments in place (an involution: segment i of sequence s and first[s] + last[s] - i trade
-    places), and each sequence's first segment."""
-    def make():
-        first = _first_segments(p)
-        rev = [first[s] + p.last_of_seq[s] - i for i, s in enumerate(p.seq_of)]
-        return _as_long(rev, device), _as_long(first, device)
-    return _plan_tensors(("reverse", p, str(device)), device, make)
+def _first_plan(p: Plan, device: torch.device):
+    """Each sequence's first segment as a device index (dh0 is gathered from there), cached like device_plan."""
+    return _plan_tensors(("first", p, str(device)), device, lambda: (_as_long(_first_segments(p), device),))
 
 
 def backward_chains(ops, q, k, v, g, beta, do, dht, scale, initial_state, p: Plan, l2norm: bool,
@@ -373,7 +367,7 @@ def backward_chains(ops, q, k, v, g, beta, do, dht, scale, initial_state, p: Pla
     each segment's true end gradient. None when a plan's device copies are unavailable (CUDA-graph capture of an
     uncached plan)."""
     dp = device_plan(p, q.device, index_dtype)
-    rp = _reverse_plan(p, q.device)
+    rp = _first_plan(p, q.device)
     if dp is None or rp is None:
         return None
     from ._library import _state_dtype
@@ -385,7 +379,7 @@ def backward_chains(ops, q, k, v, g, beta, do, dht, scale, initial_state, p: Pla
                                        output_dh0, output_a)
 
 
-def backward_chain_passes(ops, q, k, v, g, beta, do, dht, scale, initial_state, cu, last, rev, first, eye,
+def backward_chain_passes(ops, q, k, v, g, beta, do, dht, scale, initial_state, cu, last, first, eye,
                           l2norm: bool, output_dh0: bool, output_a: bool):
     """chunk_gdn_bwd_chains_cp's steps op by op (its CPU implementation; the GPU's runs them in C++ from one prep):
     the states from the forward's summaries passes, scan and states pass; the dS chain's B pass (zero end

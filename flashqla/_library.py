@@ -60,10 +60,10 @@ _lib.define("chunk_gdn_bwd_chains(Tensor q, Tensor k, Tensor v, Tensor g, Tensor
             "bool output_a=False) -> (Tensor, Tensor, Tensor, Tensor)")
 
 # The same through exact parallelism's segments (FLASHQLA_BWD_CP; flashqla/_cp.py, backward_chains): seg_cu, last,
-# rev, first from _cp.device_plan and _cp._reverse_plan, eye [segments, H_v, K, K] in the states' fp32; on the GPU one
-# prep for every pass, the states on a side stream. dh0 per sequence (first's length).
+# first from _cp.device_plan and _cp._first_plan, eye [segments, H_v, K, K] in the states' fp32; on the GPU one prep
+# for every pass, the states on a side stream. dh0 per sequence (first's length).
 _lib.define("chunk_gdn_bwd_chains_cp(Tensor q, Tensor k, Tensor v, Tensor g, Tensor beta, Tensor dout, Tensor? dht, "
-            "float scale, Tensor? initial_state, Tensor seg_cu, Tensor last, Tensor rev, Tensor first, Tensor eye, "
+            "float scale, Tensor? initial_state, Tensor seg_cu, Tensor last, Tensor first, Tensor eye, "
             "bool use_qk_l2norm, bool output_dh0, bool output_a=False) -> (Tensor, Tensor, Tensor, Tensor)")
 
 # The backward's chunk-parallel gradient step (the default; FLASHQLA_BWD_GRAD=0 runs it in PyTorch): from the
@@ -186,7 +186,7 @@ def _chunk_gdn_bwd_chains_fake(q, k, v, g, beta, dout, dht, scale, initial_state
 
 
 @torch.library.register_fake("flashqla::chunk_gdn_bwd_chains_cp")
-def _chunk_gdn_bwd_chains_cp_fake(q, k, v, g, beta, dout, dht, scale, initial_state, seg_cu, last, rev, first, eye,
+def _chunk_gdn_bwd_chains_cp_fake(q, k, v, g, beta, dout, dht, scale, initial_state, seg_cu, last, first, eye,
                                   use_qk_l2norm, output_dh0, output_a=False):
     states, dh, _, a = _chunk_gdn_bwd_chains_fake(q, k, v, g, beta, dout, dht, scale, initial_state, seg_cu,
                                                   use_qk_l2norm, False, output_a)
@@ -273,11 +273,11 @@ def _chunk_gdn_bwd_chains_cpu(q, k, v, g, beta, dout, dht, scale, initial_state,
 
 
 @torch.library.impl("flashqla::chunk_gdn_bwd_chains_cp", "cpu")
-def _chunk_gdn_bwd_chains_cp_cpu(q, k, v, g, beta, dout, dht, scale, initial_state, seg_cu, last, rev, first, eye,
+def _chunk_gdn_bwd_chains_cp_cpu(q, k, v, g, beta, dout, dht, scale, initial_state, seg_cu, last, first, eye,
                                  use_qk_l2norm, output_dh0, output_a=False):
     from . import _cp  # (the passes op by op, through the ops' CPU implementations)
     return _cp.backward_chain_passes(torch.ops.flashqla, q, k, v, g, beta, dout, dht, scale, initial_state, seg_cu,
-                                     last, rev, first, eye, use_qk_l2norm, output_dh0, output_a)
+                                     last, first, eye, use_qk_l2norm, output_dh0, output_a)
 
 
 @torch.library.impl("flashqla::chunk_gdn_bwd_grad", "cpu")

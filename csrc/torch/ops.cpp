@@ -452,19 +452,20 @@ at::Tensor chunk_gdn_cp_scan_cuda(const at::Tensor& phi, const at::Tensor& b, co
 // Both of the backward's chains through exact parallelism's segments (flashqla/_cp.py, backward_chains; the
 // returns of chunk_gdn_bwd_chains) from one prep, as chunk_gdn_bwd_chains shares it: the Gram products, the inverse,
 // the dS chain's W' and U and the recompute's X once for every pass. seg_cu: the segments' cu_seqlens; last: each
-// sequence's last segment, rev: the permutation reversing each sequence's segments in place, first: each
-// sequence's first segment (int64, _cp.device_plan and _cp._reverse_plan); eye [segments, H_v, K, K] fp32.
+// sequence's last segment, first: each sequence's first segment (int64, _cp.device_plan and _cp._first_plan);
+// eye [segments, H_v, K, K] fp32.
 // On a side stream, the states: the two summaries passes (B from zero, the transition Phi from eye with v = 0), the
 // scan from initial_state, the states pass. On the current stream, the dS chain, affine backwards too
 // (dS_start = L dS_end + B per segment): B from the real dO with zero end gradients (dh written only as a merge's
 // source); L is Phi^T (the dS chain is the adjoint of the state chain, whose transition over a segment is Phi), so
 // no pass of its own: the current stream waits for the side stream's summaries; then the scan over each sequence's
-// segments reversed starting from dht, and the pass from each segment's true end gradient. Joined before returning.
+// segments from its last back, starting from dht (the scan's reverse walk), and the pass from each segment's true end
+// gradient. Joined before returning.
 std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> chunk_gdn_bwd_chains_cp_cuda(
     const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& g, const at::Tensor& beta,
     const at::Tensor& dout, const std::optional<at::Tensor>& dht, double scale,
     const std::optional<at::Tensor>& initial_state, const at::Tensor& seg_cu, const at::Tensor& last,
-    const at::Tensor& rev, const at::Tensor& first, const at::Tensor& eye, bool use_qk_l2norm, bool output_dh0,
+    const at::Tensor& first, const at::Tensor& eye, bool use_qk_l2norm, bool output_dh0,
     bool output_a) {
   c10::cuda::CUDAGuard guard(q.device());
   const char* op = "chunk_gdn_bwd_chains_cp";
@@ -476,10 +477,9 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> chunk_gdn_bwd_chains_
   const int64_t H = v.size(2), K = k.size(3), V = v.size(3);
   auto fopts = dout.options().dtype(at::kFloat);
   check_eye(eye, q, NS, H, K, op);
-  for (const at::Tensor* t : {&last, &rev, &first})
+  for (const at::Tensor* t : {&last, &first})
     TORCH_CHECK(t->device() == q.device() && t->scalar_type() == at::kLong && t->dim() == 1 && t->is_contiguous(),
-                "flashqla.", op, ": last, rev and first must be contiguous int64 vectors on q's device");
-  TORCH_CHECK(rev.numel() == NS, "flashqla.", op, ": rev must hold one index per segment (", NS, ")");
+                "flashqla.", op, ": last and first must be contiguous int64 vectors on q's device");
   at::Tensor states = at::empty({flashqla_gdn_chunk_bound(&f), H, K, V}, q.options());
   at::Tensor ws_b = byte_workspace(flashqla_gdn_bwd_dh_workspace_bytes(&r.p), dout);
   // the recompute's X and the chunks' gates (the summaries passes' paired launch copies them: prep_ready = 2)
@@ -569,15 +569,9 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> chunk_gdn_bwd_chains_
     cuda_check(cudaStreamWaitEvent(main.stream(), phi_ready.e, 0), op);
     // each segment's true end gradient, from each sequence's last segment back: E_last = dht, E_{i-1} = L_i E_i + B_i
     // with L_i = Phi_i^T (the dS chain is the state chain's adjoint) and B_i the B pass's dh0; the scan kernel's
-    // reverse walk reads Phi transposed in place. FLASHQLA_BWD_SCAN_REV=0 (the A/B's control): the forward walk
-    // over a reversed, transposed copy (three gathers), the same FMAs in the same order, so the same bits.
-    at::Tensor ends;
-    if (env_switch("FLASHQLA_BWD_SCAN_REV", '1') != '0') {
-      ends = chunk_gdn_cp_scan_cuda(phi, r.dh0, dht, last, true);
-    } else {
-      at::Tensor l_rev = at::index_select(phi.transpose(2, 3), 0, rev).contiguous();
-      ends = at::index_select(chunk_gdn_cp_scan_cuda(l_rev, at::index_select(r.dh0, 0, rev), dht, last, false), 0, rev);
-    }
+    // reverse walk reads Phi transposed in place (it replaced three gathers around a forward walk: -2% at hk4_hv8
+    // and -7% at hk2_hv4 32k_1seq on an H100, session 38)
+    at::Tensor ends = chunk_gdn_cp_scan_cuda(phi, r.dh0, dht, last, true);
     flashqla_gdn_bwd_dh_params_t pr = r.p;  // the pass from each segment's true end gradient
     pr.dht = ends.data_ptr<float>();
     pr.a = nullptr;
