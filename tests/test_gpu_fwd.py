@@ -32,14 +32,19 @@ def make(seqlens, hq, hv, dtype=torch.bfloat16, strong=False, dense_B=None, seed
 
 
 def run_ours(d, **kw):
-    """Poison the output block first: every element must be written by the kernel."""
-    poison = torch.full(d["v"].shape, float("nan"), dtype=d["v"].dtype, device=DEV)
-    ptr = poison.data_ptr()
-    del poison
-    o, s = flashqla.chunk_gdn(**d, output_final_state=True, **kw)
-    assert o.data_ptr() == ptr, "allocator did not reuse the poisoned block"
-    torch.cuda.synchronize()
-    return o, s
+    """Poison the output block first: every element must be written by the kernel. Where the op's workspace took the
+    poisoned block (the caching allocator may carve it from a larger free block the workspace then takes whole), the
+    block the output took is poisoned and the call repeated: the same allocations land in the same blocks."""
+    for _ in range(3):
+        poison = torch.full(d["v"].shape, float("nan"), dtype=d["v"].dtype, device=DEV)
+        ptr = poison.data_ptr()
+        del poison
+        o, s = flashqla.chunk_gdn(**d, output_final_state=True, **kw)
+        if o.data_ptr() == ptr:
+            torch.cuda.synchronize()
+            return o, s
+        del o, s
+    raise AssertionError("allocator did not reuse the poisoned block")
 
 
 def captured(fn):
