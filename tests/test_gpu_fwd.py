@@ -34,15 +34,23 @@ def make(seqlens, hq, hv, dtype=torch.bfloat16, strong=False, dense_B=None, seed
 def run_ours(d, **kw):
     """Poison the output block first: every element must be written by the kernel. Where the op's workspace took the
     poisoned block (the caching allocator may carve it from a larger free block the workspace then takes whole), the
-    block the output took is poisoned and the call repeated: the same allocations land in the same blocks."""
-    for _ in range(3):
+    block the output took is poisoned and the call repeated (the same allocations land in the same blocks); failing
+    that, the same after the cache is emptied."""
+    target = None  # the block to poison: a fresh one, or the one the last call's output took
+    for attempt in range(4):
+        if attempt == 2:
+            torch.cuda.empty_cache()
+            target = None
         poison = torch.full(d["v"].shape, float("nan"), dtype=d["v"].dtype, device=DEV)
         ptr = poison.data_ptr()
         del poison
+        if target is not None and ptr != target:
+            continue
         o, s = flashqla.chunk_gdn(**d, output_final_state=True, **kw)
         if o.data_ptr() == ptr:
             torch.cuda.synchronize()
             return o, s
+        target = o.data_ptr()
         del o, s
     raise AssertionError("allocator did not reuse the poisoned block")
 
@@ -247,8 +255,9 @@ def test_context_parallel_merge_gives_the_full_walks_bits(monkeypatch, strong, w
     out = {}
     for merge in ("0", "1"):
         monkeypatch.setenv("FLASHQLA_CP_MERGE", merge)
+        n = len(calls)  # (run_ours may repeat the call)
         out[merge] = run_ours(d, cu_seqlens_cpu=cu_cpu)
-    assert len(calls) == 2, "the plan did not choose segments"
+        assert len(calls) > n, "the plan did not choose segments"
     assert torch.isfinite(out["1"][0].float()).all()
     assert torch.equal(out["1"][0], out["0"][0]) and torch.equal(out["1"][1], out["0"][1])
 
