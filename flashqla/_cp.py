@@ -331,22 +331,28 @@ def forward(fwd, q, k, v, g, beta, scale, initial_state, p: Plan, l2norm: bool, 
 
 
 KSPLIT_BLOCKS = 4      # the plain backward chains' CTAs per sequence and value head (the C++ kVBlocksK)
+LONG_SEGMENT_CHUNKS = 128  # segments this long pay for the backward even where the plain chains fill the GPU once
 
 
 def backward_plan(lengths, heads_v: int, sms: int, chunk: int = CHUNK):
     """The backward's segments (the chunk_gdn_bwd_chains_cp op), or None. FLASHQLA_BWD_CP=1: wherever the forward's
-    planner cuts; 0: never; unset: there, and only where the plain chains (side by side, K split) hold at most half
-    of the SMs. Segments cost each chain about two passes of work where one did (its summaries and its last pass;
-    the dS chain's L is the states' Phi^T), so they pay only on SMs the plain chains leave idle. Measured on the H200
-    (session 34, with a third dS pass for L then: `h200-ab-20261205T1710Z-597ab77-qlalist-*`): hk2_hv4 32k_1seq
-    1.558 -> 0.856 ms, hk4_hv8 32k_1seq 1.995 -> 1.502, but hk8_hv16 8k_1seq 0.763 -> 0.819 (128 plain CTAs: the
-    GPU is full) and hk4_hv8 32k_2seq only -4%."""
+    planner cuts; 0: never; unset: there, where the plain chains (side by side, K split) hold at most half of the
+    SMs, or at most all of them with segments of LONG_SEGMENT_CHUNKS or more. Segments cost each chain about two
+    passes of work where one did (its summaries and its last pass; the dS chain's L is the states' Phi^T), less where
+    the passes merge (long segments whose gates decay), so they pay on SMs the plain chains leave idle, or over long
+    segments. Measured on the H200 (session 34, with a third dS pass for L then:
+    `h200-ab-20261205T1710Z-597ab77-qlalist-*`): hk2_hv4 32k_1seq 1.558 -> 0.856 ms, hk4_hv8 32k_1seq 1.995 -> 1.502,
+    hk4_hv8 32k_2seq -4% (128-chunk segments), but hk8_hv16 8k_1seq 0.763 -> 0.819 (32-chunk segments, 128 plain
+    CTAs); on an H100 with both merges and the reverse scan (session 38, `h100-ab-20261206T0500Z-10d7652-bwd{1,4}`):
+    hk8_hv16 32k_1seq (128-chunk segments) 2.879 -> 2.702."""
     m = os.environ.get("FLASHQLA_BWD_CP", "").strip()
     if m == "0" or mode() == "0":
         return None
-    if m != "1" and 2 * len(lengths) * heads_v * KSPLIT_BLOCKS > sms // 2:
+    p = plan(lengths, heads_v, sms, chunk)
+    plain = 2 * len(lengths) * heads_v * KSPLIT_BLOCKS
+    if m != "1" and p is not None and plain > sms // 2 and (plain > sms or p.segment_chunks < LONG_SEGMENT_CHUNKS):
         return None
-    return plan(lengths, heads_v, sms, chunk)
+    return p
 
 
 def _first_plan(p: Plan, device: torch.device):

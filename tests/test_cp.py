@@ -250,11 +250,15 @@ def test_overlap_plan_only_for_one_long_sequence_and_short_ones(monkeypatch):
 
 def test_backward_plan_only_where_the_plain_chains_leave_half_the_sms(monkeypatch):
     # unset: segments for one 32k sequence at 4 or 8 value heads (the plain chains' 32 / 64 K-split CTAs leave
-    # half of 132 SMs idle), none at 16 heads or two sequences of 8 (128 CTAs: the GPU is full); FLASHQLA_BWD_CP=1
-    # cuts wherever the forward's planner does, 0 (or FLASHQLA_CP=0) never
+    # half of 132 SMs idle); where the plain chains fill the GPU once (128 CTAs: 16 heads, or two sequences of 8),
+    # only over 128-chunk segments (32k at 16 heads, 2 x 32k at 8), not 32-chunk ones (8k at 16 heads); none at 32
+    # heads (256 CTAs); FLASHQLA_BWD_CP=1 cuts wherever the forward's planner does, 0 (or FLASHQLA_CP=0) never
     monkeypatch.delenv("FLASHQLA_BWD_CP", raising=False)
     assert _cp.backward_plan([32768], 4, 132) is not None and _cp.backward_plan([32768], 8, 132) is not None
-    assert _cp.backward_plan([32768], 16, 132) is None and _cp.backward_plan([32768, 32768], 8, 132) is None
+    assert _cp.backward_plan([32768], 16, 132) is not None and _cp.backward_plan([32768, 32768], 8, 132) is not None
+    assert _cp.backward_plan([32768], 16, 132).segment_chunks == 128
+    assert _cp.backward_plan([8192], 16, 132) is None and _cp.plan([8192], 16, 132) is not None
+    assert _cp.backward_plan([32768, 32768, 32768, 32768], 8, 132) is None
     assert _cp.plan([32768], 16, 132) is not None
     monkeypatch.setenv("FLASHQLA_BWD_CP", "1")
     assert _cp.backward_plan([32768], 16, 132) == _cp.plan([32768], 16, 132)
