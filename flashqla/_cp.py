@@ -331,33 +331,33 @@ def forward(fwd, q, k, v, g, beta, scale, initial_state, p: Plan, l2norm: bool, 
 
 
 KSPLIT_BLOCKS = 4      # the plain backward chains' CTAs per sequence and value head (the C++ kVBlocksK)
+LONG_SEGMENT_CHUNKS = 128  # segments this long pay for the backward even where the plain chains fill the GPU once
 
 
 def backward_plan(lengths, heads_v: int, sms: int, chunk: int = CHUNK):
     """The backward's segments (the chunk_gdn_bwd_chains_cp op), or None. FLASHQLA_BWD_CP=1: wherever the forward's
-    planner cuts; 0: never; unset: there, and only where the plain chains (side by side, K split) hold at most half
-    of the SMs. Segments cost each chain about two passes of work where one did (its summaries and its last pass;
-    the dS chain's L is the states' Phi^T), so they pay only on SMs the plain chains leave idle. Measured on the H200
-    (session 34, with a third dS pass for L then: `h200-ab-20261205T1710Z-597ab77-qlalist-*`): hk2_hv4 32k_1seq
-    1.558 -> 0.856 ms, hk4_hv8 32k_1seq 1.995 -> 1.502, but hk8_hv16 8k_1seq 0.763 -> 0.819 (128 plain CTAs: the
-    GPU is full) and hk4_hv8 32k_2seq only -4%."""
+    planner cuts; 0: never; unset: there, where the plain chains (side by side, K split) hold at most half of the
+    SMs, or at most all of them with segments of LONG_SEGMENT_CHUNKS or more. Segments cost each chain about two
+    passes of work where one did (its summaries and its last pass; the dS chain's L is the states' Phi^T), less where
+    the passes merge (long segments whose gates decay), so they pay on SMs the plain chains leave idle, or over long
+    segments. Measured on the H200 (session 34, with a third dS pass for L then:
+    `h200-ab-20261205T1710Z-597ab77-qlalist-*`): hk2_hv4 32k_1seq 1.558 -> 0.856 ms, hk4_hv8 32k_1seq 1.995 -> 1.502,
+    hk4_hv8 32k_2seq -4% (128-chunk segments), but hk8_hv16 8k_1seq 0.763 -> 0.819 (32-chunk segments, 128 plain
+    CTAs); on an H100 with both merges and the reverse scan (session 38, `h100-ab-20261206T0500Z-10d7652-bwd{1,4}`):
+    hk8_hv16 32k_1seq (128-chunk segments) 2.879 -> 2.702."""
     m = os.environ.get("FLASHQLA_BWD_CP", "").strip()
     if m == "0" or mode() == "0":
         return None
-    if m != "1" and 2 * len(lengths) * heads_v * KSPLIT_BLOCKS > sms // 2:
+    p = plan(lengths, heads_v, sms, chunk)
+    plain = 2 * len(lengths) * heads_v * KSPLIT_BLOCKS
+    if m != "1" and p is not None and plain > sms // 2 and (plain > sms or p.segment_chunks < LONG_SEGMENT_CHUNKS):
         return None
-    return plan(lengths, heads_v, sms, chunk)
+    return p
 
 
-def _reverse_plan(p: Plan, device: torch.device):
-    """Device indices of the backward's reverse scan, cached like device_plan: `rev`, the permutation that reverses
-    each sequence's segments in place (an involution: segment i of sequence s and first[s] + last[s] - i trade
-    places), and each sequence's first segment."""
-    def make():
-        first = _first_segments(p)
-        rev = [first[s] + p.last_of_seq[s] - i for i, s in enumerate(p.seq_of)]
-        return _as_long(rev, device), _as_long(first, device)
-    return _plan_tensors(("reverse", p, str(device)), device, make)
+def _first_plan(p: Plan, device: torch.device):
+    """Each sequence's first segment as a device index (dh0 is gathered from there), cached like device_plan."""
+    return _plan_tensors(("first", p, str(device)), device, lambda: (_as_long(_first_segments(p), device),))
 
 
 def backward_chains(ops, q, k, v, g, beta, do, dht, scale, initial_state, p: Plan, l2norm: bool,
@@ -373,7 +373,7 @@ def backward_chains(ops, q, k, v, g, beta, do, dht, scale, initial_state, p: Pla
     each segment's true end gradient. None when a plan's device copies are unavailable (CUDA-graph capture of an
     uncached plan)."""
     dp = device_plan(p, q.device, index_dtype)
-    rp = _reverse_plan(p, q.device)
+    rp = _first_plan(p, q.device)
     if dp is None or rp is None:
         return None
     from ._library import _state_dtype
@@ -385,7 +385,7 @@ def backward_chains(ops, q, k, v, g, beta, do, dht, scale, initial_state, p: Pla
                                        output_dh0, output_a)
 
 
-def backward_chain_passes(ops, q, k, v, g, beta, do, dht, scale, initial_state, cu, last, rev, first, eye,
+def backward_chain_passes(ops, q, k, v, g, beta, do, dht, scale, initial_state, cu, last, first, eye,
                           l2norm: bool, output_dh0: bool, output_a: bool):
     """chunk_gdn_bwd_chains_cp's steps op by op (its CPU implementation; the GPU's runs them in C++ from one prep):
     the states from the forward's summaries passes, scan and states pass; the dS chain's B pass (zero end
@@ -398,12 +398,10 @@ def backward_chain_passes(ops, q, k, v, g, beta, do, dht, scale, initial_state, 
     init = ops.chunk_gdn_cp_scan(phi, b_end, h0, last)
     states = ops.chunk_gdn_fwd_states(q, k, v, g, beta, scale, init, cu, l2norm)
     _, b_start, _ = ops.chunk_gdn_bwd_dh(q, k, g, beta, do, None, scale, cu, l2norm, True, False)
-    # E_0 = dht, E_{j+1} = L_j E_j + B_j with L_j = Phi_j^T (the dS chain is the state chain's adjoint), from each
-    # sequence's last segment back: the forward's scan over the segments reversed within each sequence (position j
-    # of the reversed order holds the end gradient of segment rev[j])
+    # E_last = dht, E_{i-1} = L_i E_i + B_i with L_i = Phi_i^T (the dS chain is the state chain's adjoint), from
+    # each sequence's last segment back: the scan's reverse walk
     dht_ = None if dht is None else dht.to(sd).contiguous()
-    l_rev = phi.transpose(2, 3).index_select(0, rev).contiguous()
-    ends = ops.chunk_gdn_cp_scan(l_rev, b_start.index_select(0, rev), dht_, last).index_select(0, rev)
+    ends = ops.chunk_gdn_cp_scan(phi, b_start, dht_, last, True)
     dh, dh0_seg, a = ops.chunk_gdn_bwd_dh(q, k, g, beta, do, ends, scale, cu, l2norm, True, output_a)
     dh0 = dh0_seg.index_select(0, first) if output_dh0 else dh0_seg.new_empty((0,))
     return states, dh, dh0, a

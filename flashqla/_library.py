@@ -36,8 +36,10 @@ _lib.define("chunk_gdn_cp_summaries(Tensor q, Tensor k, Tensor v, Tensor g, Tens
 # Exact context parallelism's scan: every segment's initial state [segments, H_v, K, V] from the segments' maps
 # S_end = Phi S_start + B (phi [segments, H_v, K, K], b [segments, H_v, K, V]), the sequences' initial states
 # [N, H_v, K, V] (None: zeros) and each sequence's last segment (int64 [N]; sequence s owns segments
-# last[s - 1] + 1 .. last[s]); see the C API's flashqla_gdn_cp_scan.
-_lib.define("chunk_gdn_cp_scan(Tensor phi, Tensor b, Tensor? initial_state, Tensor last) -> Tensor")
+# last[s - 1] + 1 .. last[s]); reverse=True: the adjoint walk of the backward's dS chain (each sequence from its
+# last segment back, out[last] = initial_state, out[i - 1] = Phi_i^T out[i] + B_i); see the C API's
+# flashqla_gdn_cp_scan.
+_lib.define("chunk_gdn_cp_scan(Tensor phi, Tensor b, Tensor? initial_state, Tensor last, bool reverse=False) -> Tensor")
 # The forward's exact context parallelism as one op (csrc/torch/cp.cpp, in the built extension only): the
 # passes of chunk_gdn_fwd_pass and chunk_gdn_cp_scan over the segments of _cp.device_plan; (o, final states per
 # sequence). The planning and the caches stay in flashqla/_cp.py.
@@ -58,10 +60,10 @@ _lib.define("chunk_gdn_bwd_chains(Tensor q, Tensor k, Tensor v, Tensor g, Tensor
             "bool output_a=False) -> (Tensor, Tensor, Tensor, Tensor)")
 
 # The same through exact parallelism's segments (FLASHQLA_BWD_CP; flashqla/_cp.py, backward_chains): seg_cu, last,
-# rev, first from _cp.device_plan and _cp._reverse_plan, eye [segments, H_v, K, K] in the states' fp32; on the GPU one
-# prep for every pass, the states on a side stream. dh0 per sequence (first's length).
+# first from _cp.device_plan and _cp._first_plan, eye [segments, H_v, K, K] in the states' fp32; on the GPU one prep
+# for every pass, the states on a side stream. dh0 per sequence (first's length).
 _lib.define("chunk_gdn_bwd_chains_cp(Tensor q, Tensor k, Tensor v, Tensor g, Tensor beta, Tensor dout, Tensor? dht, "
-            "float scale, Tensor? initial_state, Tensor seg_cu, Tensor last, Tensor rev, Tensor first, Tensor eye, "
+            "float scale, Tensor? initial_state, Tensor seg_cu, Tensor last, Tensor first, Tensor eye, "
             "bool use_qk_l2norm, bool output_dh0, bool output_a=False) -> (Tensor, Tensor, Tensor, Tensor)")
 
 # The backward's chunk-parallel gradient step (the default; FLASHQLA_BWD_GRAD=0 runs it in PyTorch): from the
@@ -134,7 +136,7 @@ def _chunk_gdn_fwd_pass_fake(q, k, v, g, beta, scale, initial_state, cu_seqlens,
 
 
 @torch.library.register_fake("flashqla::chunk_gdn_cp_scan")
-def _chunk_gdn_cp_scan_fake(phi, b, initial_state, last):
+def _chunk_gdn_cp_scan_fake(phi, b, initial_state, last, reverse=False):
     return b.new_empty(b.shape)
 
 
@@ -184,7 +186,7 @@ def _chunk_gdn_bwd_chains_fake(q, k, v, g, beta, dout, dht, scale, initial_state
 
 
 @torch.library.register_fake("flashqla::chunk_gdn_bwd_chains_cp")
-def _chunk_gdn_bwd_chains_cp_fake(q, k, v, g, beta, dout, dht, scale, initial_state, seg_cu, last, rev, first, eye,
+def _chunk_gdn_bwd_chains_cp_fake(q, k, v, g, beta, dout, dht, scale, initial_state, seg_cu, last, first, eye,
                                   use_qk_l2norm, output_dh0, output_a=False):
     states, dh, _, a = _chunk_gdn_bwd_chains_fake(q, k, v, g, beta, dout, dht, scale, initial_state, seg_cu,
                                                   use_qk_l2norm, False, output_a)
@@ -229,15 +231,16 @@ def _chunk_gdn_cp_summaries_cpu(q, k, v, g, beta, scale, cu_seqlens, use_qk_l2no
 
 
 @torch.library.impl("flashqla::chunk_gdn_cp_scan", "cpu")
-def _chunk_gdn_cp_scan_cpu(phi, b, initial_state, last):
+def _chunk_gdn_cp_scan_cpu(phi, b, initial_state, last, reverse=False):
     init = torch.empty_like(b)
     first = 0
     for s, end in enumerate(last.tolist()):  # a CPU tensor: no device sync
         state = initial_state[s] if initial_state is not None else b.new_zeros(b.shape[1:])
-        for i in range(first, end + 1):
+        walk = range(end, first - 1, -1) if reverse else range(first, end + 1)
+        for n, i in enumerate(walk):
             init[i] = state
-            if i < end:
-                state = torch.baddbmm(b[i], phi[i], state)
+            if n < end - first:
+                state = torch.baddbmm(b[i], phi[i].transpose(1, 2) if reverse else phi[i], state)
         first = end + 1
     return init
 
@@ -270,11 +273,11 @@ def _chunk_gdn_bwd_chains_cpu(q, k, v, g, beta, dout, dht, scale, initial_state,
 
 
 @torch.library.impl("flashqla::chunk_gdn_bwd_chains_cp", "cpu")
-def _chunk_gdn_bwd_chains_cp_cpu(q, k, v, g, beta, dout, dht, scale, initial_state, seg_cu, last, rev, first, eye,
+def _chunk_gdn_bwd_chains_cp_cpu(q, k, v, g, beta, dout, dht, scale, initial_state, seg_cu, last, first, eye,
                                  use_qk_l2norm, output_dh0, output_a=False):
     from . import _cp  # (the passes op by op, through the ops' CPU implementations)
     return _cp.backward_chain_passes(torch.ops.flashqla, q, k, v, g, beta, dout, dht, scale, initial_state, seg_cu,
-                                     last, rev, first, eye, use_qk_l2norm, output_dh0, output_a)
+                                     last, first, eye, use_qk_l2norm, output_dh0, output_a)
 
 
 @torch.library.impl("flashqla::chunk_gdn_bwd_grad", "cpu")

@@ -215,8 +215,9 @@ def _kernel_backward(shape, q, k, v, g, beta, do, dht, scale, initial_state, l2n
     # then skips its own (FLASHQLA_BWD_A=0 recomputes it there; the gradients are bitwise the same)
     pass_a = grad_kernel and os.environ.get("FLASHQLA_BWD_A", "1").strip() != "0"
     chains = None
-    # both chains through segments where the plain ones leave most SMs idle (few sequences x heads; _cp.backward_plan
-    # says where, FLASHQLA_BWD_CP=0 / 1 turns it off / on wherever the forward's planner cuts)
+    # both chains through segments where the plain ones leave most SMs idle (few sequences x heads) or the segments
+    # are long (_cp.backward_plan says where; FLASHQLA_BWD_CP=0 / 1 turns it off / on wherever the forward's planner
+    # cuts)
     if lengths is not None and shape.K == shape.V:
         plan = _cp.backward_plan(lengths, shape.H_v, _sms(q.device))
         if plan is not None:

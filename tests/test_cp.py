@@ -210,6 +210,27 @@ def test_cp_scan_op_walks_each_sequence(h0):
     assert all(v == "SUCCESS" for v in res.values()), res
 
 
+@pytest.mark.parametrize("h0", [True, False])
+def test_cp_scan_op_reverse_walks_each_sequence_back(h0):
+    # reverse=True, the backward's end gradients: out[last] = h0 (or zeros), out[i - 1] = Phi_i^T out[i] + B_i along
+    # each sequence's segments from its last one back; the same as the forward walk over each sequence's segments
+    # in reversed order with Phi transposed (what the op ran before the kernel had a reverse walk)
+    counts = [3, 1, 4, 2]
+    phi, b, h, last = _scan_inputs(counts)
+    h = h if h0 else None
+    rev = torch.cat([torch.arange(e, e - n, -1) for n, e in zip(counts, last.tolist())])
+    got = torch.ops.flashqla.chunk_gdn_cp_scan(phi, b, h, last, True)
+    flipped = torch.ops.flashqla.chunk_gdn_cp_scan(phi.transpose(2, 3)[rev], b[rev], h, last)[rev]
+    assert (got - flipped).abs().max() < 1e-12
+    # by hand, the last sequence: out[9] = h0[3], out[8] = Phi_9^T h0[3] + B_9
+    top = h[3] if h0 else torch.zeros_like(b[9])
+    assert (got[9] - top).abs().max() == 0
+    assert (got[8] - (phi[9].transpose(1, 2) @ top + b[9])).abs().max() < 1e-12
+    res = torch.library.opcheck(torch.ops.flashqla.chunk_gdn_cp_scan.default, (phi, b, h, last, True),
+                                test_utils=("test_schema", "test_faketensor"))
+    assert all(v == "SUCCESS" for v in res.values()), res
+
+
 def test_overlap_plan_only_for_one_long_sequence_and_short_ones(monkeypatch):
     monkeypatch.delenv("FLASHQLA_SEQ_ORDER", raising=False)
     # TP2 28672+4096: the long sequence's 64 chain CTAs first, 68 prep workers, the short one's chains after them
@@ -229,11 +250,15 @@ def test_overlap_plan_only_for_one_long_sequence_and_short_ones(monkeypatch):
 
 def test_backward_plan_only_where_the_plain_chains_leave_half_the_sms(monkeypatch):
     # unset: segments for one 32k sequence at 4 or 8 value heads (the plain chains' 32 / 64 K-split CTAs leave
-    # half of 132 SMs idle), none at 16 heads or two sequences of 8 (128 CTAs: the GPU is full); FLASHQLA_BWD_CP=1
-    # cuts wherever the forward's planner does, 0 (or FLASHQLA_CP=0) never
+    # half of 132 SMs idle); where the plain chains fill the GPU once (128 CTAs: 16 heads, or two sequences of 8),
+    # only over 128-chunk segments (32k at 16 heads, 2 x 32k at 8), not 32-chunk ones (8k at 16 heads); none at 32
+    # heads (256 CTAs); FLASHQLA_BWD_CP=1 cuts wherever the forward's planner does, 0 (or FLASHQLA_CP=0) never
     monkeypatch.delenv("FLASHQLA_BWD_CP", raising=False)
     assert _cp.backward_plan([32768], 4, 132) is not None and _cp.backward_plan([32768], 8, 132) is not None
-    assert _cp.backward_plan([32768], 16, 132) is None and _cp.backward_plan([32768, 32768], 8, 132) is None
+    assert _cp.backward_plan([32768], 16, 132) is not None and _cp.backward_plan([32768, 32768], 8, 132) is not None
+    assert _cp.backward_plan([32768], 16, 132).segment_chunks == 128
+    assert _cp.backward_plan([8192], 16, 132) is None and _cp.plan([8192], 16, 132) is not None
+    assert _cp.backward_plan([32768, 32768, 32768, 32768], 8, 132) is None
     assert _cp.plan([32768], 16, 132) is not None
     monkeypatch.setenv("FLASHQLA_BWD_CP", "1")
     assert _cp.backward_plan([32768], 16, 132) == _cp.plan([32768], 16, 132)

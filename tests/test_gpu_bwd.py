@@ -344,7 +344,7 @@ def test_segmented_chains_merge_gives_the_full_walks_bits(monkeypatch, lengths, 
     # stops where its walk merges with the B pass's (bitwise-equal dS' at a checkpoint; under strong decay after a
     # chunk or two, at once for a last segment without dht, never on head 0, whose g is 0) and takes the B pass's
     # dS' and dh0 from there. FLASHQLA_BWD_CP_STATES_MERGE: the states pass stops where its walk merges with the
-    # summaries' B half (at once for a first segment without h0) and leaves B's chunk states from there (opt-in
+    # summaries' B half (at once for a first segment without h0) and leaves B's chunk states from there (on by
     # until measured). Both on (=1) against both off (=0): the same bits.
     from flashqla import _cp
     monkeypatch.setattr(_cp, "MIN_SEGMENT_CHUNKS", 4)

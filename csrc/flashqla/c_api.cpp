@@ -471,6 +471,8 @@ flashqla_status_t flashqla_gdn_cp_scan(const flashqla_gdn_cp_scan_params_t* p, c
     return fail(FLASHQLA_ERROR_UNSUPPORTED, "head dims K=%lld, V=%lld are not supported; supported: K = V = 128",
                 (long long)p->head_dim_k, (long long)p->head_dim_v);
   if (p->last_dtype != FLASHQLA_INT64) return fail(FLASHQLA_ERROR_UNSUPPORTED, "last must be int64");
+  if (p->reverse != 0 && p->reverse != 1)
+    return fail(FLASHQLA_ERROR_INVALID_ARGUMENT, "reverse must be 0 or 1, got %d", (int)p->reverse);
   if (p->num_seqs * p->heads > 0x7fffffffLL)
     return fail(FLASHQLA_ERROR_UNSUPPORTED, "too many sequences x heads for one launch");
   if (p->num_seqs == 0 || p->heads == 0 || p->segments == 0) return ok();

@@ -2,7 +2,7 @@
 // segments first..last has, per segment, the affine map S_end = Phi S_start + B (from the summaries passes);
 // every segment's true initial state follows along the sequence,
 //   init[first] = h0 (zeros without one),   init[i + 1] = Phi_i init[i] + B_i,
-// in fp32 FMAs. One CTA per (sequence, value head, kCols-column slice of V) walks its sequence's segments,
+// in fp32 FMAs (or, reversed, the backward's end gradients: out[last] = h0, out[i - 1] = Phi_i^T out[i] + B_i). One CTA per (sequence, value head, kCols-column slice of V) walks its sequence's segments,
 // so the whole scan is one launch. (It was two launches per rank, a copy and a cuBLAS GEMM, issued by the
 // host one after the other: on TP8 1 x 8192, ~50 us of a 0.21 ms graph and ~130 us of host time per eager
 // call.) Phi_{i+1} streams into shared memory (double-buffered) while Phi_i is applied: by TMA, four 128-row x
@@ -89,10 +89,14 @@ CUTLASS_DEVICE void tma_phi(float* buf, const CUtensorMap* map, uint64_t* full, 
     tma::load_box2(buf + b * kDim * kPhiBoxCols, map, full, b * kPhiBoxCols, static_cast<int>(row0));
 }
 
+// kRev: the adjoint walk, for the backward's dS chain (its segments' end gradients): each sequence from its last
+// segment back, out[last] = h0, out[i - 1] = Phi_i^T out[i] + B_i, Phi_i read transposed where it lies (so the
+// op needs no reversed, transposed copy of Phi and of B; the same FMAs in the same order as the forward walk over
+// such a copy, hence the same bits). The walk is the same loop over steps n = 0, 1, ... with segment seg(n).
 // kRows (TMA only): rows of the slice per thread, kThreads / kRows threads a CTA. With 2, a thread's rows r and r + 64
 // share each load of the state slice: half the slice's shared loads per FMA (its 128 LDS.128 a step served 512
 // FFMAs; the loop was ~2.9k of a step's ~4.2k cycles, session 29), at half the warps.
-template <int kCols, bool kTma, int kRows = 1>
+template <int kCols, bool kTma, int kRows = 1, bool kRev = false>
 __global__ void __launch_bounds__(kThreads / kRows, 1)
 cp_scan_kernel(const flashqla_gdn_cp_scan_params_t p, const __grid_constant__ CUtensorMap phi_map) {
   constexpr int kPer = kCols / 2;  // outputs per thread and row
@@ -119,13 +123,15 @@ cp_scan_kernel(const flashqla_gdn_cp_scan_params_t p, const __grid_constant__ CU
   const int row = tid >> 1, cs = (tid & 1) * kPer;  // this thread's row and first column in the slice
   const int64_t head_kv = int64_t(kDim) * kDim;  // elements of one (segment, head) tile
   auto tile = [&](int64_t seg) { return (seg * p.heads + h) * head_kv; };
+  const int64_t steps = end - first;  // the walk's products; step n maps segment seg(n) to seg(n + 1)
+  auto seg = [&](int64_t n) { return kRev ? end - n : first + n; };
 
   if constexpr (kTma) {
     if (tid < 2) tma::mbar_init(&sm.full[tid]);
     __syncthreads();  // the barriers initialised before anyone waits on them
-    if (tid == 0 && first < end) tma_phi(sm.phi[0], &phi_map, &sm.full[0], tile(first) / kDim);
+    if (tid == 0 && steps > 0) tma_phi(sm.phi[0], &phi_map, &sm.full[0], tile(seg(0)) / kDim);
   } else {
-    if (first < end) load_phi(sm.phi[0], p.phi + tile(first), tid);
+    if (steps > 0) load_phi(sm.phi[0], p.phi + tile(seg(0)), tid);
     cp_commit();
   }
   // (TMA) this thread's first Phi row in each buffer's boxes, and its 16-byte pieces' swizzled offsets: piece c of a
@@ -133,6 +139,17 @@ cp_scan_kernel(const flashqla_gdn_cp_scan_params_t p, const __grid_constant__ CU
   int piece_off[kPhiBoxCols / 4];
 #pragma unroll
   for (int c = 0; c < kPhiBoxCols / 4; ++c) piece_off[c] = row * kPhiBoxCols + 4 * (c ^ (row & 7));
+  // (kRev, TMA) Phi[k][r] for this thread's rows r (column r of Phi): box r / 32, row k of it, piece
+  // ((r % 32) / 4) ^ (k % 8), word r % 4; tcol_off[m] is all of it but k * 32, for k % 8 = m. Without TMA: the padded
+  // rows' k * kLdPhi + r. A warp's 16 rows read 16 distinct words of one box row (or padded row): no bank conflict.
+  int tcol_off[kRows][8];
+#pragma unroll
+  for (int q = 0; q < kRows; ++q) {
+    const int r = row + q * kRowStep;
+#pragma unroll
+    for (int m = 0; m < 8; ++m) tcol_off[q][m] = (r / kPhiBoxCols) * kDim * kPhiBoxCols + 4 * (((r % kPhiBoxCols) / 4) ^ m) + r % 4;
+  }
+  (void)tcol_off;
   // init[first] = h0 (or zeros); this thread's kPer values a row in registers
   float4 acc[kRows][kPer / 4];
 #pragma unroll
@@ -153,19 +170,19 @@ cp_scan_kernel(const flashqla_gdn_cp_scan_params_t p, const __grid_constant__ CU
       for (int j = 0; j < kPer / 4; ++j) bnext[q][j] = src[j];
     }
   };
-  if (first < end) load_b(first);
+  if (steps > 0) load_b(seg(0));
 #ifdef FLASHQLA_SCAN_TIMERS
   if (tid == 0) atomicAdd(&g_scan_cycles[kScanCtas], 1ull);
 #endif
   FLASHQLA_SCAN_MARK(kScanPrologue);
-  for (int64_t i = first;; ++i) {
+  for (int64_t n = 0;; ++n) {
 #pragma unroll
     for (int q = 0; q < kRows; ++q) {
-      float4* out = reinterpret_cast<float4*>(p.init + tile(i) + int64_t(row + q * kRowStep) * kDim + col0 + cs);
+      float4* out = reinterpret_cast<float4*>(p.init + tile(seg(n)) + int64_t(row + q * kRowStep) * kDim + col0 + cs);
 #pragma unroll
       for (int j = 0; j < kPer / 4; ++j) out[j] = acc[q][j];
     }
-    if (i == end) break;
+    if (n == steps) break;
 #pragma unroll
     for (int q = 0; q < kRows; ++q)
 #pragma unroll
@@ -179,18 +196,18 @@ cp_scan_kernel(const flashqla_gdn_cp_scan_params_t p, const __grid_constant__ CU
     for (int q = 0; q < kRows; ++q)
 #pragma unroll
       for (int j = 0; j < kPer / 4; ++j) bv[q][j] = bnext[q][j];
-    if (i + 1 < end) load_b(i + 1);
-    const int buf = static_cast<int>((i - first) & 1);
-    // the next Phi, while this one is applied (into the buffer Phi_{i-1} left: read before the last barrier)
+    if (n + 1 < steps) load_b(seg(n + 1));
+    const int buf = static_cast<int>(n & 1);
+    // the next Phi, while this one is applied (into the buffer the previous step's left: read before the last barrier)
     if constexpr (kTma) {
-      if (tid == 0 && i + 1 < end) tma_phi(sm.phi[buf ^ 1], &phi_map, &sm.full[buf ^ 1], tile(i + 1) / kDim);
+      if (tid == 0 && n + 1 < steps) tma_phi(sm.phi[buf ^ 1], &phi_map, &sm.full[buf ^ 1], tile(seg(n + 1)) / kDim);
     } else {
-      if (i + 1 < end) load_phi(sm.phi[buf ^ 1], p.phi + tile(i + 1), tid);
+      if (n + 1 < steps) load_phi(sm.phi[buf ^ 1], p.phi + tile(seg(n + 1)), tid);
       cp_commit();
     }
     FLASHQLA_SCAN_MARK(kScanIssue);
     if constexpr (kTma)
-      tma::mbar_wait(&sm.full[buf], static_cast<uint32_t>(((i - first) >> 1) & 1));  // buffer buf's fill (i - first) / 2
+      tma::mbar_wait(&sm.full[buf], static_cast<uint32_t>((n >> 1) & 1));  // buffer buf's fill n / 2
     else
       cp_wait_prior1();  // Phi_i has landed (this thread's copies), then everyone's, and the state slice
     FLASHQLA_SCAN_MARK(kScanWaitPhi);
@@ -200,18 +217,25 @@ cp_scan_kernel(const flashqla_gdn_cp_scan_params_t p, const __grid_constant__ CU
     for (int q = 0; q < kRows; ++q)
 #pragma unroll
       for (int j = 0; j < kPer / 4; ++j) acc[q][j] = bv[q][j];
-    const float* ph = kTma ? sm.phi[buf] : &sm.phi[buf][row * kLdPhi];
+    const float* ph = kTma || kRev ? sm.phi[buf] : &sm.phi[buf][row * kLdPhi];
 #pragma unroll (kTma ? 32 : 4)
     for (int k = 0; k < kDim; k += 4) {
       // (TMA: box k / 32, piece (k % 32) / 4 of this thread's rows: offsets known at compile time but the row's)
       float av[kRows][4];
 #pragma unroll
       for (int q = 0; q < kRows; ++q) {
-        const float4 a = *reinterpret_cast<const float4*>(
-            kTma ? ph + (k / kPhiBoxCols) * kDim * kPhiBoxCols + q * kRowStep * kPhiBoxCols +
-                       piece_off[(k % kPhiBoxCols) / 4]
-                 : ph + k);
-        av[q][0] = a.x, av[q][1] = a.y, av[q][2] = a.z, av[q][3] = a.w;
+        if constexpr (kRev) {  // Phi^T's row: Phi's column, one word a k
+#pragma unroll
+          for (int kk = 0; kk < 4; ++kk)
+            if constexpr (kTma) av[q][kk] = ph[(k + kk) * kPhiBoxCols + tcol_off[q][(k + kk) & 7]];
+            else av[q][kk] = ph[(k + kk) * kLdPhi + row + q * kRowStep];
+        } else {
+          const float4 a = *reinterpret_cast<const float4*>(
+              kTma ? ph + (k / kPhiBoxCols) * kDim * kPhiBoxCols + q * kRowStep * kPhiBoxCols +
+                         piece_off[(k % kPhiBoxCols) / 4]
+                   : ph + k);
+          av[q][0] = a.x, av[q][1] = a.y, av[q][2] = a.z, av[q][3] = a.w;
+        }
       }
 #pragma unroll
       for (int kk = 0; kk < 4; ++kk)
@@ -244,7 +268,7 @@ cp_scan_kernel(const flashqla_gdn_cp_scan_params_t p, const __grid_constant__ CU
 // values in the same FMA order: bitwise the same states). Rows a thread in the TMA form (the same FMAs in the same
 // order again): FLASHQLA_SCAN_ROWS=1 or 2; unset, two at 8-column slices (TP8 1 x 8192 -2.3%, the scan 16.8 -> 13.8
 // us), one at 16 (TP4 1 x 8192 +1.4% with two: half the warps for twice a thread's FMAs; session 30's A/B).
-template <int kCols>
+template <int kCols, bool kRev>
 cudaError_t launch_cols(const flashqla_gdn_cp_scan_params_t& p, cudaStream_t stream) {
   const char* e = std::getenv("FLASHQLA_SCAN_TMA");
   CUtensorMap map{};
@@ -253,8 +277,8 @@ cudaError_t launch_cols(const flashqla_gdn_cp_scan_params_t& p, cudaStream_t str
                                               p.segments * p.heads * kDim);
   const char* r = std::getenv("FLASHQLA_SCAN_ROWS");
   const int rows = !use_tma ? 1 : r != nullptr && (r[0] == '1' || r[0] == '2') ? r[0] - '0' : kCols == 8 ? 2 : 1;
-  const auto kernel = !use_tma ? cp_scan_kernel<kCols, false>
-                      : rows == 2 ? cp_scan_kernel<kCols, true, 2> : cp_scan_kernel<kCols, true>;
+  const auto kernel = !use_tma ? cp_scan_kernel<kCols, false, 1, kRev>
+                      : rows == 2 ? cp_scan_kernel<kCols, true, 2, kRev> : cp_scan_kernel<kCols, true, 1, kRev>;
   const int smem = static_cast<int>(sizeof(ScanSmem<kCols>) + 1024);  // (+ align_smem_1024's slack)
   cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
   if (err != cudaSuccess) return err;
@@ -274,7 +298,11 @@ cudaError_t launch_gdn_cp_scan(const flashqla_gdn_cp_scan_params_t& p, cudaStrea
   // FLASHQLA_SCAN_COLS (8, 16, 32; measurements): the slice width, else 8 where those CTAs fit on the SMs, else 16
   const char* e = std::getenv("FLASHQLA_SCAN_COLS");
   const int cols = e != nullptr ? std::atoi(e) : (p.num_seqs * p.heads * (kDim / 8) <= sms ? 8 : 16);
-  return cols == 32 ? launch_cols<32>(p, stream) : cols == 8 ? launch_cols<8>(p, stream) : launch_cols<16>(p, stream);
+  if (p.reverse)
+    return cols == 32 ? launch_cols<32, true>(p, stream) : cols == 8 ? launch_cols<8, true>(p, stream)
+                                                                 : launch_cols<16, true>(p, stream);
+  return cols == 32 ? launch_cols<32, false>(p, stream) : cols == 8 ? launch_cols<8, false>(p, stream)
+                                                                : launch_cols<16, false>(p, stream);
 }
 
 }  // namespace flashqla

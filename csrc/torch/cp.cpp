@@ -30,7 +30,7 @@ using SummariesFn = std::tuple<at::Tensor, at::Tensor>(const at::Tensor&, const 
                                                        const at::Tensor&, const at::Tensor&, double, const at::Tensor&,
                                                        bool, at::Tensor&, const at::Tensor&);
 
-using ScanFn = at::Tensor(const at::Tensor&, const at::Tensor&, const std::optional<at::Tensor>&, const at::Tensor&);
+using ScanFn = at::Tensor(const at::Tensor&, const at::Tensor&, const std::optional<at::Tensor>&, const at::Tensor&, bool);
 
 // seg_cu: the segments' cu_seqlens; last: each sequence's last segment (int64, _cp.device_plan); single_last >= 0:
 // one sequence (its last segment: the final state is a slice then), else -1; eye [segments, H_v, K, K]: the
@@ -55,7 +55,7 @@ std::tuple<at::Tensor, at::Tensor> chunk_gdn_cp_fwd(const at::Tensor& q, const a
   at::Tensor b_end, phi;
   std::tie(b_end, phi) = summaries.call(q, k, v, g, beta, scale, seg_cu, use_qk_l2norm, workspace, eye);
   // 3. the scan along each sequence's segments, S_{i+1} = Phi_i S_i + B_i (one kernel on the GPU)
-  at::Tensor init = scan.call(phi, b_end, initial_state, last);
+  at::Tensor init = scan.call(phi, b_end, initial_state, last, false);
   // 4. o and the final states from every segment's true initial state
   auto out = pass.call(q, k, v, g, beta, scale, std::optional<at::Tensor>(init), cu, use_qk_l2norm, workspace, true,
                        true, false);

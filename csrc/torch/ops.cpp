@@ -271,9 +271,17 @@ std::tuple<at::Tensor, at::Tensor> chunk_gdn_cp_summaries_cuda(const at::Tensor&
 }
 
 at::Tensor chunk_gdn_cp_scan_cuda(const at::Tensor& phi, const at::Tensor& b, const std::optional<at::Tensor>& initial_state,
-                                  const at::Tensor& last);
+                                  const at::Tensor& last, bool reverse);
 
-// The forward's exact parallelism with the merge (FLASHQLA_CP_MERGE=1, opt-in until measured on the device; called by
+// Segments shorter than this (on average) run the forward's plain steps. The merge's B half computes O in every walk
+// that may merge and its last pass is the wgmma chain with O, slower a chunk than the default O-beside chain, so it
+// pays only where the stop saves most of a long last pass. H100, session 38, graph ms merge on / off: 128-chunk
+// segments (TP4 1x32768) 0.569 / 0.640; 64 (TP8 1x32768, TP8 / TP4 28672+4096) 0.333 / 0.334, 0.343 / 0.340, 0.646 /
+// 0.669; 32 and 16 (TP4 / TP8 1x8192, where the first half's gates never reach -50) 0.241 / 0.179, 0.128 / 0.109.
+constexpr int64_t kFwdMergeMinSegmentChunks = 96;
+
+// The forward's exact parallelism with the merge (FLASHQLA_CP_MERGE: 1 always, 0 never, unset where the segments
+// average kFwdMergeMinSegmentChunks or more; called by
 // chunk_gdn_cp_fwd, cp.cpp): the summaries' B pass (from zero) also writes O and fp32 checkpoints in the walks whose
 // gates decay enough to merge (flashqla_gdn_fwd_cp_summaries_merge_source), and the last pass from the true initial
 // states stops where its walk merges with B's (flashqla_gdn_fwd_merge, the wgmma chain with O, whose O is the paired
@@ -283,7 +291,10 @@ std::optional<std::tuple<at::Tensor, at::Tensor>> cp_fwd_merged(
     const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& g, const at::Tensor& beta,
     double scale, const std::optional<at::Tensor>& initial_state, const at::Tensor& seg_cu, const at::Tensor& last,
     int64_t single_last, bool use_qk_l2norm, at::Tensor& workspace, const at::Tensor& eye) {
-  if (env_switch("FLASHQLA_CP_MERGE", '0') != '1' || !q.is_cuda()) return std::nullopt;
+  const char mode = env_switch("FLASHQLA_CP_MERGE", 'a');
+  const int64_t segments = seg_cu.numel() - 1;  // (host-known sizes only: no sync)
+  const bool long_segments = segments > 0 && q.size(0) * q.size(1) >= segments * kFwdMergeMinSegmentChunks * 64;
+  if (mode == '0' || (mode != '1' && !long_segments) || !q.is_cuda()) return std::nullopt;
   c10::cuda::CUDAGuard guard(q.device());
   const char* op = "chunk_gdn_cp_fwd";
   const std::optional<at::Tensor> cu(seg_cu);
@@ -309,7 +320,7 @@ std::optional<std::tuple<at::Tensor, at::Tensor>> cp_fwd_merged(
                                                                           ckpt.data_ptr<float>(), stream);
   if (st == FLASHQLA_ERROR_UNSUPPORTED) return std::nullopt;  // (the prep may have run: the plain steps redo it)
   check_status(st, op);
-  at::Tensor init = chunk_gdn_cp_scan_cuda(phi, b_end, initial_state, last);
+  at::Tensor init = chunk_gdn_cp_scan_cuda(phi, b_end, initial_state, last, false);
   at::Tensor finals = at::empty({NS, H, K, V}, fopts);
   fl.initial_state = init.data_ptr<float>();
   fl.final_state = finals.data_ptr<float>();
@@ -447,24 +458,25 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> chunk_gdn_bwd_chains_
 }
 
 at::Tensor chunk_gdn_cp_scan_cuda(const at::Tensor& phi, const at::Tensor& b, const std::optional<at::Tensor>& initial_state,
-                                  const at::Tensor& last);
+                                  const at::Tensor& last, bool reverse);
 
 // Both of the backward's chains through exact parallelism's segments (flashqla/_cp.py, backward_chains; the
 // returns of chunk_gdn_bwd_chains) from one prep, as chunk_gdn_bwd_chains shares it: the Gram products, the inverse,
 // the dS chain's W' and U and the recompute's X once for every pass. seg_cu: the segments' cu_seqlens; last: each
-// sequence's last segment, rev: the permutation reversing each sequence's segments in place, first: each
-// sequence's first segment (int64, _cp.device_plan and _cp._reverse_plan); eye [segments, H_v, K, K] fp32.
+// sequence's last segment, first: each sequence's first segment (int64, _cp.device_plan and _cp._first_plan);
+// eye [segments, H_v, K, K] fp32.
 // On a side stream, the states: the two summaries passes (B from zero, the transition Phi from eye with v = 0), the
 // scan from initial_state, the states pass. On the current stream, the dS chain, affine backwards too
 // (dS_start = L dS_end + B per segment): B from the real dO with zero end gradients (dh written only as a merge's
 // source); L is Phi^T (the dS chain is the adjoint of the state chain, whose transition over a segment is Phi), so
 // no pass of its own: the current stream waits for the side stream's summaries; then the scan over each sequence's
-// segments reversed starting from dht, and the pass from each segment's true end gradient. Joined before returning.
+// segments from its last back, starting from dht (the scan's reverse walk), and the pass from each segment's true end
+// gradient. Joined before returning.
 std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> chunk_gdn_bwd_chains_cp_cuda(
     const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& g, const at::Tensor& beta,
     const at::Tensor& dout, const std::optional<at::Tensor>& dht, double scale,
     const std::optional<at::Tensor>& initial_state, const at::Tensor& seg_cu, const at::Tensor& last,
-    const at::Tensor& rev, const at::Tensor& first, const at::Tensor& eye, bool use_qk_l2norm, bool output_dh0,
+    const at::Tensor& first, const at::Tensor& eye, bool use_qk_l2norm, bool output_dh0,
     bool output_a) {
   c10::cuda::CUDAGuard guard(q.device());
   const char* op = "chunk_gdn_bwd_chains_cp";
@@ -476,10 +488,9 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> chunk_gdn_bwd_chains_
   const int64_t H = v.size(2), K = k.size(3), V = v.size(3);
   auto fopts = dout.options().dtype(at::kFloat);
   check_eye(eye, q, NS, H, K, op);
-  for (const at::Tensor* t : {&last, &rev, &first})
+  for (const at::Tensor* t : {&last, &first})
     TORCH_CHECK(t->device() == q.device() && t->scalar_type() == at::kLong && t->dim() == 1 && t->is_contiguous(),
-                "flashqla.", op, ": last, rev and first must be contiguous int64 vectors on q's device");
-  TORCH_CHECK(rev.numel() == NS, "flashqla.", op, ": rev must hold one index per segment (", NS, ")");
+                "flashqla.", op, ": last and first must be contiguous int64 vectors on q's device");
   at::Tensor states = at::empty({flashqla_gdn_chunk_bound(&f), H, K, V}, q.options());
   at::Tensor ws_b = byte_workspace(flashqla_gdn_bwd_dh_workspace_bytes(&r.p), dout);
   // the recompute's X and the chunks' gates (the summaries passes' paired launch copies them: prep_ready = 2)
@@ -505,15 +516,15 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> chunk_gdn_bwd_chains_
                 "flashqla.", op, ": initial_state must be contiguous float32");
     h0 = *initial_state;
   }
-  // The states merge (FLASHQLA_BWD_CP_STATES_MERGE=1; off by default until measured on the device): the summaries'
-  // B pass (from zero) also writes the chunk states of the walks whose gates decay enough to merge, and fp32
-  // checkpoints, and the states pass stops where its walk merges with B's (flashqla_gdn_fwd_cp_summaries_merge_source,
-  // flashqla_gdn_fwd_merge): the same states, the states pass only over the chunks until the initial state's
-  // part has decayed out of fp32.
+  // The states merge (on unless FLASHQLA_BWD_CP_STATES_MERGE=0): the summaries' B pass (from zero) also writes the
+  // chunk states of the walks whose gates decay enough to merge, and fp32 checkpoints, and the states pass stops where
+  // its walk merges with B's (flashqla_gdn_fwd_cp_summaries_merge_source, flashqla_gdn_fwd_merge): the same states,
+  // the states pass only over the chunks until the initial state's part has decayed out of fp32. H100, session 38:
+  // hk4_hv8 32k_1seq -1..-2%, the other segmented rows unchanged (the states side is not the longer one).
   flashqla_gdn_fwd_params_t fp = f;  // the states pass (its initial states come from the scan)
   fp.chunk_states = states.data_ptr();
   const size_t ckpt_bytes =
-      env_switch("FLASHQLA_BWD_CP_STATES_MERGE", '0') == '1' ? flashqla_gdn_fwd_merge_bytes(&fp) : 0;
+      env_switch("FLASHQLA_BWD_CP_STATES_MERGE", '1') != '0' ? flashqla_gdn_fwd_merge_bytes(&fp) : 0;
   at::Tensor ckpt = at::empty({static_cast<int64_t>(ckpt_bytes / sizeof(float))}, fopts);
   ForkedStream fork(main, dev, op);
   c10::cuda::CUDAStream side = fork.side;
@@ -555,7 +566,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> chunk_gdn_bwd_chains_
     if (fs == FLASHQLA_SUCCESS) {
       cuda_check(cudaEventRecord(phi_ready.e, side.stream()), op);  // (the dS chain's reverse scan reads Phi^T)
       at::Tensor init = chunk_gdn_cp_scan_cuda(phi, b_end, initial_state.has_value() ? std::optional<at::Tensor>(h0)
-                                                                                       : std::nullopt, last);
+                                                                                       : std::nullopt, last, false);
       fp.initial_state = init.data_ptr<float>();
       fs = states_merge ? flashqla_gdn_fwd_merge(&fp, ckpt.data_ptr<float>(), nullptr, side.stream())
                         : flashqla_gdn_fwd(&fp, side.stream());
@@ -567,11 +578,11 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> chunk_gdn_bwd_chains_
   at::Tensor dh0;
   if (ds == FLASHQLA_SUCCESS) {
     cuda_check(cudaStreamWaitEvent(main.stream(), phi_ready.e, 0), op);
-    // E_0 = dht, E_{j+1} = L_j E_j + B_j with L_j = Phi_j^T, from each sequence's last segment back: the forward's
-    // scan over the segments reversed within each sequence (position j of the reversed order holds segment rev[j])
-    at::Tensor l_rev = at::index_select(phi.transpose(2, 3), 0, rev).contiguous();
-    at::Tensor ends = at::index_select(
-        chunk_gdn_cp_scan_cuda(l_rev, at::index_select(r.dh0, 0, rev), dht, last), 0, rev);
+    // each segment's true end gradient, from each sequence's last segment back: E_last = dht, E_{i-1} = L_i E_i + B_i
+    // with L_i = Phi_i^T (the dS chain is the state chain's adjoint) and B_i the B pass's dh0; the scan kernel's
+    // reverse walk reads Phi transposed in place (it replaced three gathers around a forward walk: -2% at hk4_hv8
+    // and -7% at hk2_hv4 32k_1seq on an H100, session 38)
+    at::Tensor ends = chunk_gdn_cp_scan_cuda(phi, r.dh0, dht, last, true);
     flashqla_gdn_bwd_dh_params_t pr = r.p;  // the pass from each segment's true end gradient
     pr.dht = ends.data_ptr<float>();
     pr.a = nullptr;
@@ -642,9 +653,10 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> chunk_gdn
 
 // Exact context parallelism's scan: every segment's initial state [segments, H_v, K, V] from the summaries
 // phi [segments, H_v, K, K] and b [segments, H_v, K, V] (fp32), h0 [N, H_v, K, V] or None, and each
-// sequence's last segment (int64 [N]); see flashqla_gdn_cp_scan.
+// sequence's last segment (int64 [N]); reverse: the adjoint walk (Phi^T, each sequence from its last segment
+// back); see flashqla_gdn_cp_scan.
 at::Tensor chunk_gdn_cp_scan_cuda(const at::Tensor& phi, const at::Tensor& b, const std::optional<at::Tensor>& initial_state,
-                                  const at::Tensor& last) {
+                                  const at::Tensor& last, bool reverse) {
   c10::cuda::CUDAGuard guard(b.device());
   TORCH_CHECK(b.is_cuda() && b.dim() == 4 && b.scalar_type() == at::kFloat && b.is_contiguous(),
               "flashqla.chunk_gdn_cp_scan: b must be a contiguous float32 CUDA tensor [segments, H_v, K, V]");
@@ -668,6 +680,7 @@ at::Tensor chunk_gdn_cp_scan_cuda(const at::Tensor& phi, const at::Tensor& b, co
   p.last = last.data_ptr();
   p.last_dtype = FLASHQLA_INT64;
   p.num_seqs = N; p.segments = S; p.heads = H; p.head_dim_k = K; p.head_dim_v = V;
+  p.reverse = reverse ? 1 : 0;
   check_status(flashqla_gdn_cp_scan(&p, c10::cuda::getCurrentCUDAStream(b.device().index()).stream()), "chunk_gdn_cp_scan");
   return init;
 }

@@ -334,6 +334,8 @@ FLASHQLA_API flashqla_status_t flashqla_gdn_fwd_merge(const flashqla_gdn_fwd_par
  * 16-byte aligned. last [num_seqs], int64, ascending: each sequence's last segment (sequence s owns segments
  * last[s - 1] + 1 .. last[s]). K = V = 128. Malformed `last` values give wrong states, never an out-of-bounds
  * access.
+ * reverse = 1: the adjoint walk (the backward's dS chain through segments, whose L_i is Phi_i^T): each sequence
+ * from its last segment back, init[last] = h0 (zeros when NULL), init[i - 1] = Phi_i^T init[i] + B_i. 0: as above.
  */
 typedef struct flashqla_gdn_cp_scan_params {
   const float* phi;
@@ -347,6 +349,7 @@ typedef struct flashqla_gdn_cp_scan_params {
   int64_t heads;
   int64_t head_dim_k;
   int64_t head_dim_v;
+  int32_t reverse; /* 0 or 1 */
 } flashqla_gdn_cp_scan_params_t;
 
 FLASHQLA_API flashqla_status_t flashqla_gdn_cp_scan(const flashqla_gdn_cp_scan_params_t* params, cudaStream_t stream);
