@@ -237,8 +237,7 @@ def test_context_parallel_forward(monkeypatch):
 
 @pytest.mark.parametrize("strong,with_h0", [(False, True), (True, True), (True, False)])
 def test_context_parallel_merge_gives_the_full_walks_bits(monkeypatch, strong, with_h0):
-    # FLASHQLA_CP_MERGE=1 (forced: by default only where segments average 96 chunks or more): the summaries' B pass
-    # also writes O where its walk may merge (the
+    # FLASHQLA_CP_MERGE=1 (opt-in): the summaries' B pass also writes O where its walk may merge (the
     # segment's first half of gates sums to at most -50), and the last pass stops where its fp32 state equals B's at
     # a checkpoint, leaving B's O and final state: o and the final states bitwise the full last pass's (=0) on the
     # same chain form (FLASHQLA_WGMMA=1: O by the state warps, as the merging pass and the paired chain form it; the
