@@ -150,8 +150,8 @@ for lengths in ([4096], [3000, 0, 1100, 70]):
 del os.environ["FLASHQLA_KSPLIT"]
 
 # exact parallelism's forward with the merge (FLASHQLA_CP_MERGE=1): the summaries' B pass writing O, the last pass's
-# checkpoints and stop (O beside the chain, its O warps and loaders ending at the stop; FLASHQLA_CP_MERGE_OB=0 the
-# wgmma chain's form), under strong decay with head 1 at g = 0 (never merges); one sequence and packed ones with a
+# checkpoints and stop (the wgmma chain's form, and with FLASHQLA_CP_MERGE_OB=1 O beside the chain, its O warps and
+# loaders ending at the stop), under strong decay with head 1 at g = 0 (never merges); one sequence and packed ones with a
 # zero-length one
 os.environ["FLASHQLA_CP_MERGE"] = "1"
 for ob, lengths in (("1", [8192]), ("1", [6000, 0, 1100]), ("0", [8192]), ("0", [6000, 0, 1100])):

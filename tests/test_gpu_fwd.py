@@ -263,14 +263,15 @@ def test_context_parallel_merge_gives_the_full_walks_bits(monkeypatch, strong, w
 
 @pytest.mark.parametrize("strong,with_h0", [(False, True), (True, True), (True, False)])
 def test_context_parallel_merge_o_beside(monkeypatch, strong, with_h0):
-    # FLASHQLA_CP_MERGE=1 in the default chain form: the merging last pass runs O beside the chain (its O warps end at
-    # the state warps' stop, and so do its loaders); the chunks after the merge keep the B pass's O, another product
+    # FLASHQLA_CP_MERGE=1 with FLASHQLA_CP_MERGE_OB=1, the default chain form otherwise: the merging last pass runs O
+    # beside the chain (its O warps end at the state warps' stop, and so do its loaders); the chunks after the merge
+    # keep the B pass's O, another product
     # order: the final states bitwise the unmerged pass's (the two forms' state arithmetic is the same), o equal to
     # rounding and as close to float64. Under strong decay head 0 (g = 0) never merges: its CTAs walk in full beside
     # merging ones. Outputs poisoned (run_ours).
     from flashqla import _cp
     monkeypatch.delenv("FLASHQLA_WGMMA", raising=False)
-    monkeypatch.delenv("FLASHQLA_CP_MERGE_OB", raising=False)
+    monkeypatch.setenv("FLASHQLA_CP_MERGE_OB", "1")
     d = make([24576, 1000], 2, 8, strong=strong, seed=15)
     if not with_h0:
         d["initial_state"] = None

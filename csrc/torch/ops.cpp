@@ -276,20 +276,20 @@ at::Tensor chunk_gdn_cp_scan_cuda(const at::Tensor& phi, const at::Tensor& b, co
 // The forward's exact parallelism with the merge (FLASHQLA_CP_MERGE=1, opt-in; called by chunk_gdn_cp_fwd, cp.cpp):
 // the summaries' B pass (from zero) also writes O and fp32 checkpoints in the walks whose
 // gates decay enough to merge (flashqla_gdn_fwd_cp_summaries_merge_source), and the last pass from the true initial
-// states stops where its walk merges with B's (flashqla_gdn_fwd_merge: the O-beside chain, whose O warps end at the
-// stop; FLASHQLA_CP_MERGE_OB=0 the wgmma chain with O, whose O is the paired chain's bit for bit): the same final
-// states, o the same to rounding (bitwise in the wgmma form), the last pass only over the chunks until the initial
+// states stops where its walk merges with B's (flashqla_gdn_fwd_merge: the wgmma chain with O, whose O is the paired
+// chain's bit for bit; FLASHQLA_CP_MERGE_OB=1 the O-beside chain, whose O warps end at the stop): the same final
+// states, o the same bits (to rounding in the O-beside form), the last pass only over the chunks until the initial
 // state's part has decayed out of fp32. nullopt where it does not run (the caller then runs the plain steps).
 std::optional<std::tuple<at::Tensor, at::Tensor>> cp_fwd_merged(
     const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& g, const at::Tensor& beta,
     double scale, const std::optional<at::Tensor>& initial_state, const at::Tensor& seg_cu, const at::Tensor& last,
     int64_t single_last, bool use_qk_l2norm, at::Tensor& workspace, const at::Tensor& eye) {
-  // Opt-in. Measured with its last pass as the wgmma chain with O (now FLASHQLA_CP_MERGE_OB=0), ~1.6x slower a chunk
-  // than the default O-beside chain, where a walk that cannot merge (a head whose gates decay slowly) runs all of it
-  // in that form, so one slow head sets the pass's time. H100, session 38, graph ms on / off, the anchors' gates
+  // Opt-in. Its last pass is the wgmma chain with O, ~1.6x slower a chunk than the default O-beside chain, and a walk
+  // that cannot merge (a head whose gates decay slowly) runs all of it in that form, so one slow head sets the pass's
+  // time (FLASHQLA_CP_MERGE_OB=1: the O-beside form, unmeasured). H100, session 38, graph ms on / off, the anchors' gates
   // (every head decays): 128-chunk segments (TP4 1x32768) 0.569 / 0.640; 64 (TP8 1x32768, TP8 / TP4 28672+4096)
   // 0.333 / 0.334, 0.343 / 0.340, 0.646 / 0.669; 32 and 16 (TP4 / TP8 1x8192: nothing merges) 0.241 / 0.179, 0.128 /
-  // 0.109. The last pass now merges in the O-beside form by default (unmeasured): no slower where nothing merges.
+  // 0.109. The O-beside form would be no slower where nothing merges; measure it, then make it the default.
   if (env_switch("FLASHQLA_CP_MERGE", '0') != '1' || !q.is_cuda()) return std::nullopt;
   c10::cuda::CUDAGuard guard(q.device());
   const char* op = "chunk_gdn_cp_fwd";
