@@ -150,18 +150,23 @@ for lengths in ([4096], [3000, 0, 1100, 70]):
 del os.environ["FLASHQLA_KSPLIT"]
 
 # exact parallelism's forward with the merge (FLASHQLA_CP_MERGE=1): the summaries' B pass writing O, the last pass's
-# checkpoints and stop, under strong decay; one sequence and packed ones with a zero-length one
+# checkpoints and stop (the wgmma chain's form, and with FLASHQLA_CP_MERGE_OB=1 O beside the chain, its O warps and
+# loaders ending at the stop), under strong decay with head 1 at g = 0 (never merges); one sequence and packed ones with a
+# zero-length one
 os.environ["FLASHQLA_CP_MERGE"] = "1"
-for lengths in ([8192], [6000, 0, 1100]):
+for ob, lengths in (("1", [8192]), ("1", [6000, 0, 1100]), ("0", [8192]), ("0", [6000, 0, 1100])):
+    os.environ["FLASHQLA_CP_MERGE_OB"] = ob
     Tm = sum(lengths)
     cm = torch.tensor([0] + torch.tensor(lengths).cumsum(0).tolist(), dtype=torch.int32)
     qm = F.normalize(torch.randn(1, Tm, 1, D, device=dev), dim=-1).bfloat16()
     km = F.normalize(torch.randn(1, Tm, 1, D, device=dev), dim=-1).bfloat16()
     vm = torch.randn(1, Tm, 2, D, device=dev).bfloat16()
     gm = -5 * torch.rand(1, Tm, 2, device=dev)
+    gm[..., 1] = 0.0
     bm = torch.rand(1, Tm, 2, device=dev)
     flashqla.chunk_gdn(qm, km, vm, gm, bm, initial_state=torch.randn(len(lengths), 2, D, D, device=dev),
                        output_final_state=True, cu_seqlens=cm.to(dev), cu_seqlens_cpu=cm)
     torch.cuda.synchronize()
-    print("segmented forward with the merge ran", lengths, _cp.plan(lengths, 2, 132).segments, flush=True)
-del os.environ["FLASHQLA_CP_MERGE"]
+    print("segmented forward with the merge ran", "O beside" if ob == "1" else "wgmma", lengths,
+          _cp.plan(lengths, 2, 132).segments, flush=True)
+del os.environ["FLASHQLA_CP_MERGE"], os.environ["FLASHQLA_CP_MERGE_OB"]

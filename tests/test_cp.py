@@ -269,6 +269,26 @@ def test_backward_plan_only_where_the_plain_chains_leave_half_the_sms(monkeypatc
     assert _cp.backward_plan([32768], 4, 132) is None
 
 
+def test_backward_segment_length_knob(monkeypatch):
+    # FLASHQLA_BWD_CP_SEGMENT_CHUNKS (measurements): where the backward cuts, segments of that many chunks instead of
+    # the planner's; the cuts cover each sequence and start on chunk boundaries; a bad value is a clear error
+    monkeypatch.delenv("FLASHQLA_BWD_CP", raising=False)
+    lengths = [32768, 5000]
+    base = _cp.backward_plan(lengths, 4, 132)
+    assert base is not None
+    for seg in (16, 64, 256):
+        monkeypatch.setenv("FLASHQLA_BWD_CP_SEGMENT_CHUNKS", str(seg))
+        p = _cp.backward_plan(lengths, 4, 132)
+        assert p.segment_chunks == seg and p.cu[-1] == sum(lengths)
+        assert p.segments == -(-512 // seg) + -(-79 // seg)
+        assert all(b % 64 == 0 for b in p.cu[1:p.last_of_seq[0] + 1])
+        assert p.cu[p.last_of_seq[0] + 1] == 32768
+    assert _cp.backward_plan([32768], 64, 132) is None  # (no plan where the planner does not cut)
+    monkeypatch.setenv("FLASHQLA_BWD_CP_SEGMENT_CHUNKS", "48")
+    with pytest.raises(ValueError, match="power of two"):
+        _cp.backward_plan(lengths, 4, 132)
+
+
 def test_merge_handover_model_finds_no_hang():
     # benchmarks/handover_model.py: the merging dS chain's exit (csrc/flashqla/gdn_bwd_dh.cuh) under random schedules
     # of a named-barrier model never hangs; the first exit (arrive at once) does, so the model can tell

@@ -237,8 +237,7 @@ def test_context_parallel_forward(monkeypatch):
 
 @pytest.mark.parametrize("strong,with_h0", [(False, True), (True, True), (True, False)])
 def test_context_parallel_merge_gives_the_full_walks_bits(monkeypatch, strong, with_h0):
-    # FLASHQLA_CP_MERGE=1 (forced: by default only where segments average 96 chunks or more): the summaries' B pass
-    # also writes O where its walk may merge (the
+    # FLASHQLA_CP_MERGE=1 (opt-in): the summaries' B pass also writes O where its walk may merge (the
     # segment's first half of gates sums to at most -50), and the last pass stops where its fp32 state equals B's at
     # a checkpoint, leaving B's O and final state: o and the final states bitwise the full last pass's (=0) on the
     # same chain form (FLASHQLA_WGMMA=1: O by the state warps, as the merging pass and the paired chain form it; the
@@ -260,6 +259,37 @@ def test_context_parallel_merge_gives_the_full_walks_bits(monkeypatch, strong, w
         assert len(calls) > n, "the plan did not choose segments"
     assert torch.isfinite(out["1"][0].float()).all()
     assert torch.equal(out["1"][0], out["0"][0]) and torch.equal(out["1"][1], out["0"][1])
+
+
+@pytest.mark.parametrize("strong,with_h0", [(False, True), (True, True), (True, False)])
+def test_context_parallel_merge_o_beside(monkeypatch, strong, with_h0):
+    # FLASHQLA_CP_MERGE=1 with FLASHQLA_CP_MERGE_OB=1, the default chain form otherwise: the merging last pass runs O
+    # beside the chain (its O warps end at the state warps' stop, and so do its loaders); the chunks after the merge
+    # keep the B pass's O, another product
+    # order: the final states bitwise the unmerged pass's (the two forms' state arithmetic is the same), o equal to
+    # rounding and as close to float64. Under strong decay head 0 (g = 0) never merges: its CTAs walk in full beside
+    # merging ones. Outputs poisoned (run_ours).
+    from flashqla import _cp
+    monkeypatch.delenv("FLASHQLA_WGMMA", raising=False)
+    monkeypatch.setenv("FLASHQLA_CP_MERGE_OB", "1")
+    d = make([24576, 1000], 2, 8, strong=strong, seed=15)
+    if not with_h0:
+        d["initial_state"] = None
+    cu_cpu = d["cu_seqlens"].cpu()
+    calls = count_calls(monkeypatch, _cp, "forward")
+    out = {}
+    for merge in ("0", "1"):
+        monkeypatch.setenv("FLASHQLA_CP_MERGE", merge)
+        n = len(calls)  # (run_ours may repeat the call)
+        out[merge] = run_ours(d, cu_seqlens_cpu=cu_cpu)
+        assert len(calls) > n, "the plan did not choose segments"
+    (o1, s1), (o0, s0) = out["1"], out["0"]
+    assert torch.isfinite(o1.float()).all() and torch.equal(s1, s0)
+    x = {k: (v.double() if isinstance(v, torch.Tensor) and v.is_floating_point() else v) for k, v in d.items()}
+    ro, _ = chunk_gdn_torch(**x, output_final_state=True)
+    e1, e0, d10 = rel_l2(o1, ro), rel_l2(o0, ro), rel_l2(o1, o0)
+    print(f"CP merge, O beside: o {e1:.2e} (unmerged {e0:.2e}), merged against unmerged {d10:.2e}")
+    assert d10 < 4e-3 and e1 <= 1.1 * e0 + 1e-4
 
 
 def test_deterministic_and_cuda_graph():

@@ -243,6 +243,7 @@ struct SharedStorageObOf {
   alignas(1024) T pub_z[kChunk * 64];
   GateScratch aux[kAuxGroups];
   uint64_t tma_bar[kObStages];  // a stage's K, Q, X and W by TMA (tma::ChainMaps), one phase per fill
+  MergeScratch merge;           // (the forward's merging last pass in this form)
 };
 template <typename T>
 using SharedStorageOb = SharedStorageObOf<T, StageSw<T>>;   // (the copy forms)
@@ -1318,9 +1319,9 @@ CUTLASS_DEVICE void aux_chunk(const flashqla_gdn_fwd_params_t& p, StageT& S, Ax&
 // kOb: the O-beside kernel's pipeline (three stages, its barrier ids; see ob::Barrier).
 // kTmaChain (kLoadPrepared; with kOb, or the state recompute's wgmma chain): the stages' K, Q, X, W and V by TMA on
 // cmaps' maps (aux_chunk; with kReady, X and W after the chunk's ready flag).
-// kStop (the merging dS chain, gdn_bwd_dh's kMerge): after each wait for an empty stage the group reads *stop and
-// ends its walk where the state warps set it (they release every stage a group may wait for when they stop; the
-// group's copies are all landed by then: aux_chunk waits for them before the hand-over).
+// kStop (the merging runs: gdn_bwd_dh's kMerge, state_role's kMerge): after each wait for an empty stage the group
+// reads *stop and ends its walk where the state warps set it (they release every stage a group may wait for when
+// they stop; the group's copies are all landed by then: aux_chunk waits for them before the hand-over).
 template <typename T, AuxMode kMode, int kBV = kBlockV, bool kOb = false, bool kReady = false,
           bool kTmaChain = false, bool kStop = false, typename Storage>
 CUTLASS_DEVICE void aux_role(const flashqla_gdn_fwd_params_t& p, Storage& sm, const Work<T>& wk, int group,
@@ -1344,7 +1345,12 @@ CUTLASS_DEVICE void aux_role(const flashqla_gdn_fwd_params_t& p, Storage& sm, co
     auto& S = sm.stage[st];
     if constexpr (kOb) {
       // (non-aligned: a summaries pass's O warps sync here too, from o_role)
-      if (it >= kObStages) bar_sync_sites(ob::kEmpty + (it - kObStages) % 6, ob::kEmptyThreads);
+      if (it >= kObStages) {
+        bar_sync_sites(ob::kEmpty + (it - kObStages) % 6, ob::kEmptyThreads);
+        if constexpr (kStop) {
+          if (*stop != 0) break;
+        }
+      }
     } else {
       if (it >= kStages) {
         bar_sync(kBarEmpty + st, kHandoffThreads);
@@ -1630,6 +1636,28 @@ CUTLASS_DEVICE void stop_walk(Storage& sm, int64_t it, int64_t n, int tid) {
     if (it + d + kStages < n) warp::bar_arrive(kBarEmpty + static_cast<int>((it + d) % kStages), kHandoffThreads);
 }
 
+// The O-beside form's releases after a stop before chunk it of n: the stage slots of chunks it .. it + 2, whose
+// releases the loader groups wait for to load chunks it + 3 on (a slot's previous use, chunk it + d - 6, was waited
+// for by the loader of chunk it + d - 3 < it: the new arrivals start a fresh phase). The state warps and the O warps
+// each arrive, as at the end of those chunks.
+CUTLASS_DEVICE void ob_release_after_stop(int64_t it, int64_t n) {
+#pragma unroll
+  for (int d = 0; d < kObStages; ++d)
+    if (it + d + kObStages < n) warp::bar_arrive(ob::kEmpty + static_cast<int>((it + d) % 6), ob::kEmptyThreads);
+}
+// A merging walk's stop in the O-beside form (state_role's kMerge with kOb): take the fills of chunks it .. it + 2
+// (their loads land before the CTA ends), set sm.merge.stop, wake the O warps where they wait for chunk it's S^T (they
+// read the stop, release as below and end: their last O was chunk it - 1's), and release the loaders' slots.
+template <typename Storage>
+CUTLASS_DEVICE void stop_walk_ob(Storage& sm, int64_t it, int64_t n, int tid) {
+#pragma unroll
+  for (int d = 0; d < kObStages; ++d)
+    if (it + d < n) warp::bar_sync(ob::kFull + static_cast<int>((it + d) % kObStages), kHandoffThreads);
+  if (tid == 0) sm.merge.stop = 1;
+  warp::bar_arrive(kEarlyQs<Storage> ? ob::kPubS : ob::kPub, ob::kPubThreads);
+  ob_release_after_stop(it, n);
+}
+
 // The forward chain's merges (kMerge; flashqla_gdn_fwd_cp_summaries_merge_source and flashqla_gdn_fwd_merge): fp32
 // states at the first kStateMergeCheckpoints checkpoint steps of each walk, [checkpoint, segment, heads_v, K, V] (a
 // merge past step 48 would save little of a segment).
@@ -1664,7 +1692,8 @@ CUTLASS_DEVICE void state_role(const flashqla_gdn_fwd_params_t& p, Storage& sm, 
   static_assert(!kOb || kWg, "O beside the wgmma chain");
   constexpr bool kPair = kPairStorage<Storage>;
   static_assert(!kPair || (kWg && !kOb), "the paired chain: two wgmma chains with O");
-  static_assert(!kMerge || (kWg && !kOb), "the merges: the wgmma chains (the pair, the recompute, the last pass)");
+  static_assert(!kMerge || kWg, "the merges: the wgmma chains (the pair, the recompute, the last pass)");
+  static_assert(!(kMerge && kOb) || kEarlyQs<Storage>, "the O-beside merge: the TMA form");
   using namespace warp;
   constexpr int kNT = kKSplit ? kDimK / 16 : kDimK / 8;  // C tiles of S^T per warp (8 K columns each)
   constexpr int kKS = kNT / 2;                            // k16 steps over this warp's K columns
@@ -1689,12 +1718,16 @@ CUTLASS_DEVICE void state_role(const flashqla_gdn_fwd_params_t& p, Storage& sm, 
   // is published and the O warps only keep the stage barriers; the host launches it without chunk states)
   bool merge_walk = false, merged = false;
   int ck = 0;  // (the checkpoints passed)
+  // (the state warps' barrier: the O-beside kernel numbers its barriers otherwise)
+  const uint32_t merge_bar = kOb ? static_cast<uint32_t>(ob::kState) : state_bar;
+  (void)merge_bar;
   if constexpr (kMerge) {
     if constexpr (!kPair) {
       if (tid == 0) sm.merge.stop = 0;  // (read by the loaders only after a stage release, which follows this store)
     }
-    // (uniform: every thread reads the same sums)
-    merge_walk = merge_ckpt != nullptr && walk_may_merge<false>(p, wk, sm.merge.sum, state_bar, tid);
+    // (uniform: every thread reads the same sums; the O-beside form only with o, whose O warps take the stop)
+    merge_walk = merge_ckpt != nullptr && (!kOb || wk.o != nullptr) &&
+                 walk_may_merge<false>(p, wk, sm.merge.sum, merge_bar, tid);
   }
   const bool has_o = uniform<kWg>(wk.o != nullptr);
   // (the merge's source, the pair's B half with o: O only in the walks that may merge, for the merging pass)
@@ -1717,9 +1750,12 @@ CUTLASS_DEVICE void state_role(const flashqla_gdn_fwd_params_t& p, Storage& sm, 
         ++ck;
         if constexpr (kPair) {
           store_state_tile(ckp, sacc, tq, v0);
-        } else if (bar_red_and(state_bar, kStateThreads, state_tile_equals(sacc, ckp, tq, v0))) {
+        } else if (bar_red_and(merge_bar, kStateThreads, state_tile_equals(sacc, ckp, tq, v0))) {
           merged = true;
-          stop_walk(sm, c, wk.num_chunks, tid);
+          if constexpr (kOb)
+            stop_walk_ob(sm, c, wk.num_chunks, tid);
+          else
+            stop_walk(sm, c, wk.num_chunks, tid);
           break;
         }
       }
@@ -1903,7 +1939,9 @@ CUTLASS_DEVICE void state_role(const flashqla_gdn_fwd_params_t& p, Storage& sm, 
 // back from the published tiles) and B the stage's Q and W, then the O rows out: each warp's 16 V columns x 64
 // tokens transposed by stmatrix into 2 KB of the stage's Q (dead by then) and stored as 16-byte pieces. The stage
 // is released after that; the published tiles as soon as they are in registers.
-template <typename T, typename Storage>
+// kMerge: the merging last pass; where the state warps stop (stop_walk_ob) these warps find sm.merge.stop set at the
+// chunk's publish barrier and end.
+template <typename T, bool kMerge = false, typename Storage>
 CUTLASS_DEVICE void o_role(const flashqla_gdn_fwd_params_t& p, Storage& sm, const Work<T>& wk) {
   using namespace warp;
   const int tid = threadIdx.x - kStateThreads, w = tid >> 5, lane = tid & 31, tq = lane & 3;
@@ -1919,6 +1957,12 @@ CUTLASS_DEVICE void o_role(const flashqla_gdn_fwd_params_t& p, Storage& sm, cons
     // else both once Z^T is
     constexpr bool kEarly = kEarlyQs<Storage>;
     bar_sync(kEarly ? ob::kPubS : ob::kPub, ob::kPubThreads);
+    if constexpr (kMerge) {
+      if (*reinterpret_cast<volatile int*>(&sm.merge.stop) != 0) {
+        ob_release_after_stop(c, wk.num_chunks);
+        return;
+      }
+    }
     uint32_t sa[8][4], za[4][4];
 #pragma unroll
     for (int kk = 0; kk < 8; ++kk) ldsm_x4(sa[kk], tile16(sm.pub_s, 16 * w + ld.a_row, 16 * kk + ld.a_col));
@@ -2001,7 +2045,7 @@ CUTLASS_DEVICE void prep_worker(const flashqla_gdn_fwd_params_t& p, const PrepBu
 // first pb.prep_ctas CTAs are prep workers (prep_worker), the chain waits for their flags; kPrepWg: the workers
 // run the wgmma prep (prep_head_wg; the default, FLASHQLA_PREP_WG=0 turns it off: prep_wg).
 // kMerge (the wgmma chain on prepared chunks): a merging run (state_role's kMerge; pb.merge_ckpt, pb.merge_final): the
-// state recompute's TMA form, or the last pass with o in the copy form.
+// state recompute's TMA form, or the last pass with o in the O-beside TMA form or the wgmma chain's copy form.
 template <typename T, typename IndexT, AuxMode kMode, bool kKSplit = false, bool kWg = false, bool kOb = false,
           bool kOverlap = false, bool kPrepWg = false, bool kTma = false, bool kMerge = false>
 __global__ void __launch_bounds__(kOb ? kObThreads : kThreads, 1)
@@ -2019,8 +2063,9 @@ __global__ void __launch_bounds__(kOb ? kObThreads : kThreads, 1)
   // the state recompute's chunk states by TMA stores and its loads by TMA (the wgmma chain without O; where the
   // host made the maps)
   constexpr bool kTmaStates = kTma && kWg && !kOb;
-  static_assert(!kMerge || (kWg && !kOb && !kOverlap && kMode == AuxMode::kLoadPrepared),
-                "the merging runs: the wgmma chain on prepared chunks (the recompute's TMA form, the last pass's copies)");
+  static_assert(!kMerge || (kWg && !kOverlap && kMode == AuxMode::kLoadPrepared && (!kOb || kTmaChain)),
+                "the merging runs: the wgmma chain on prepared chunks (the recompute's TMA form, the last pass's copies "
+                "or the O-beside TMA form)");
   using ObStorage = std::conditional_t<kTmaChain, SharedStorageObTma<T>, SharedStorageOb<T>>;
   using SwStorage = std::conditional_t<kTmaStates, SharedStorageSwSt<T>, SharedStorageSw<T>>;
   using Storage = std::conditional_t<kOb, ObStorage, std::conditional_t<kWg, SwStorage, SharedStorage<T>>>;
@@ -2060,15 +2105,15 @@ __global__ void __launch_bounds__(kOb ? kObThreads : kThreads, 1)
     state_role<T, kKSplit, kWg, kOb, kMerge>(p, sm, wk, &cmaps, 0, pb.merge_ckpt, pb.merge_final);
   } else if (kOb && role == 1) {
     cutlass::arch::warpgroup_reg_dealloc<kObORegs>();
-    if constexpr (kOb) o_role<T>(p, sm, wk);
+    if constexpr (kOb) o_role<T, kMerge>(p, sm, wk);
   } else {
     constexpr int kFirstLoader = kCtaThreads - kAuxGroups * kAuxThreads;
     cutlass::arch::warpgroup_reg_dealloc<kOb ? kObLoadRegs : kAuxRegs>();
     // (the ready flags' index; gates_from_prep's)
     if (kOverlap || (kTmaChain && pb.gates != nullptr)) wk.chunk0 = chunk_offset<IndexT>(p, ct.n, threadIdx.x & 31);
     if constexpr (kMerge)
-      aux_role<T, kMode, kBV, kOb, kOverlap, kTmaStates, true>(p, sm, wk, (threadIdx.x - kFirstLoader) / kAuxThreads,
-                                                               pb, &cmaps, &sm.merge.stop);
+      aux_role<T, kMode, kBV, kOb, kOverlap, kTmaChain || kTmaStates, true>(
+          p, sm, wk, (threadIdx.x - kFirstLoader) / kAuxThreads, pb, &cmaps, &sm.merge.stop);
     else
       aux_role<T, kMode, kBV, kOb, kOverlap, kTmaChain || kTmaStates>(p, sm, wk, (threadIdx.x - kFirstLoader) / kAuxThreads,
                                                                        pb, &cmaps);
@@ -2670,6 +2715,13 @@ cudaError_t launch_recurrent(const flashqla_gdn_fwd_params_t& p, const PrepBuffe
       kernel = ix64 ? gdn_fwd_mma_kernel<T, int64_t, kMode, kKSplit, kWg, kOb, kOverlap, kPrepWg, true>
                     : gdn_fwd_mma_kernel<T, int32_t, kMode, kKSplit, kWg, kOb, kOverlap, kPrepWg, true>;
   }
+  if constexpr (kTmaForm && !kKSplit && !kOverlap && !kPrepWg) {  // the forward's merging last pass, O beside
+    if (pb.merge_ckpt != nullptr && p.o != nullptr) {
+      if (!use_tma) return cudaErrorNotSupported;  // (the caller runs the wgmma chain's form)
+      kernel = ix64 ? gdn_fwd_mma_kernel<T, int64_t, kMode, false, true, true, false, false, true, true>
+                    : gdn_fwd_mma_kernel<T, int32_t, kMode, false, true, true, false, false, true, true>;
+    }
+  }
   if constexpr (kStatesForm && !kKSplit && !kOverlap && !kPrepWg) {  // the merging runs
     if (use_tma && pb.merge_ckpt != nullptr)  // (the state recompute)
       kernel = ix64 ? gdn_fwd_mma_kernel<T, int64_t, kMode, false, true, false, false, false, true, true>
@@ -2894,9 +2946,18 @@ inline ChainForm chain_form(const flashqla_gdn_fwd_params_t& p, bool ds_chain = 
   return mode == 0 ? ChainForm::kMma : ChainForm::kWgmma;
 }
 
+// FLASHQLA_CP_MERGE_OB=1: the forward's merging last pass in the O-beside chain's TMA form where the plain last pass
+// runs that form (the chunks after the merge keep the source's O, another product order: o equal to rounding, the
+// final states bitwise; built in session 38 and not yet run on a GPU, hence opt-in); else (0, unset) as the wgmma
+// chain with O (its O is the source's product order, so o is bitwise the unmerged wgmma chain's).
+inline bool merge_ob_mode() {
+  const char* e = std::getenv("FLASHQLA_CP_MERGE_OB");
+  return e != nullptr && e[0] == '1';
+}
+
 // A merging run's checkpoint bytes (kStateMergeCheckpoints fp32 tiles per segment and value head): the state
 // recompute p, or 0 where its chain would not merge (the K split, or the states by the warps' own stores); the last
-// pass with o (always the wgmma chain's copy form when merging).
+// pass with o (the O-beside or the wgmma chain's form when merging).
 inline size_t merge_bytes(const flashqla_gdn_fwd_params_t& p) {
   const size_t bytes = size_t(kStateMergeCheckpoints) * static_cast<size_t>(p.num_seqs * p.heads_v) * kDimK * kDimV *
                        sizeof(float);
@@ -3017,8 +3078,9 @@ inline int prep_ahead(const flashqla_gdn_fwd_params_t& p, int prep_ctas) {
 // transition pass on the same chunks; both run after the one prep (launch_summaries).
 // The merges (merge_ckpt: their checkpoints; split mode only). With pt, the B pass as the source
 // (flashqla_gdn_fwd_cp_summaries_merge_source): its chunk states into merge_states, or its O into p.o. Without, p is
-// the merging run on prepared chunks (flashqla_gdn_fwd_merge): the state recompute, or the last pass with o on the
-// wgmma chain (whose O is the paired chain's, bit for bit), merge_final the source's final states.
+// the merging run on prepared chunks (flashqla_gdn_fwd_merge): the state recompute, or the last pass with o: the
+// O-beside chain's TMA form where the plain last pass would run it (merge_ob_mode), else the wgmma chain (whose O
+// is the paired chain's, bit for bit); merge_final the source's final states.
 template <typename T>
 cudaError_t launch(const flashqla_gdn_fwd_params_t& p, cudaStream_t stream,
                    const flashqla_gdn_fwd_params_t* pt = nullptr, void* merge_states = nullptr,
@@ -3027,7 +3089,13 @@ cudaError_t launch(const flashqla_gdn_fwd_params_t& p, cudaStream_t stream,
   // the chains after the prep: p's, or with pt both summaries passes
   const auto chains = [&](const PrepBuffers<T>& pb) {
     if (pt != nullptr) return launch_summaries<T>(p, *pt, pb, stream, merge_states);
-    if (pb.merge_ckpt != nullptr && p.o != nullptr) return launch_recurrent<T, AuxMode::kLoadPrepared, false, true>(p, pb, stream);
+    if (pb.merge_ckpt != nullptr && p.o != nullptr) {  // the merging last pass: O beside where it runs
+      if (merge_ob_mode() && chain_form(p) == ChainForm::kWgmmaOb) {
+        const cudaError_t e = launch_recurrent<T, AuxMode::kLoadPrepared, false, true, true>(p, pb, stream);
+        if (e != cudaErrorNotSupported) return e;
+      }
+      return launch_recurrent<T, AuxMode::kLoadPrepared, false, true>(p, pb, stream);
+    }
     return launch_prepared<T>(p, pb, stream);
   };
   if (merge_ckpt != nullptr && (!fwd_split_mode() || (pt == nullptr && !p.prep_ready)))

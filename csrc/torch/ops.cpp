@@ -273,28 +273,24 @@ std::tuple<at::Tensor, at::Tensor> chunk_gdn_cp_summaries_cuda(const at::Tensor&
 at::Tensor chunk_gdn_cp_scan_cuda(const at::Tensor& phi, const at::Tensor& b, const std::optional<at::Tensor>& initial_state,
                                   const at::Tensor& last, bool reverse);
 
-// Segments shorter than this (on average) run the forward's plain steps. The merge's B half computes O in every walk
-// that may merge and its last pass is the wgmma chain with O, slower a chunk than the default O-beside chain, so it
-// pays only where the stop saves most of a long last pass. H100, session 38, graph ms merge on / off: 128-chunk
-// segments (TP4 1x32768) 0.569 / 0.640; 64 (TP8 1x32768, TP8 / TP4 28672+4096) 0.333 / 0.334, 0.343 / 0.340, 0.646 /
-// 0.669; 32 and 16 (TP4 / TP8 1x8192, where the first half's gates never reach -50) 0.241 / 0.179, 0.128 / 0.109.
-constexpr int64_t kFwdMergeMinSegmentChunks = 96;
-
-// The forward's exact parallelism with the merge (FLASHQLA_CP_MERGE: 1 always, 0 never, unset where the segments
-// average kFwdMergeMinSegmentChunks or more; called by
-// chunk_gdn_cp_fwd, cp.cpp): the summaries' B pass (from zero) also writes O and fp32 checkpoints in the walks whose
+// The forward's exact parallelism with the merge (FLASHQLA_CP_MERGE=1, opt-in; called by chunk_gdn_cp_fwd, cp.cpp):
+// the summaries' B pass (from zero) also writes O and fp32 checkpoints in the walks whose
 // gates decay enough to merge (flashqla_gdn_fwd_cp_summaries_merge_source), and the last pass from the true initial
-// states stops where its walk merges with B's (flashqla_gdn_fwd_merge, the wgmma chain with O, whose O is the paired
-// chain's bit for bit): the same o and final states, the last pass only over the chunks until the initial state's part
-// has decayed out of fp32. nullopt where it does not run (the caller then runs the plain steps).
+// states stops where its walk merges with B's (flashqla_gdn_fwd_merge: the wgmma chain with O, whose O is the paired
+// chain's bit for bit; FLASHQLA_CP_MERGE_OB=1 the O-beside chain, whose O warps end at the stop): the same final
+// states, o the same bits (to rounding in the O-beside form), the last pass only over the chunks until the initial
+// state's part has decayed out of fp32. nullopt where it does not run (the caller then runs the plain steps).
 std::optional<std::tuple<at::Tensor, at::Tensor>> cp_fwd_merged(
     const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& g, const at::Tensor& beta,
     double scale, const std::optional<at::Tensor>& initial_state, const at::Tensor& seg_cu, const at::Tensor& last,
     int64_t single_last, bool use_qk_l2norm, at::Tensor& workspace, const at::Tensor& eye) {
-  const char mode = env_switch("FLASHQLA_CP_MERGE", 'a');
-  const int64_t segments = seg_cu.numel() - 1;  // (host-known sizes only: no sync)
-  const bool long_segments = segments > 0 && q.size(0) * q.size(1) >= segments * kFwdMergeMinSegmentChunks * 64;
-  if (mode == '0' || (mode != '1' && !long_segments) || !q.is_cuda()) return std::nullopt;
+  // Opt-in. Its last pass is the wgmma chain with O, ~1.6x slower a chunk than the default O-beside chain, and a walk
+  // that cannot merge (a head whose gates decay slowly) runs all of it in that form, so one slow head sets the pass's
+  // time (FLASHQLA_CP_MERGE_OB=1: the O-beside form, unmeasured). H100, session 38, graph ms on / off, the anchors' gates
+  // (every head decays): 128-chunk segments (TP4 1x32768) 0.569 / 0.640; 64 (TP8 1x32768, TP8 / TP4 28672+4096)
+  // 0.333 / 0.334, 0.343 / 0.340, 0.646 / 0.669; 32 and 16 (TP4 / TP8 1x8192: nothing merges) 0.241 / 0.179, 0.128 /
+  // 0.109. The O-beside form would be no slower where nothing merges; measure it, then make it the default.
+  if (env_switch("FLASHQLA_CP_MERGE", '0') != '1' || !q.is_cuda()) return std::nullopt;
   c10::cuda::CUDAGuard guard(q.device());
   const char* op = "chunk_gdn_cp_fwd";
   const std::optional<at::Tensor> cu(seg_cu);
