@@ -235,6 +235,24 @@ def test_context_parallel_forward(monkeypatch):
     assert torch.equal(go, o) and torch.equal(gs, s)
 
 
+def _merge_off_and_on(monkeypatch, strong, with_h0, seed):
+    """The forward through segments (a long sequence cut into 64-chunk segments and a short one) with
+    FLASHQLA_CP_MERGE=0 and =1, outputs poisoned: the inputs and {"0": (o, final), "1": (o, final)}."""
+    from flashqla import _cp
+    d = make([24576, 1000], 2, 8, strong=strong, seed=seed)
+    if not with_h0:
+        d["initial_state"] = None
+    cu_cpu = d["cu_seqlens"].cpu()
+    calls = count_calls(monkeypatch, _cp, "forward")
+    out = {}
+    for merge in ("0", "1"):
+        monkeypatch.setenv("FLASHQLA_CP_MERGE", merge)
+        n = len(calls)  # (run_ours may repeat the call)
+        out[merge] = run_ours(d, cu_seqlens_cpu=cu_cpu)
+        assert len(calls) > n, "the plan did not choose segments"
+    return d, out
+
+
 @pytest.mark.parametrize("strong,with_h0", [(False, True), (True, True), (True, False)])
 def test_context_parallel_merge_gives_the_full_walks_bits(monkeypatch, strong, with_h0):
     # FLASHQLA_CP_MERGE=1 (opt-in): the summaries' B pass also writes O where its walk may merge (the
@@ -244,19 +262,8 @@ def test_context_parallel_merge_gives_the_full_walks_bits(monkeypatch, strong, w
     # default O-beside chain orders O's products otherwise). A long sequence cut into 64-chunk segments (the anchors'
     # gates merge after ~11 chunks) and a short one; under strong decay after a chunk; without h0 the first segment
     # merges at once. Outputs poisoned (run_ours).
-    from flashqla import _cp
     monkeypatch.setenv("FLASHQLA_WGMMA", "1")
-    d = make([24576, 1000], 2, 8, strong=strong, seed=14)
-    if not with_h0:
-        d["initial_state"] = None
-    cu_cpu = d["cu_seqlens"].cpu()
-    calls = count_calls(monkeypatch, _cp, "forward")
-    out = {}
-    for merge in ("0", "1"):
-        monkeypatch.setenv("FLASHQLA_CP_MERGE", merge)
-        n = len(calls)  # (run_ours may repeat the call)
-        out[merge] = run_ours(d, cu_seqlens_cpu=cu_cpu)
-        assert len(calls) > n, "the plan did not choose segments"
+    d, out = _merge_off_and_on(monkeypatch, strong, with_h0, seed=14)
     assert torch.isfinite(out["1"][0].float()).all()
     assert torch.equal(out["1"][0], out["0"][0]) and torch.equal(out["1"][1], out["0"][1])
 
@@ -265,24 +272,12 @@ def test_context_parallel_merge_gives_the_full_walks_bits(monkeypatch, strong, w
 def test_context_parallel_merge_o_beside(monkeypatch, strong, with_h0):
     # FLASHQLA_CP_MERGE=1 with FLASHQLA_CP_MERGE_OB=1, the default chain form otherwise: the merging last pass runs O
     # beside the chain (its O warps end at the state warps' stop, and so do its loaders); the chunks after the merge
-    # keep the B pass's O, another product
-    # order: the final states bitwise the unmerged pass's (the two forms' state arithmetic is the same), o equal to
-    # rounding and as close to float64. Under strong decay head 0 (g = 0) never merges: its CTAs walk in full beside
-    # merging ones. Outputs poisoned (run_ours).
-    from flashqla import _cp
+    # keep the B pass's O, another product order: the final states bitwise the unmerged pass's (the two forms' state
+    # arithmetic is the same), o equal to rounding and as close to float64. Under strong decay head 0 (g = 0) never
+    # merges: its CTAs walk in full beside merging ones. Outputs poisoned (run_ours).
     monkeypatch.delenv("FLASHQLA_WGMMA", raising=False)
     monkeypatch.setenv("FLASHQLA_CP_MERGE_OB", "1")
-    d = make([24576, 1000], 2, 8, strong=strong, seed=15)
-    if not with_h0:
-        d["initial_state"] = None
-    cu_cpu = d["cu_seqlens"].cpu()
-    calls = count_calls(monkeypatch, _cp, "forward")
-    out = {}
-    for merge in ("0", "1"):
-        monkeypatch.setenv("FLASHQLA_CP_MERGE", merge)
-        n = len(calls)  # (run_ours may repeat the call)
-        out[merge] = run_ours(d, cu_seqlens_cpu=cu_cpu)
-        assert len(calls) > n, "the plan did not choose segments"
+    d, out = _merge_off_and_on(monkeypatch, strong, with_h0, seed=15)
     (o1, s1), (o0, s0) = out["1"], out["0"]
     assert torch.isfinite(o1.float()).all() and torch.equal(s1, s0)
     x = {k: (v.double() if isinstance(v, torch.Tensor) and v.is_floating_point() else v) for k, v in d.items()}
