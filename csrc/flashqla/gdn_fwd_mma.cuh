@@ -1620,42 +1620,35 @@ CUTLASS_DEVICE bool state_tile_equals(const float (&acc)[NT][4], const float* sr
                                                                                                    // kind of kernel)
   return eq;
 }
-// A merging walk's stop before step it of n (the chains whose loader groups read sm.merge.stop: aux_role's kStop, one
-// stage a group). Take the fills of the chunks the groups may still be loading (it .. it + kStages - 1; each group
-// has then used up the state warps' earlier release of its stage: a second arrival on a stage barrier the group has
-// not yet waited at would complete it without the group), then release each of those stages once, as the walk
-// would have, after the stop: each group's next wait returns and it reads the stop.
-template <typename Storage>
+// The releases after a merging walk's stop before step it of n: each stage the loader groups may still wait for,
+// once, as the walk would have released it after chunks it .. it + stages - 1 (each group's next wait returns and it
+// reads the stop). kOb: the O-beside kernel's slots (a chunk's slot, chunk % 6, was last waited for by the loader of
+// chunk it + d - 3 < it: the new arrivals start a fresh phase); the state warps and the O warps each arrive there.
+template <bool kOb>
+CUTLASS_DEVICE void release_after_stop(int64_t it, int64_t n) {
+  constexpr int kSt = kOb ? kObStages : kStages, kSlots = kOb ? 6 : kStages;
+  constexpr uint32_t kEmpty = kOb ? static_cast<uint32_t>(ob::kEmpty) : static_cast<uint32_t>(kBarEmpty);
+#pragma unroll
+  for (int d = 0; d < kSt; ++d)
+    if (it + d + kSt < n)
+      warp::bar_arrive(kEmpty + static_cast<uint32_t>((it + d) % kSlots), kOb ? ob::kEmptyThreads : kHandoffThreads);
+}
+// A merging walk's stop before step it of n (the chains whose loader groups read sm.merge.stop: aux_role's kStop).
+// Take the fills of the chunks the groups may still be loading (it .. it + stages - 1: their loads land before the
+// CTA ends, and each group has then used up the state warps' earlier release of its stage: a second arrival on a
+// stage barrier the group has not yet waited at would complete it without the group), set the stop, then release
+// (release_after_stop). kOb (the O-beside form): the O warps, waiting for chunk it's S^T, are woken too; they read
+// the stop, make the same releases and end (their last O was chunk it - 1's).
+template <bool kOb = false, typename Storage>
 CUTLASS_DEVICE void stop_walk(Storage& sm, int64_t it, int64_t n, int tid) {
+  constexpr int kSt = kOb ? kObStages : kStages;
+  constexpr uint32_t kFull = kOb ? static_cast<uint32_t>(ob::kFull) : static_cast<uint32_t>(kBarFull);
 #pragma unroll
-  for (int d = 0; d < kStages; ++d)
-    if (it + d < n) warp::bar_sync(kBarFull + static_cast<int>((it + d) % kStages), kHandoffThreads);
+  for (int d = 0; d < kSt; ++d)
+    if (it + d < n) warp::bar_sync(kFull + static_cast<uint32_t>((it + d) % kSt), kHandoffThreads);
   if (tid == 0) sm.merge.stop = 1;
-#pragma unroll
-  for (int d = 0; d < kStages; ++d)
-    if (it + d + kStages < n) warp::bar_arrive(kBarEmpty + static_cast<int>((it + d) % kStages), kHandoffThreads);
-}
-
-// The O-beside form's releases after a stop before chunk it of n: the stage slots of chunks it .. it + 2, whose
-// releases the loader groups wait for to load chunks it + 3 on (a slot's previous use, chunk it + d - 6, was waited
-// for by the loader of chunk it + d - 3 < it: the new arrivals start a fresh phase). The state warps and the O warps
-// each arrive, as at the end of those chunks.
-CUTLASS_DEVICE void ob_release_after_stop(int64_t it, int64_t n) {
-#pragma unroll
-  for (int d = 0; d < kObStages; ++d)
-    if (it + d + kObStages < n) warp::bar_arrive(ob::kEmpty + static_cast<int>((it + d) % 6), ob::kEmptyThreads);
-}
-// A merging walk's stop in the O-beside form (state_role's kMerge with kOb): take the fills of chunks it .. it + 2
-// (their loads land before the CTA ends), set sm.merge.stop, wake the O warps where they wait for chunk it's S^T (they
-// read the stop, release as below and end: their last O was chunk it - 1's), and release the loaders' slots.
-template <typename Storage>
-CUTLASS_DEVICE void stop_walk_ob(Storage& sm, int64_t it, int64_t n, int tid) {
-#pragma unroll
-  for (int d = 0; d < kObStages; ++d)
-    if (it + d < n) warp::bar_sync(ob::kFull + static_cast<int>((it + d) % kObStages), kHandoffThreads);
-  if (tid == 0) sm.merge.stop = 1;
-  warp::bar_arrive(kEarlyQs<Storage> ? ob::kPubS : ob::kPub, ob::kPubThreads);
-  ob_release_after_stop(it, n);
+  if constexpr (kOb) warp::bar_arrive(kEarlyQs<Storage> ? ob::kPubS : ob::kPub, ob::kPubThreads);
+  release_after_stop<kOb>(it, n);
 }
 
 // The forward chain's merges (kMerge; flashqla_gdn_fwd_cp_summaries_merge_source and flashqla_gdn_fwd_merge): fp32
@@ -1752,10 +1745,7 @@ CUTLASS_DEVICE void state_role(const flashqla_gdn_fwd_params_t& p, Storage& sm, 
           store_state_tile(ckp, sacc, tq, v0);
         } else if (bar_red_and(merge_bar, kStateThreads, state_tile_equals(sacc, ckp, tq, v0))) {
           merged = true;
-          if constexpr (kOb)
-            stop_walk_ob(sm, c, wk.num_chunks, tid);
-          else
-            stop_walk(sm, c, wk.num_chunks, tid);
+          stop_walk<kOb>(sm, c, wk.num_chunks, tid);
           break;
         }
       }
@@ -1939,7 +1929,7 @@ CUTLASS_DEVICE void state_role(const flashqla_gdn_fwd_params_t& p, Storage& sm, 
 // back from the published tiles) and B the stage's Q and W, then the O rows out: each warp's 16 V columns x 64
 // tokens transposed by stmatrix into 2 KB of the stage's Q (dead by then) and stored as 16-byte pieces. The stage
 // is released after that; the published tiles as soon as they are in registers.
-// kMerge: the merging last pass; where the state warps stop (stop_walk_ob) these warps find sm.merge.stop set at the
+// kMerge: the merging last pass; where the state warps stop (stop_walk<true>) these warps find sm.merge.stop set at the
 // chunk's publish barrier and end.
 template <typename T, bool kMerge = false, typename Storage>
 CUTLASS_DEVICE void o_role(const flashqla_gdn_fwd_params_t& p, Storage& sm, const Work<T>& wk) {
@@ -1959,7 +1949,7 @@ CUTLASS_DEVICE void o_role(const flashqla_gdn_fwd_params_t& p, Storage& sm, cons
     bar_sync(kEarly ? ob::kPubS : ob::kPub, ob::kPubThreads);
     if constexpr (kMerge) {
       if (*reinterpret_cast<volatile int*>(&sm.merge.stop) != 0) {
-        ob_release_after_stop(c, wk.num_chunks);
+        release_after_stop<true>(c, wk.num_chunks);
         return;
       }
     }
