@@ -13,11 +13,11 @@
 #include <ATen/ops/index_select.h>
 #include <torch/library.h>
 
-// The same steps with the merge (ops.cpp; nullopt where it does not run)
+// The same steps with the merge (ops.cpp): o and each segment's final states, or nullopt where it does not run
 std::optional<std::tuple<at::Tensor, at::Tensor>> chunk_gdn_cp_fwd_merged(
     const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& g, const at::Tensor& beta,
     double scale, const std::optional<at::Tensor>& initial_state, const at::Tensor& seg_cu, const at::Tensor& last,
-    int64_t single_last, bool use_qk_l2norm, at::Tensor& workspace, const at::Tensor& eye);
+    bool use_qk_l2norm, at::Tensor& workspace, const at::Tensor& eye);
 
 namespace {
 
@@ -46,23 +46,25 @@ std::tuple<at::Tensor, at::Tensor> chunk_gdn_cp_fwd(const at::Tensor& q, const a
                                .findSchemaOrThrow("flashqla::chunk_gdn_cp_summaries", "")
                                .typed<SummariesFn>();
   static auto scan = c10::Dispatcher::singleton().findSchemaOrThrow("flashqla::chunk_gdn_cp_scan", "").typed<ScanFn>();
-  if (auto merged = chunk_gdn_cp_fwd_merged(q, k, v, g, beta, scale, initial_state, seg_cu, last, single_last,
-                                             use_qk_l2norm, workspace, eye))
-    return *merged;
-  const std::optional<at::Tensor> cu(seg_cu);
-  // 1. B: each segment's final state from zero (the real v); 2. Phi: from the identity with v = 0 (one op: on the
-  // GPU one prep and, where the workspace holds the gates too, one launch for both chains)
-  at::Tensor b_end, phi;
-  std::tie(b_end, phi) = summaries.call(q, k, v, g, beta, scale, seg_cu, use_qk_l2norm, workspace, eye);
-  // 3. the scan along each sequence's segments, S_{i+1} = Phi_i S_i + B_i (one kernel on the GPU)
-  at::Tensor init = scan.call(phi, b_end, initial_state, last, false);
-  // 4. o and the final states from every segment's true initial state
-  auto out = pass.call(q, k, v, g, beta, scale, std::optional<at::Tensor>(init), cu, use_qk_l2norm, workspace, true,
-                       true, false);
-  at::Tensor final_states = std::get<1>(out);
-  // (a fresh tensor either way: an op's output may not be a view into its own temporaries)
+  auto out = chunk_gdn_cp_fwd_merged(q, k, v, g, beta, scale, initial_state, seg_cu, last, use_qk_l2norm, workspace,
+                                     eye);
+  if (!out) {
+    const std::optional<at::Tensor> cu(seg_cu);
+    // 1. B: each segment's final state from zero (the real v); 2. Phi: from the identity with v = 0 (one op: on the
+    // GPU one prep and, where the workspace holds the gates too, one launch for both chains)
+    at::Tensor b_end, phi;
+    std::tie(b_end, phi) = summaries.call(q, k, v, g, beta, scale, seg_cu, use_qk_l2norm, workspace, eye);
+    // 3. the scan along each sequence's segments, S_{i+1} = Phi_i S_i + B_i (one kernel on the GPU)
+    at::Tensor init = scan.call(phi, b_end, initial_state, last, false);
+    // 4. o and the final states from every segment's true initial state
+    out = pass.call(q, k, v, g, beta, scale, std::optional<at::Tensor>(init), cu, use_qk_l2norm, workspace, true, true,
+                    false);
+  }
+  at::Tensor final_states = std::get<1>(*out);
+  // each sequence's from its last segment's (a fresh tensor either way: an op's output may not be a view into its own
+  // temporaries)
   final_states = single_last >= 0 ? final_states.slice(0, single_last).clone() : at::index_select(final_states, 0, last);
-  return {std::get<0>(out), final_states};
+  return {std::get<0>(*out), final_states};
 }
 
 }  // namespace

@@ -270,61 +270,6 @@ std::tuple<at::Tensor, at::Tensor> chunk_gdn_cp_summaries_cuda(const at::Tensor&
   return {b_end, phi};
 }
 
-at::Tensor chunk_gdn_cp_scan_cuda(const at::Tensor& phi, const at::Tensor& b, const std::optional<at::Tensor>& initial_state,
-                                  const at::Tensor& last, bool reverse);
-
-// The forward's exact parallelism with the merge (FLASHQLA_CP_MERGE=1, opt-in; called by chunk_gdn_cp_fwd, cp.cpp):
-// the summaries' B pass (from zero) also writes O and fp32 checkpoints in the walks whose
-// gates decay enough to merge (flashqla_gdn_fwd_cp_summaries_merge_source), and the last pass from the true initial
-// states stops where its walk merges with B's (flashqla_gdn_fwd_merge: the wgmma chain with O, whose O is the paired
-// chain's bit for bit; FLASHQLA_CP_MERGE_OB=1 the O-beside chain, whose O warps end at the stop): the same final
-// states, o the same bits (to rounding in the O-beside form), the last pass only over the chunks until the initial
-// state's part has decayed out of fp32. nullopt where it does not run (the caller then runs the plain steps).
-std::optional<std::tuple<at::Tensor, at::Tensor>> cp_fwd_merged(
-    const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& g, const at::Tensor& beta,
-    double scale, const std::optional<at::Tensor>& initial_state, const at::Tensor& seg_cu, const at::Tensor& last,
-    int64_t single_last, bool use_qk_l2norm, at::Tensor& workspace, const at::Tensor& eye) {
-  // Opt-in. Its last pass is the wgmma chain with O, ~1.6x slower a chunk than the default O-beside chain, and a walk
-  // that cannot merge (a head whose gates decay slowly) runs all of it in that form, so one slow head sets the pass's
-  // time (FLASHQLA_CP_MERGE_OB=1: the O-beside form, unmeasured). H100, session 38, graph ms on / off, the anchors' gates
-  // (every head decays): 128-chunk segments (TP4 1x32768) 0.569 / 0.640; 64 (TP8 1x32768, TP8 / TP4 28672+4096)
-  // 0.333 / 0.334, 0.343 / 0.340, 0.646 / 0.669; 32 and 16 (TP4 / TP8 1x8192: nothing merges) 0.241 / 0.179, 0.128 /
-  // 0.109. The O-beside form would be no slower where nothing merges; measure it, then make it the default.
-  if (env_switch("FLASHQLA_CP_MERGE", '0') != '1' || !q.is_cuda()) return std::nullopt;
-  c10::cuda::CUDAGuard guard(q.device());
-  const char* op = "chunk_gdn_cp_fwd";
-  const std::optional<at::Tensor> cu(seg_cu);
-  flashqla_gdn_fwd_params_t f = input_params(op, q, k, v, g, beta, scale, cu, use_qk_l2norm);
-  use_workspace(f, workspace, q, op);
-  const int64_t NS = f.num_seqs, H = v.size(2), K = k.size(3), V = v.size(3);
-  auto fopts = v.options().dtype(at::kFloat);
-  check_eye(eye, q, NS, H, K, op);
-  at::Tensor o = at::empty(v.sizes(), v.options());
-  f.o = o.data_ptr();
-  f.o_stride_batch = o.stride(0); f.o_stride_time = o.stride(1); f.o_stride_head = o.stride(2);
-  flashqla_gdn_fwd_params_t fl = f;  // the last pass (its initial states come from the scan)
-  fl.prep_ready = 1;
-  const size_t ckpt_bytes = flashqla_gdn_fwd_merge_bytes(&fl);
-  if (ckpt_bytes == 0) return std::nullopt;
-  at::Tensor ckpt = at::empty({static_cast<int64_t>(ckpt_bytes / sizeof(float))}, fopts);
-  at::Tensor b_end = at::empty({NS, H, K, V}, fopts), phi = at::empty({NS, H, K, V}, fopts);
-  const cudaStream_t stream = c10::cuda::getCurrentCUDAStream(q.device().index()).stream();
-  flashqla_gdn_fwd_params_t fb = f;  // B (and O where its walk may merge), from zero, after the prep
-  fb.final_state = b_end.data_ptr<float>();
-  const flashqla_status_t st = flashqla_gdn_fwd_cp_summaries_merge_source(&fb, eye.data_ptr<float>(),
-                                                                          phi.data_ptr<float>(), nullptr,
-                                                                          ckpt.data_ptr<float>(), stream);
-  if (st == FLASHQLA_ERROR_UNSUPPORTED) return std::nullopt;  // (the prep may have run: the plain steps redo it)
-  check_status(st, op);
-  at::Tensor init = chunk_gdn_cp_scan_cuda(phi, b_end, initial_state, last, false);
-  at::Tensor finals = at::empty({NS, H, K, V}, fopts);
-  fl.initial_state = init.data_ptr<float>();
-  fl.final_state = finals.data_ptr<float>();
-  check_status(flashqla_gdn_fwd_merge(&fl, ckpt.data_ptr<float>(), b_end.data_ptr<float>(), stream), op);
-  finals = single_last >= 0 ? finals.slice(0, single_last).clone() : at::index_select(finals, 0, last);
-  return std::make_tuple(o, finals);
-}
-
 // The backward's recompute: the chunk-start states only (summaries mode: no o, no output products).
 at::Tensor chunk_gdn_fwd_states_cuda(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& g,
                                      const at::Tensor& beta, double scale, const std::optional<at::Tensor>& initial_state,
@@ -683,12 +628,57 @@ at::Tensor chunk_gdn_cp_scan_cuda(const at::Tensor& phi, const at::Tensor& b, co
 
 }  // namespace
 
-// (cp.cpp's chunk_gdn_cp_fwd calls it: the steps with the merge, or nullopt)
+
+// The forward's exact parallelism with the merge (FLASHQLA_CP_MERGE=1, opt-in; called by chunk_gdn_cp_fwd, cp.cpp):
+// the summaries' B pass (from zero) also writes O and fp32 checkpoints in the walks whose
+// gates decay enough to merge (flashqla_gdn_fwd_cp_summaries_merge_source), and the last pass from the true initial
+// states stops where its walk merges with B's (flashqla_gdn_fwd_merge: the wgmma chain with O, whose O is the paired
+// chain's bit for bit; FLASHQLA_CP_MERGE_OB=1 the O-beside chain, whose O warps end at the stop): the same final
+// states, o the same bits (to rounding in the O-beside form), the last pass only over the chunks until the initial
+// state's part has decayed out of fp32. (o, each segment's final states), or nullopt where it does not run (the
+// caller then runs the plain steps; either way it picks the sequences' final states).
 std::optional<std::tuple<at::Tensor, at::Tensor>> chunk_gdn_cp_fwd_merged(
     const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& g, const at::Tensor& beta,
     double scale, const std::optional<at::Tensor>& initial_state, const at::Tensor& seg_cu, const at::Tensor& last,
-    int64_t single_last, bool use_qk_l2norm, at::Tensor& workspace, const at::Tensor& eye) {
-  return cp_fwd_merged(q, k, v, g, beta, scale, initial_state, seg_cu, last, single_last, use_qk_l2norm, workspace, eye);
+    bool use_qk_l2norm, at::Tensor& workspace, const at::Tensor& eye) {
+  // Opt-in. Its last pass is the wgmma chain with O, ~1.6x slower a chunk than the default O-beside chain, and a walk
+  // that cannot merge (a head whose gates decay slowly) runs all of it in that form, so one slow head sets the pass's
+  // time (FLASHQLA_CP_MERGE_OB=1: the O-beside form, unmeasured). H100, session 38, graph ms on / off, the anchors' gates
+  // (every head decays): 128-chunk segments (TP4 1x32768) 0.569 / 0.640; 64 (TP8 1x32768, TP8 / TP4 28672+4096)
+  // 0.333 / 0.334, 0.343 / 0.340, 0.646 / 0.669; 32 and 16 (TP4 / TP8 1x8192: nothing merges) 0.241 / 0.179, 0.128 /
+  // 0.109. The O-beside form would be no slower where nothing merges; measure it, then make it the default.
+  if (env_switch("FLASHQLA_CP_MERGE", '0') != '1' || !q.is_cuda()) return std::nullopt;
+  c10::cuda::CUDAGuard guard(q.device());
+  const char* op = "chunk_gdn_cp_fwd";
+  const std::optional<at::Tensor> cu(seg_cu);
+  flashqla_gdn_fwd_params_t f = input_params(op, q, k, v, g, beta, scale, cu, use_qk_l2norm);
+  use_workspace(f, workspace, q, op);
+  const int64_t NS = f.num_seqs, H = v.size(2), K = k.size(3), V = v.size(3);
+  auto fopts = v.options().dtype(at::kFloat);
+  check_eye(eye, q, NS, H, K, op);
+  at::Tensor o = at::empty(v.sizes(), v.options());
+  f.o = o.data_ptr();
+  f.o_stride_batch = o.stride(0); f.o_stride_time = o.stride(1); f.o_stride_head = o.stride(2);
+  flashqla_gdn_fwd_params_t fl = f;  // the last pass (its initial states come from the scan)
+  fl.prep_ready = 1;
+  const size_t ckpt_bytes = flashqla_gdn_fwd_merge_bytes(&fl);
+  if (ckpt_bytes == 0) return std::nullopt;
+  at::Tensor ckpt = at::empty({static_cast<int64_t>(ckpt_bytes / sizeof(float))}, fopts);
+  at::Tensor b_end = at::empty({NS, H, K, V}, fopts), phi = at::empty({NS, H, K, V}, fopts);
+  const cudaStream_t stream = c10::cuda::getCurrentCUDAStream(q.device().index()).stream();
+  flashqla_gdn_fwd_params_t fb = f;  // B (and O where its walk may merge), from zero, after the prep
+  fb.final_state = b_end.data_ptr<float>();
+  const flashqla_status_t st = flashqla_gdn_fwd_cp_summaries_merge_source(&fb, eye.data_ptr<float>(),
+                                                                          phi.data_ptr<float>(), nullptr,
+                                                                          ckpt.data_ptr<float>(), stream);
+  if (st == FLASHQLA_ERROR_UNSUPPORTED) return std::nullopt;  // (the prep may have run: the plain steps redo it)
+  check_status(st, op);
+  at::Tensor init = chunk_gdn_cp_scan_cuda(phi, b_end, initial_state, last, false);
+  at::Tensor finals = at::empty({NS, H, K, V}, fopts);
+  fl.initial_state = init.data_ptr<float>();
+  fl.final_state = finals.data_ptr<float>();
+  check_status(flashqla_gdn_fwd_merge(&fl, ckpt.data_ptr<float>(), b_end.data_ptr<float>(), stream), op);
+  return std::make_tuple(o, finals);
 }
 
 // Schemas are defined in Python (flashqla/_library.py) so that fake-tensor and
