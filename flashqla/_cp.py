@@ -111,11 +111,12 @@ def _plan(lengths: tuple, heads_v: int, sms: int, chunk: int, rank_step: float):
         seg *= 2
     if best is None or best[0] >= GAIN * plain:
         return None
-    return _cut(lengths, chunks, best[1], chunk)
+    return _cut(lengths, best[1], chunk)
 
 
-def _cut(lengths: tuple, chunks: list, seg: int, chunk: int) -> Plan:
+def _cut(lengths: tuple, seg: int, chunk: int) -> Plan:
     """The Plan cutting each sequence into segments of `seg` chunks (its last one shorter)."""
+    chunks = [-(-n // chunk) for n in lengths]
     cu, seq_of, rank_of, last = [0], [], [], []
     start = 0
     for s, (n, c) in enumerate(zip(lengths, chunks)):
@@ -352,19 +353,17 @@ def backward_plan(lengths, heads_v: int, sms: int, chunk: int = CHUNK):
     m = os.environ.get("FLASHQLA_BWD_CP", "").strip()
     if m == "0" or mode() == "0":
         return None
+    p = plan(lengths, heads_v, sms, chunk)
+    if p is None:
+        return None
     forced = os.environ.get("FLASHQLA_BWD_CP_SEGMENT_CHUNKS", "").strip()
     if forced:  # (measurements: the segment length, where the planner cuts, replaced by this one)
         seg = int(forced)
         if seg < MIN_SEGMENT_CHUNKS or seg & (seg - 1):
             raise ValueError(f"FLASHQLA_BWD_CP_SEGMENT_CHUNKS must be a power of two >= {MIN_SEGMENT_CHUNKS}, got {forced}")
-        p = plan(lengths, heads_v, sms, chunk)
-        if p is None:
-            return None
-        lengths = tuple(int(x) for x in lengths)
-        return _cut(lengths, [-(-n // chunk) for n in lengths], seg, chunk)
-    p = plan(lengths, heads_v, sms, chunk)
+        return _cut(tuple(int(x) for x in lengths), seg, chunk)
     plain = 2 * len(lengths) * heads_v * KSPLIT_BLOCKS
-    if m != "1" and p is not None and plain > sms // 2 and (plain > sms or p.segment_chunks < LONG_SEGMENT_CHUNKS):
+    if m != "1" and plain > sms // 2 and (plain > sms or p.segment_chunks < LONG_SEGMENT_CHUNKS):
         return None
     return p
 
