@@ -643,10 +643,13 @@ std::optional<std::tuple<at::Tensor, at::Tensor>> chunk_gdn_cp_fwd_merged(
     bool use_qk_l2norm, at::Tensor& workspace, const at::Tensor& eye) {
   // Opt-in. Its last pass is the wgmma chain with O, ~1.6x slower a chunk than the default O-beside chain, and a walk
   // that cannot merge (a head whose gates decay slowly) runs all of it in that form, so one slow head sets the pass's
-  // time (FLASHQLA_CP_MERGE_OB=1: the O-beside form, unmeasured). H100, session 38, graph ms on / off, the anchors' gates
-  // (every head decays): 128-chunk segments (TP4 1x32768) 0.569 / 0.640; 64 (TP8 1x32768, TP8 / TP4 28672+4096)
-  // 0.333 / 0.334, 0.343 / 0.340, 0.646 / 0.669; 32 and 16 (TP4 / TP8 1x8192: nothing merges) 0.241 / 0.179, 0.128 /
-  // 0.109. The O-beside form would be no slower where nothing merges; measure it, then make it the default.
+  // time. H100, session 38, graph ms on / off, the anchors' gates (every head decays): 128-chunk segments (TP4
+  // 1x32768) 0.569 / 0.640; 32 and 16 (TP4 / TP8 1x8192: nothing merges) 0.241 / 0.179, 0.128 / 0.109. The O-beside
+  // form (FLASHQLA_CP_MERGE_OB=1) is faster but still not a default: H200, session 39, graph ms off / on, the anchors'
+  // gates: TP4 1x32768 0.614 / 0.533, TP8 1x32768 0.321 / 0.308, TP4 1x8192 0.172 / 0.203; FlashQLA's inputs (a
+  // quarter of the heads at g = 0): TP4 1x32768 0.617 / 0.697, TP8 1x32768 0.321 / 0.371. A head that cannot merge
+  // walks in full after a B pass made slower by O, and the call waits for it; which heads merge is known only on the
+  // device, so the choice is the caller's (h200-ab-20261206T0722Z-aa86434-fwdmerge-*).
   if (env_switch("FLASHQLA_CP_MERGE", '0') != '1' || !q.is_cuda()) return std::nullopt;
   c10::cuda::CUDAGuard guard(q.device());
   const char* op = "chunk_gdn_cp_fwd";
