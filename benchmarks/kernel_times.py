@@ -1,10 +1,12 @@
 """Where flashqla's time goes: GPU time per kernel (torch.profiler) of one forward and one backward call on
 a few anchor cases, so a change can be aimed at the kernel that costs most.
 
-    python benchmarks/kernel_times.py [--match REGEX] [--reps N] [--launches] [--host] [--l2norm]
+    python benchmarks/kernel_times.py [--match REGEX] [--reps N] [--launches] [--host] [--l2norm] [--lib LIB]
 
 Prints, per case, each kernel's summed GPU time per call (ms) and its share; the case's total is the sum of
-kernel times (launch gaps excluded). Needs an sm_90 GPU.
+kernel times (launch gaps excluded). Needs an sm_90 GPU. --lib fla_triton / flash_qla_tilelang profiles a
+competitor's call the way the benchmark times it (FlashQLA's backward: its CP passes, state recompute and
+reverse kernel), to read where its time goes beside ours.
 """
 import argparse
 import re
@@ -94,18 +96,25 @@ def main() -> int:
     ap.add_argument("--l2norm", action="store_true",
                     help="flashqla with use_qk_l2norm_in_kernel=True (the anchors' q, k come normalised: the same "
                          "values, plus the l2norm's forward and backward)")
+    ap.add_argument("--lib", default="flashqla", choices=bench.LIBS,
+                    help="whose calls to profile (a competitor: the call the benchmark times)")
     args = ap.parse_args()
+    if args.l2norm and args.lib != "flashqla":
+        ap.error("--l2norm profiles flashqla only")
     if not (torch.cuda.is_available() and torch.cuda.get_device_capability() == (9, 0)):
         print("kernel_times: needs an sm_90 GPU")
         return 0
-    libs = bench.load_libs(["flashqla"], "cuda")
+    libs = bench.load_libs([args.lib], "cuda")
+    if isinstance(libs[args.lib], str):
+        print(f"kernel_times: {args.lib} unavailable: {libs[args.lib]}")
+        return 1
     rx = re.compile(args.match)
     for case in bench.cases_for("anchors"):
         label = f"{case.direction} {case.model} {case.name}"
         if not rx.search(label):
             continue
         d = bench.make_inputs(case, "cuda")
-        fn = bench.build_fn("flashqla", libs["flashqla"], case, d)
+        fn = bench.build_fn(args.lib, libs[args.lib], case, d)
         if args.l2norm and case.direction in ("fwd", "bwd"):
             impl, args5 = libs["flashqla"], tuple(d[n] for n in ("q", "k", "v", "g", "beta"))
             fn = ((lambda: bench._flashqla_call(impl["api"], d, *args5, d["h0"], l2norm=True))
@@ -118,7 +127,8 @@ def main() -> int:
         for k, t in times.items():
             merged[short(k)] += t
         total = sum(merged.values())
-        print(f"{label}: {total:.3f} ms of kernel time per call")
+        print(f"{label}{'' if args.lib == 'flashqla' else ' [' + bench.LABELS[args.lib] + ']'}: "
+              f"{total:.3f} ms of kernel time per call")
         for k, t in sorted(merged.items(), key=lambda kv: -kv[1])[:12]:
             print(f"  {t:8.3f} ms {100 * t / total:5.1f}%  {k}")
         if args.launches:  # one call's timeline: which kernels overlap (the backward's two chains run on two streams)
