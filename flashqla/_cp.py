@@ -349,9 +349,10 @@ def backward_plan(lengths, heads_v: int, sms: int, chunk: int = CHUNK):
     `h200-ab-20261205T1710Z-597ab77-qlalist-*`): hk2_hv4 32k_1seq 1.558 -> 0.856 ms, hk4_hv8 32k_1seq 1.995 -> 1.502,
     hk4_hv8 32k_2seq -4% (128-chunk segments), but hk8_hv16 8k_1seq 0.763 -> 0.819 (32-chunk segments, 128 plain
     CTAs); on an H100 with both merges and the reverse scan (session 38, `h100-ab-20261206T0500Z-10d7652-bwd{1,4}`):
-    hk8_hv16 32k_1seq (128-chunk segments) 2.879 -> 2.702. The segment lengths it picks were the best of 32 / 64 / 128, or
-    within 0.2% of it, on the H200 (session 39, `h200-ab-20261206T0725Z-aa86434-bwdseg-*`): hk2_hv4 32k_1seq (32) 0.753 against 0.789 /
-    1.153, hk4_hv8 (64) 1.244 against 1.389 / 1.270, hk8_hv16 (128) 2.536 against 2.658 / 2.533."""
+    hk8_hv16 32k_1seq (128-chunk segments) 2.879 -> 2.702. The segment lengths it picks were the best of 32 / 64 /
+    128, or within 0.2% of it, on the H200 (session 39, `h200-ab-20261206T0725Z-aa86434-bwdseg-*`): hk2_hv4 32k_1seq
+    (32) 0.753 against 0.789 / 1.153, hk4_hv8 (64) 1.244 against 1.389 / 1.270, hk8_hv16 (128) 2.536 against 2.658 /
+    2.533."""
     m = os.environ.get("FLASHQLA_BWD_CP", "").strip()
     if m == "0" or mode() == "0":
         return None
