@@ -652,10 +652,10 @@ CUTLASS_DEVICE void gate_p_tile(const Ax& ax, const AuxLane& al, int nt, const f
                                 float (&out)[4]) {
   const int j = 8 * nt + 2 * al.tq, i0 = al.i0, i1 = al.i1;
   const float G0 = ax.G[i0], G1 = ax.G[i1], Gj0 = ax.G[j], Gj1 = ax.G[j + 1];
-  out[0] = j <= i0 ? raw[0] * __expf(G0 - Gj0) : 0.f;
-  out[1] = j + 1 <= i0 ? raw[1] * __expf(G0 - Gj1) : 0.f;
-  out[2] = j <= i1 ? raw[2] * __expf(G1 - Gj0) : 0.f;
-  out[3] = j + 1 <= i1 ? raw[3] * __expf(G1 - Gj1) : 0.f;
+  out[0] = j <= i0 ? raw[0] * gate_exp(G0 - Gj0) : 0.f;
+  out[1] = j + 1 <= i0 ? raw[1] * gate_exp(G0 - Gj1) : 0.f;
+  out[2] = j <= i1 ? raw[2] * gate_exp(G1 - Gj0) : 0.f;
+  out[3] = j + 1 <= i1 ? raw[3] * gate_exp(G1 - Gj1) : 0.f;
 }
 
 // From the raw K K^T and this head's gates (ax.G, ax.beta): L = StrictLower(diag(beta) K K^T) to ax.la, then
@@ -883,7 +883,7 @@ CUTLASS_DEVICE uint4 lower_piece8(const Ax& ax, int i, int j0, float row_lead = 
     const float av[4] = {a.x, a.y, a.z, a.w}, gv[4] = {g.x, g.y, g.z, g.w}, bv[4] = {b.x, b.y, b.z, b.w};
 #pragma unroll
     for (int e = 0; e < 4; ++e) {
-      float x = (kGated ? __expf(gi - gv[e]) : row_lead) * av[e];
+      float x = (kGated ? gate_exp(gi - gv[e]) : row_lead) * av[e];
       if constexpr (kBeta) x *= bv[e];
       v[4 * q + e] = j0 + 4 * q + e <= i ? x : 0.f;
     }
@@ -915,7 +915,7 @@ CUTLASS_DEVICE void aux_mwx(StageT& S, Ax& ax, int tid, uint32_t bar_aux, long l
     constexpr unsigned char kBlocks[10] = {0x00, 0x10, 0x11, 0x20, 0x21, 0x22, 0x30, 0x31, 0x32, 0x33};
     const int blk = kBlocks[it >> 1], e = 128 * (it & 1) + tid;
     const int i = 16 * (blk >> 4) + (e >> 4), j = 16 * (blk & 15) + (e & 15);
-    const float val = j <= i ? __expf(ax.G[i] - ax.G[j]) * ax.la[i * kLdF + j] * ax.beta[j] : 0.f;
+    const float val = j <= i ? gate_exp(ax.G[i] - ax.G[j]) * ax.la[i * kLdF + j] * ax.beta[j] : 0.f;
     ax.m[i * kLdC + j] = from_f<T>(val);
   }
   bar_sync(bar_aux, kAuxThreads);  // M complete
@@ -1080,10 +1080,10 @@ CUTLASS_DEVICE void compute_gates(const flashqla_gdn_fwd_params_t& p, const Work
     beta[2 * lane] = bv[0];
     beta[2 * lane + 1] = bv[1];
   }
-  gamma[2 * lane] = __expf(G0);
-  gamma[2 * lane + 1] = __expf(G1);
-  decay[2 * lane] = __expf(Gc - G0);
-  decay[2 * lane + 1] = __expf(Gc - G1);
+  gamma[2 * lane] = gate_exp(G0);
+  gamma[2 * lane + 1] = gate_exp(G1);
+  decay[2 * lane] = gate_exp(Gc - G0);
+  decay[2 * lane + 1] = gate_exp(Gc - G1);
 }
 template <typename T, typename StageT, typename Ax>
 CUTLASS_DEVICE void load_gates(const flashqla_gdn_fwd_params_t& p, StageT& S, Ax& ax, const Work<T>& wk,
