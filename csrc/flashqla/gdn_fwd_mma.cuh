@@ -750,7 +750,8 @@ CUTLASS_DEVICE void aux_gram_inverse(StageT& S, Ax& ax, int tid, uint32_t bar_au
 // The same from a swizzled stage (the wgmma prep, PrepStorageWg): K K^T and Q K^T as two 64 x 64 x 128 wgmma
 // products with both operands in shared memory, warp w holding row block w of each (all 64 columns: the
 // blocks above the diagonal are computed and masked, 16 instructions in all against ~300 mma.sync and their
-// ldmatrix). The caller has made the tiles visible to the async proxy (fence_async_smem, then a barrier).
+// ldmatrix). The caller has made the tiles visible to the async proxy (fence_async_smem, then a barrier). Ends
+// with P in qk and M = (Gamma * A) diag(beta) in S.m (swizzled; not yet fenced for the wgmma).
 template <typename T, typename StageT, typename Ax>
 CUTLASS_DEVICE void aux_gram_inverse_wg(StageT& S, Ax& ax, int tid, uint32_t bar_aux, long long& t_mark,
                                         float (&qk)[8][4]) {
@@ -778,13 +779,40 @@ CUTLASS_DEVICE void aux_gram_inverse_wg(StageT& S, Ax& ax, int tid, uint32_t bar
   const AuxLane al(tid);
   warp::bar_sync(bar_aux, kAuxThreads);  // every warp's products have read Q: L is written over it (PrepStorageWg)
   aux_gates_inverse<T>(ax, tid, bar_aux, t_mark, kk, al.w);
+  // P = Q K^T * Gamma and M = (Gamma * A) diag(beta) in this warp's rows, from one Gamma an element (gate_p_tile's
+  // and lower_piece8's products, in their order: the same bits), M out by stmatrix 128-byte swizzled, all four
+  // 16 x 16 blocks of the row block (W = P M reads every block as wgmma's B: zeros right of the diagonal). P's and
+  // M's tiles past the diagonal block are zero. The inverse's scratch, which M's space held, died at its last
+  // barrier. aux_mwx_wg makes M visible to the wgmma.
+  const float G0 = ax.G[al.i0], G1 = ax.G[al.i1];
 #pragma unroll
-  for (int nt = 0; nt < 8; ++nt) {  // P; tiles past the diagonal block zeroed (W = P M reads only up to it)
-    if (nt <= 2 * al.w + 1)
-      gate_p_tile<T>(ax, al, nt, qk[nt], qk[nt]);
-    else
+  for (int kb = 0; kb < 4; ++kb) {
+    uint32_t a[4];  // M's A-order fragment of block (w, kb) (warp::c_to_a's packing), tile by tile
 #pragma unroll
-      for (int e = 0; e < 4; ++e) qk[nt][e] = 0.f;
+    for (int h = 0; h < 2; ++h) {
+      float mc[4];
+      const int nt = 2 * kb + h, j = 8 * nt + 2 * al.tq;
+      if (kb <= al.w) {
+        const float2 gj = *reinterpret_cast<const float2*>(&ax.G[j]);
+        const float2 bj = *reinterpret_cast<const float2*>(&ax.beta[j]);
+        const float2 a0 = *reinterpret_cast<const float2*>(&ax.la[al.i0 * kLdF + j]);
+        const float2 a1 = *reinterpret_cast<const float2*>(&ax.la[al.i1 * kLdF + j]);
+        const float e[4] = {gate_exp(G0 - gj.x), gate_exp(G0 - gj.y), gate_exp(G1 - gj.x), gate_exp(G1 - gj.y)};
+        const float av[4] = {a0.x, a0.y, a1.x, a1.y}, bv[2] = {bj.x, bj.y};
+#pragma unroll
+        for (int q = 0; q < 4; ++q) {
+          const bool low = j + (q & 1) <= (q < 2 ? al.i0 : al.i1);
+          qk[nt][q] = low ? qk[nt][q] * e[q] : 0.f;
+          mc[q] = low ? e[q] * av[q] * bv[q & 1] : 0.f;
+        }
+      } else {
+#pragma unroll
+        for (int q = 0; q < 4; ++q) qk[nt][q] = mc[q] = 0.f;
+      }
+      a[2 * h] = warp::pack2<T>(mc[0], mc[1]);
+      a[2 * h + 1] = warp::pack2<T>(mc[2], mc[3]);
+    }
+    warp::stsm_x4(tile16(S.m, 16 * al.w + al.ld.a_row, 16 * kb + al.ld.a_col), a);
   }
 }
 
@@ -960,8 +988,9 @@ CUTLASS_DEVICE void aux_mwx(StageT& S, Ax& ax, int tid, uint32_t bar_aux, long l
   FLASHQLA_ROLE_PHASE(1, kAuxW);
 }
 
-// aux_mwx for the wgmma prep (PrepStorageWg): M written 128-byte swizzled, all 16 blocks (wgmma reads every block
-// of W = P M's B, so the 6 above the diagonal are zeros, not left over), then W = P M as 4 wgmma m64n64k16 (A: P
+// aux_mwx for the wgmma prep (PrepStorageWg), after aux_gram_inverse_wg wrote M 128-byte swizzled, all 16 blocks
+// (wgmma reads every block of W = P M's B, so the 6 above the diagonal are zeros, not left over): W = P M as 4
+// wgmma m64n64k16 (A: P
 // from registers, zero past the warp's diagonal block; B: M, MN-major) and X = diag(beta) A^T K as 2 x 4 (A: the
 // operand x_half builds, zeros for the k blocks above the warp's rows; B: K's 64-column halves, MN-major).
 template <typename T, typename Ax, typename WSink, typename XSink = XToStage>
@@ -975,12 +1004,7 @@ CUTLASS_DEVICE void aux_mwx_wg(PrepStorageWg<T>& S, Ax& ax, int tid, uint32_t ba
   const auto mn_desc = [](const T* block, int ks) {  // k16 step ks of an MN-major 64-column block: 16 rows
     return make_desc_sw128(reinterpret_cast<const char*>(block) + 2048 * ks, kBlockBytes, 1024);
   };
-  // M = (Gamma * A) diag(beta), all 16 blocks (zeros right of the diagonal), by 16-byte swizzled pieces
-#pragma unroll
-  for (int it = 0; it < kChunk * kChunk / 8 / kAuxThreads; ++it) {
-    const int item = it * kAuxThreads + tid, i = item >> 3, j0 = (item & 7) * 8;
-    *reinterpret_cast<uint4*>(reinterpret_cast<char*>(S.m) + sw128_off(i, j0)) = lower_piece8<T, true, true>(ax, i, j0);
-  }
+  // (M = (Gamma * A) diag(beta) is in S.m: aux_gram_inverse_wg stored it beside P)
   fence_async_smem();
   warp::bar_sync(bar_aux, kAuxThreads);  // M complete
   FLASHQLA_ROLE_PHASE(1, kAuxMX);
