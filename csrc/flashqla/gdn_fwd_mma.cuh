@@ -935,9 +935,10 @@ CUTLASS_DEVICE void aux_mwx(StageT& S, Ax& ax, int tid, uint32_t bar_aux, long l
 
   // ---- M = (Gamma * A) diag(beta) (shared, T): only the 10 16 x 16 blocks on and below the diagonal, the ones
   // W = P M reads (the blocks above keep whatever was there). Element e of block b: 256 b + e; thread tid's
-  // iteration it (unrolled) lands in block it / 2, at 128 (it % 2) + tid of it. (By 16-byte pieces, as the
-  // wgmma prep's, the rows served by the workers beside the chain ran 2% slower in session 13, against a record
-  // from another machine start: within what such comparisons vary, so the workers keep the code that was measured.)
+  // iteration it (unrolled) lands in block it / 2, at 128 (it % 2) + tid of it. (Built by 16-byte pieces, as the
+  // wgmma prep's M was until it moved into aux_gram_inverse_wg, the rows served by the workers beside the chain ran
+  // 2% slower in session 13, against a record from another machine start: within what such comparisons vary, so
+  // the workers keep the code that was measured.)
 #pragma unroll
   for (int it = 0; it < 20; ++it) {
     constexpr unsigned char kBlocks[10] = {0x00, 0x10, 0x11, 0x20, 0x21, 0x22, 0x30, 0x31, 0x32, 0x33};
