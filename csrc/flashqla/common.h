@@ -18,6 +18,16 @@ namespace flashqla {
 // (the forward kernels' loaders, the l2norm backward); reference.L2NORM_EPS on the Python side.
 constexpr float kL2NormEps = 1e-6f;
 
+// e^x for every gate factor the kernels form (e^G, e^(G_C - G), e^(G_i - G_j)): __expf's ex2 with results under
+// 2^-126 (x < -87.3) flushed to zero. Bitwise __expf elsewhere; its non-ftz form spends three more instructions an
+// exponential (a compare and two predicated multiplies) on those tiny results, which vanish beside any O(1) term.
+// One definition so that every form of a product (the preps, the chains, the backward) rounds alike.
+CUTLASS_DEVICE float gate_exp(float x) {
+  float r;
+  asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(r) : "f"(x * 1.4426950408889634f));
+  return r;
+}
+
 // Locates the sequence a flattened token belongs to. Dense batches are
 // sequences of equal length; packed batches read cu_seqlens. Values are
 // clamped so a malformed cu_seqlens can only produce wrong sequence bounds,

@@ -638,7 +638,7 @@ __global__ void __launch_bounds__(kGradThreads, 1) gdn_bwd_grad_kernel(const __g
           for (int e = 0; e < 2; ++e) {
             const int j = col + e;
             const bool low = j <= r;
-            const float gam = low ? __expf(sm.ax.G[r] - sm.ax.G[j]) : 0.f;
+            const float gam = low ? gate_exp(sm.ax.G[r] - sm.ax.G[j]) : 0.f;
             const float dp = p.scale * a[nt][2 * hh + e], dm = b[nt][2 * hh + e], am = sm.ax.la[r * kLdF + j];
             const float hv = low ? gam * (dp * qk[nt][2 * hh + e] + dm * am) : 0.f;
             hr[hh] += hv;

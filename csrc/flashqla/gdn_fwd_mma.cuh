@@ -652,10 +652,10 @@ CUTLASS_DEVICE void gate_p_tile(const Ax& ax, const AuxLane& al, int nt, const f
                                 float (&out)[4]) {
   const int j = 8 * nt + 2 * al.tq, i0 = al.i0, i1 = al.i1;
   const float G0 = ax.G[i0], G1 = ax.G[i1], Gj0 = ax.G[j], Gj1 = ax.G[j + 1];
-  out[0] = j <= i0 ? raw[0] * __expf(G0 - Gj0) : 0.f;
-  out[1] = j + 1 <= i0 ? raw[1] * __expf(G0 - Gj1) : 0.f;
-  out[2] = j <= i1 ? raw[2] * __expf(G1 - Gj0) : 0.f;
-  out[3] = j + 1 <= i1 ? raw[3] * __expf(G1 - Gj1) : 0.f;
+  out[0] = j <= i0 ? raw[0] * gate_exp(G0 - Gj0) : 0.f;
+  out[1] = j + 1 <= i0 ? raw[1] * gate_exp(G0 - Gj1) : 0.f;
+  out[2] = j <= i1 ? raw[2] * gate_exp(G1 - Gj0) : 0.f;
+  out[3] = j + 1 <= i1 ? raw[3] * gate_exp(G1 - Gj1) : 0.f;
 }
 
 // From the raw K K^T and this head's gates (ax.G, ax.beta): L = StrictLower(diag(beta) K K^T) to ax.la, then
@@ -750,7 +750,8 @@ CUTLASS_DEVICE void aux_gram_inverse(StageT& S, Ax& ax, int tid, uint32_t bar_au
 // The same from a swizzled stage (the wgmma prep, PrepStorageWg): K K^T and Q K^T as two 64 x 64 x 128 wgmma
 // products with both operands in shared memory, warp w holding row block w of each (all 64 columns: the
 // blocks above the diagonal are computed and masked, 16 instructions in all against ~300 mma.sync and their
-// ldmatrix). The caller has made the tiles visible to the async proxy (fence_async_smem, then a barrier).
+// ldmatrix). The caller has made the tiles visible to the async proxy (fence_async_smem, then a barrier). Ends
+// with P in qk and M = (Gamma * A) diag(beta) in S.m (swizzled; not yet fenced for the wgmma).
 template <typename T, typename StageT, typename Ax>
 CUTLASS_DEVICE void aux_gram_inverse_wg(StageT& S, Ax& ax, int tid, uint32_t bar_aux, long long& t_mark,
                                         float (&qk)[8][4]) {
@@ -778,13 +779,40 @@ CUTLASS_DEVICE void aux_gram_inverse_wg(StageT& S, Ax& ax, int tid, uint32_t bar
   const AuxLane al(tid);
   warp::bar_sync(bar_aux, kAuxThreads);  // every warp's products have read Q: L is written over it (PrepStorageWg)
   aux_gates_inverse<T>(ax, tid, bar_aux, t_mark, kk, al.w);
+  // P = Q K^T * Gamma and M = (Gamma * A) diag(beta) in this warp's rows, from one Gamma an element (gate_p_tile's
+  // and lower_piece8's products, in their order: the same bits), M out by stmatrix 128-byte swizzled, all four
+  // 16 x 16 blocks of the row block (W = P M reads every block as wgmma's B: zeros right of the diagonal). P's and
+  // M's tiles past the diagonal block are zero. The inverse's scratch, which M's space held, died at its last
+  // barrier. aux_mwx_wg makes M visible to the wgmma.
+  const float G0 = ax.G[al.i0], G1 = ax.G[al.i1];
 #pragma unroll
-  for (int nt = 0; nt < 8; ++nt) {  // P; tiles past the diagonal block zeroed (W = P M reads only up to it)
-    if (nt <= 2 * al.w + 1)
-      gate_p_tile<T>(ax, al, nt, qk[nt], qk[nt]);
-    else
+  for (int kb = 0; kb < 4; ++kb) {
+    uint32_t a[4];  // M's A-order fragment of block (w, kb) (warp::c_to_a's packing), tile by tile
 #pragma unroll
-      for (int e = 0; e < 4; ++e) qk[nt][e] = 0.f;
+    for (int h = 0; h < 2; ++h) {
+      float mc[4];
+      const int nt = 2 * kb + h, j = 8 * nt + 2 * al.tq;
+      if (kb <= al.w) {
+        const float2 gj = *reinterpret_cast<const float2*>(&ax.G[j]);
+        const float2 bj = *reinterpret_cast<const float2*>(&ax.beta[j]);
+        const float2 a0 = *reinterpret_cast<const float2*>(&ax.la[al.i0 * kLdF + j]);
+        const float2 a1 = *reinterpret_cast<const float2*>(&ax.la[al.i1 * kLdF + j]);
+        const float e[4] = {gate_exp(G0 - gj.x), gate_exp(G0 - gj.y), gate_exp(G1 - gj.x), gate_exp(G1 - gj.y)};
+        const float av[4] = {a0.x, a0.y, a1.x, a1.y}, bv[2] = {bj.x, bj.y};
+#pragma unroll
+        for (int q = 0; q < 4; ++q) {
+          const bool low = j + (q & 1) <= (q < 2 ? al.i0 : al.i1);
+          qk[nt][q] = low ? qk[nt][q] * e[q] : 0.f;
+          mc[q] = low ? e[q] * av[q] * bv[q & 1] : 0.f;
+        }
+      } else {
+#pragma unroll
+        for (int q = 0; q < 4; ++q) qk[nt][q] = mc[q] = 0.f;
+      }
+      a[2 * h] = warp::pack2<T>(mc[0], mc[1]);
+      a[2 * h + 1] = warp::pack2<T>(mc[2], mc[3]);
+    }
+    warp::stsm_x4(tile16(S.m, 16 * al.w + al.ld.a_row, 16 * kb + al.ld.a_col), a);
   }
 }
 
@@ -883,7 +911,7 @@ CUTLASS_DEVICE uint4 lower_piece8(const Ax& ax, int i, int j0, float row_lead = 
     const float av[4] = {a.x, a.y, a.z, a.w}, gv[4] = {g.x, g.y, g.z, g.w}, bv[4] = {b.x, b.y, b.z, b.w};
 #pragma unroll
     for (int e = 0; e < 4; ++e) {
-      float x = (kGated ? __expf(gi - gv[e]) : row_lead) * av[e];
+      float x = (kGated ? gate_exp(gi - gv[e]) : row_lead) * av[e];
       if constexpr (kBeta) x *= bv[e];
       v[4 * q + e] = j0 + 4 * q + e <= i ? x : 0.f;
     }
@@ -907,15 +935,16 @@ CUTLASS_DEVICE void aux_mwx(StageT& S, Ax& ax, int tid, uint32_t bar_aux, long l
 
   // ---- M = (Gamma * A) diag(beta) (shared, T): only the 10 16 x 16 blocks on and below the diagonal, the ones
   // W = P M reads (the blocks above keep whatever was there). Element e of block b: 256 b + e; thread tid's
-  // iteration it (unrolled) lands in block it / 2, at 128 (it % 2) + tid of it. (By 16-byte pieces, as the
-  // wgmma prep's, the rows served by the workers beside the chain ran 2% slower in session 13, against a record
-  // from another machine start: within what such comparisons vary, so the workers keep the code that was measured.)
+  // iteration it (unrolled) lands in block it / 2, at 128 (it % 2) + tid of it. (Built by 16-byte pieces, as the
+  // wgmma prep's M was until it moved into aux_gram_inverse_wg, the rows served by the workers beside the chain ran
+  // 2% slower in session 13, against a record from another machine start: within what such comparisons vary, so
+  // the workers keep the code that was measured.)
 #pragma unroll
   for (int it = 0; it < 20; ++it) {
     constexpr unsigned char kBlocks[10] = {0x00, 0x10, 0x11, 0x20, 0x21, 0x22, 0x30, 0x31, 0x32, 0x33};
     const int blk = kBlocks[it >> 1], e = 128 * (it & 1) + tid;
     const int i = 16 * (blk >> 4) + (e >> 4), j = 16 * (blk & 15) + (e & 15);
-    const float val = j <= i ? __expf(ax.G[i] - ax.G[j]) * ax.la[i * kLdF + j] * ax.beta[j] : 0.f;
+    const float val = j <= i ? gate_exp(ax.G[i] - ax.G[j]) * ax.la[i * kLdF + j] * ax.beta[j] : 0.f;
     ax.m[i * kLdC + j] = from_f<T>(val);
   }
   bar_sync(bar_aux, kAuxThreads);  // M complete
@@ -960,8 +989,9 @@ CUTLASS_DEVICE void aux_mwx(StageT& S, Ax& ax, int tid, uint32_t bar_aux, long l
   FLASHQLA_ROLE_PHASE(1, kAuxW);
 }
 
-// aux_mwx for the wgmma prep (PrepStorageWg): M written 128-byte swizzled, all 16 blocks (wgmma reads every block
-// of W = P M's B, so the 6 above the diagonal are zeros, not left over), then W = P M as 4 wgmma m64n64k16 (A: P
+// aux_mwx for the wgmma prep (PrepStorageWg), after aux_gram_inverse_wg wrote M 128-byte swizzled, all 16 blocks
+// (wgmma reads every block of W = P M's B, so the 6 above the diagonal are zeros, not left over): W = P M as 4
+// wgmma m64n64k16 (A: P
 // from registers, zero past the warp's diagonal block; B: M, MN-major) and X = diag(beta) A^T K as 2 x 4 (A: the
 // operand x_half builds, zeros for the k blocks above the warp's rows; B: K's 64-column halves, MN-major).
 template <typename T, typename Ax, typename WSink, typename XSink = XToStage>
@@ -975,12 +1005,7 @@ CUTLASS_DEVICE void aux_mwx_wg(PrepStorageWg<T>& S, Ax& ax, int tid, uint32_t ba
   const auto mn_desc = [](const T* block, int ks) {  // k16 step ks of an MN-major 64-column block: 16 rows
     return make_desc_sw128(reinterpret_cast<const char*>(block) + 2048 * ks, kBlockBytes, 1024);
   };
-  // M = (Gamma * A) diag(beta), all 16 blocks (zeros right of the diagonal), by 16-byte swizzled pieces
-#pragma unroll
-  for (int it = 0; it < kChunk * kChunk / 8 / kAuxThreads; ++it) {
-    const int item = it * kAuxThreads + tid, i = item >> 3, j0 = (item & 7) * 8;
-    *reinterpret_cast<uint4*>(reinterpret_cast<char*>(S.m) + sw128_off(i, j0)) = lower_piece8<T, true, true>(ax, i, j0);
-  }
+  // (M = (Gamma * A) diag(beta) is in S.m: aux_gram_inverse_wg stored it beside P)
   fence_async_smem();
   warp::bar_sync(bar_aux, kAuxThreads);  // M complete
   FLASHQLA_ROLE_PHASE(1, kAuxMX);
@@ -1080,10 +1105,10 @@ CUTLASS_DEVICE void compute_gates(const flashqla_gdn_fwd_params_t& p, const Work
     beta[2 * lane] = bv[0];
     beta[2 * lane + 1] = bv[1];
   }
-  gamma[2 * lane] = __expf(G0);
-  gamma[2 * lane + 1] = __expf(G1);
-  decay[2 * lane] = __expf(Gc - G0);
-  decay[2 * lane + 1] = __expf(Gc - G1);
+  gamma[2 * lane] = gate_exp(G0);
+  gamma[2 * lane + 1] = gate_exp(G1);
+  decay[2 * lane] = gate_exp(Gc - G0);
+  decay[2 * lane + 1] = gate_exp(Gc - G1);
 }
 template <typename T, typename StageT, typename Ax>
 CUTLASS_DEVICE void load_gates(const flashqla_gdn_fwd_params_t& p, StageT& S, Ax& ax, const Work<T>& wk,

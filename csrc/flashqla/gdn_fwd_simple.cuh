@@ -228,10 +228,10 @@ __global__ void __launch_bounds__(kThreads, 1) gdn_fwd_simple_kernel(const __gri
       const float G0 = excl + g0, G1 = incl;
       sm.G[2 * lane] = G0;
       sm.G[2 * lane + 1] = G1;
-      sm.gamma[2 * lane] = __expf(G0);
-      sm.gamma[2 * lane + 1] = __expf(G1);
-      sm.decay_end[2 * lane] = __expf(Gc - G0);
-      sm.decay_end[2 * lane + 1] = __expf(Gc - G1);
+      sm.gamma[2 * lane] = gate_exp(G0);
+      sm.gamma[2 * lane + 1] = gate_exp(G1);
+      sm.decay_end[2 * lane] = gate_exp(Gc - G0);
+      sm.decay_end[2 * lane + 1] = gate_exp(Gc - G1);
     }
     for (int t = warp; t < 64; t += kWarps) {
       const int which = t >> 4, tile = t & 15;
@@ -252,7 +252,7 @@ __global__ void __launch_bounds__(kThreads, 1) gdn_fwd_simple_kernel(const __gri
       const int i = e >> 6, j = e & 63;
       const float kkv = sm.kk[i * kLdF + j];
       sm.kk[i * kLdF + j] = j < i ? sm.beta[i] * kkv : 0.f;
-      const float gam = j <= i ? __expf(sm.G[i] - sm.G[j]) : 0.f;
+      const float gam = j <= i ? gate_exp(sm.G[i] - sm.G[j]) : 0.f;
       sm.p[i * kLdH + j] = from_f<T>(sm.qk[i * kLdF + j] * gam);
       sm.y[i * kLdH + j] = from_f<T>(sm.beta[i] * (to_f(sm.v[i * kLdH + j]) - sm.gamma[i] * sm.ks[i * kLdF + j]));
       sm.a[i * kLdF + j] = 0.f;
@@ -307,7 +307,7 @@ __global__ void __launch_bounds__(kThreads, 1) gdn_fwd_simple_kernel(const __gri
     FLASHQLA_PHASE(kPhaseInvMerge);
     for (int e = tid; e < kChunk * kChunk; e += kThreads) {
       const int i = e >> 6, j = e & 63;
-      sm.mt[i * kLdH + j] = from_f<T>(j <= i ? __expf(sm.G[i] - sm.G[j]) * sm.a[i * kLdF + j] : 0.f);
+      sm.mt[i * kLdH + j] = from_f<T>(j <= i ? gate_exp(sm.G[i] - sm.G[j]) * sm.a[i * kLdF + j] : 0.f);
     }
     __syncthreads();
     FLASHQLA_PHASE(kPhaseGammaA);
