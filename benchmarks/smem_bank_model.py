@@ -3,11 +3,12 @@
 Model: 32 banks of 4 bytes; a warp's access of 4-, 8- or 16-byte elements is split into phases of 128 bytes (all
 32 lanes, 16 lanes, 8 lanes); within a phase, distinct 4-byte words in one bank serialise (one wavefront each),
 the same word is broadcast. Counts one CTA-chunk (four warps) of the prep's patterns, per layout:
-  padded   rows of 68 floats (la) and 36 (scratch), L stored a float at a time: the layout before session 45;
+  padded   rows of 68 floats (la) and 36 (scratch), L stored a float at a time: main's layout;
   swizzled rows of 64 / 32 floats, 4-float groups XOR-permuted by the row's low three bits (session 44's branch
            prep-swz: conflict-free, but ~3 address instructions a load);
   rows8    rows of 72 / 40 floats (8 banks apart);
-  flip     rows8 with column bit 2 flipped in rows whose bit 2 is set (warp::F32Rows8, the wgmma prep's la).
+  flip     rows8 with column bit 2 flipped in rows whose bit 2 is set (warp::F32Rows8 in
+           benchmarks/pending/prep-r8.patch).
 The last three store L as float2 pairs.
     python benchmarks/smem_bank_model.py
 """
@@ -49,7 +50,7 @@ def layout(kind, cols):
 
 def tally(kind):
     la, sc = layout(kind, 64), layout(kind, 32)
-    pair_width = 4 if kind == "padded" else 8  # the L stores: floats before session 45, float2 pairs since
+    pair_width = 4 if kind == "padded" else 8  # the L stores: floats on main, float2 pairs in the others
 
     def mma(A, a0, B, b0):  # one 16 x 16 x 16 tf32 product: A and B fragments, two k-steps
         fa = sum(wavefronts(lanes(lambda g, t: A(a0[0] + g + dr, a0[1] + 8 * k + t + dc)), 4)
