@@ -1028,6 +1028,8 @@ def run(args) -> dict:
     warm = [lib for lib in COMPETITORS if isinstance(libs.get(lib), dict)]
     if args.prewarm > 0 and device == "cuda" and warm:
         rec["prewarm_s"] = round(prewarm(cases, warm, not args.no_accuracy, args.prewarm), 1)
+    if getattr(args, "prewarm_only", False):
+        return None  # (the compile caches are warm: a later run in this machine's life times at once)
     for i, c in enumerate(cases):
         print(f"[{i + 1}/{len(cases)}] {c.direction} {c.model} {c.name} (h_qk={c.h_qk}, h_v={c.h_v}, "
               f"T={c.tokens})", flush=True)
@@ -1162,6 +1164,9 @@ def main(argv=None) -> int:
     ap.add_argument("--prewarm", type=int, default=0, metavar="N",
                     help="compile FLA's and FlashQLA's kernels for the chosen cases in N parallel processes "
                          "before timing (GPU only; 0 = compile on first call in the timed loop)")
+    ap.add_argument("--prewarm-only", action="store_true",
+                    help="compile as --prewarm does, then stop: no timing, no record (h200.sh runs it beside the "
+                         "GPU tests, so that the record's own call finds the caches warm)")
     ap.add_argument("--device", choices=("auto", "cuda", "cpu"), default="auto")
     ap.add_argument("--cpu-reps", type=int, default=5, help="timed calls per case on CPU")
     ap.add_argument("--out", help="record path (default benchmarks/results/<gpu>-<sets>-<UTC time>.json)")
@@ -1169,6 +1174,8 @@ def main(argv=None) -> int:
     ap.add_argument("--table", help="markdown path (default: next to the record)")
     a = ap.parse_args(argv)
     rec = run(a)
+    if rec is None:  # --prewarm-only
+        return 0
     written = _save(rec, a)
     print("\n" + render_console(rec))
     if rec["accuracy"]:
