@@ -356,15 +356,18 @@ def backward_plan(lengths, heads_v: int, sms: int, chunk: int = CHUNK):
     m = os.environ.get("FLASHQLA_BWD_CP", "").strip()
     if m == "0" or mode() == "0":
         return None
-    p = plan(lengths, heads_v, sms, chunk)
-    if p is None:
-        return None
     forced = os.environ.get("FLASHQLA_BWD_CP_SEGMENT_CHUNKS", "").strip()
-    if forced:  # (measurements: the segment length, where the planner cuts, replaced by this one)
+    if forced:  # (measurements: segments of this length wherever a sequence is longer than one, planner or not)
         seg = int(forced)
         if seg < MIN_SEGMENT_CHUNKS or seg & (seg - 1):
             raise ValueError(f"FLASHQLA_BWD_CP_SEGMENT_CHUNKS must be a power of two >= {MIN_SEGMENT_CHUNKS}, got {forced}")
-        return _cut(tuple(int(x) for x in lengths), seg, chunk)
+        lengths = tuple(int(x) for x in lengths)
+        if max(lengths, default=0) <= seg * chunk:
+            return None
+        return _cut(lengths, seg, chunk)
+    p = plan(lengths, heads_v, sms, chunk)
+    if p is None:
+        return None
     plain = 2 * len(lengths) * heads_v * KSPLIT_BLOCKS
     if m != "1" and plain > sms // 2 and (plain > sms or p.segment_chunks < LONG_SEGMENT_CHUNKS):
         return None

@@ -270,8 +270,9 @@ def test_backward_plan_only_where_the_plain_chains_leave_half_the_sms(monkeypatc
 
 
 def test_backward_segment_length_knob(monkeypatch):
-    # FLASHQLA_BWD_CP_SEGMENT_CHUNKS (measurements): where the backward cuts, segments of that many chunks instead of
-    # the planner's; the cuts cover each sequence and start on chunk boundaries; a bad value is a clear error
+    # FLASHQLA_BWD_CP_SEGMENT_CHUNKS (measurements): segments of that many chunks instead of the planner's, also where
+    # the planner does not cut (many heads), unless no sequence is longer than one segment; the cuts cover each
+    # sequence and start on chunk boundaries; a bad value is a clear error
     monkeypatch.delenv("FLASHQLA_BWD_CP", raising=False)
     lengths = [32768, 5000]
     base = _cp.backward_plan(lengths, 4, 132)
@@ -283,7 +284,10 @@ def test_backward_segment_length_knob(monkeypatch):
         assert p.segments == -(-512 // seg) + -(-79 // seg)
         assert all(b % 64 == 0 for b in p.cu[1:p.last_of_seq[0] + 1])
         assert p.cu[p.last_of_seq[0] + 1] == 32768
-    assert _cp.backward_plan([32768], 64, 132) is None  # (no plan where the planner does not cut)
+    assert _cp.plan([32768], 64, 132) is None  # (the planner does not cut at 64 heads; the knob does)
+    p = _cp.backward_plan([32768], 64, 132)
+    assert p.segment_chunks == 256 and p.segments == 2 and p.cu == (0, 16384, 32768)
+    assert _cp.backward_plan([256 * 64, 100], 64, 132) is None  # no sequence longer than a segment
     monkeypatch.setenv("FLASHQLA_BWD_CP_SEGMENT_CHUNKS", "48")
     with pytest.raises(ValueError, match="power of two"):
         _cp.backward_plan(lengths, 4, 132)
