@@ -48,6 +48,8 @@
 #   ncuscan   the same for exact parallelism's scan kernel (cp_scan_kernel) on a TP8 1 x 8192 forward
 #   ncugrad   the same for the backward's gradient kernel (a 1 x 8192, 16/32-head backward on the torch path)
 #   ncuprep   the same for the split forward's prep kernel (torch path, TP1 1 x 8192: 16/64 heads)
+#   ncucase   Nsight Compute on one kernel of any library's call of an anchor case (NCU_CASE_LIB, NCU_CASE_MATCH,
+#             NCU_CASE_KERNEL, NCU_CASE_NAME; ';'-lists run in turn): e.g. FlashQLA's fused forward beside our chain
 #   ncuflow   Nsight Compute speed-of-light and memory sections of the split forward's prep and recurrent
 #             kernels on the torch path (TP1 1 x 8192): is the recurrent kernel L2-bound? (see NOTES)
 #   cp        the TP8/TP4 single-sequence forward cases with FLASHQLA_CP=1 against FLA (record cp-*.json)
@@ -345,6 +347,24 @@ fi
 if has ncuprep; then
   say "ncu: the split forward's prep kernel (1 x 8192 tokens, 16/64 heads)"
   ncu_stalls gdn_prep_kernel ncuprep python3 -c "$(fwd_call_py 8192 16 64)"
+fi
+
+if has ncucase; then
+  # Nsight Compute (ncu_stalls' sections and stall tables) on one kernel of an anchor case, any library's call as the
+  # benchmark makes it: NCU_CASE_LIB (flashqla, fla_triton, flash_qla_tilelang), NCU_CASE_MATCH (kernel_times.py's
+  # --match), NCU_CASE_KERNEL (ncu's kernel regex), NCU_CASE_NAME (the $OUT file's name); ';'-separated lists of the
+  # same length run one after another (e.g. FlashQLA's fused forward kernel and our pair chain on one shape)
+  IFS=';' read -ra c_libs <<< "${NCU_CASE_LIB:-flashqla}"
+  IFS=';' read -ra c_kern <<< "${NCU_CASE_KERNEL:-gdn_fwd_pair_kernel}"
+  IFS=';' read -ra c_names <<< "${NCU_CASE_NAME:-ncucase}"
+  for i in "${!c_libs[@]}"; do
+    say "ncu: ${c_kern[$i]} of ${c_libs[$i]}'s call (${NCU_CASE_MATCH:-^fwd TP1 .*8192x4})"
+    # (one call outside ncu first: a competitor compiles its kernels there, not under the profiler)
+    timeout 300 python3 benchmarks/kernel_times.py --lib "${c_libs[$i]}" --match "${NCU_CASE_MATCH:-^fwd TP1 .*8192x4}" --plain 1 \
+      2>&1 | tail -1 | tee -a "$LOG"
+    ncu_stalls "${c_kern[$i]}" "${c_names[$i]}" python3 benchmarks/kernel_times.py --lib "${c_libs[$i]}" \
+      --match "${NCU_CASE_MATCH:-^fwd TP1 .*8192x4}" --plain 2
+  done
 fi
 
 if has ncuflow; then

@@ -2,11 +2,13 @@
 a few anchor cases, so a change can be aimed at the kernel that costs most.
 
     python benchmarks/kernel_times.py [--match REGEX] [--reps N] [--launches] [--host] [--l2norm] [--lib LIB]
+                                      [--plain N]
 
 Prints, per case, each kernel's summed GPU time per call (ms) and its share; the case's total is the sum of
 kernel times (launch gaps excluded). Needs an sm_90 GPU. --lib fla_triton / flash_qla_tilelang profiles a
 competitor's call the way the benchmark times it (FlashQLA's backward: its CP passes, state recompute and
-reverse kernel), to read where its time goes beside ours.
+reverse kernel), to read where its time goes beside ours. --plain N only calls each matched case N times, with
+no profiler (a driver for Nsight Compute: h200.sh's ncucase stage).
 """
 import argparse
 import re
@@ -96,6 +98,8 @@ def main() -> int:
     ap.add_argument("--l2norm", action="store_true",
                     help="flashqla with use_qk_l2norm_in_kernel=True (the anchors' q, k come normalised: the same "
                          "values, plus the l2norm's forward and backward)")
+    ap.add_argument("--plain", type=int, default=0, metavar="N",
+                    help="call each matched case N times and nothing else (no torch.profiler: for ncu)")
     ap.add_argument("--lib", default="flashqla", choices=bench.LIBS,
                     help="whose calls to profile (a competitor: the call the benchmark times)")
     args = ap.parse_args()
@@ -122,6 +126,12 @@ def main() -> int:
                   (lambda: impl["bwd"](*args5, d["do"], d["dht"], scale=d["scale"], initial_state=d["h0"],
                                        cu_seqlens=d["cu"], cu_seqlens_cpu=d["cu_cpu"], use_qk_l2norm_in_kernel=True)))
             label += " (l2norm in kernel)"
+        if args.plain > 0:
+            for _ in range(args.plain):
+                fn()
+            torch.cuda.synchronize()
+            print(f"{label}: {args.plain} calls")
+            continue
         times = kernel_times(fn, args.reps)
         merged = defaultdict(float)
         for k, t in times.items():
