@@ -41,11 +41,16 @@ def inputs(T, H, strong, seed=0):
 
 
 ROUNDED = ("S", "M", "P", "Y", "Vn", "Z", "X", "Vdec", "Yp")
+# rounded to bf16 only where a variant names them (fp32 in every kernel so far): "A", the gate-free inverse as
+# FlashQLA's kkt_solve stores it (bf16) for its chain kernel to gate
+OPT_ROUNDED = ("A",)
 
 
-def emulate(q, k, v, g, beta, h0, chain, keep_fp32=(), scale=D ** -0.5, as_tf32=()):
-    """chain: "v1" or "v2"; keep_fp32: names from ROUNDED left in fp32; as_tf32: names rounded to tf32."""
+def emulate(q, k, v, g, beta, h0, chain, keep_fp32=(), scale=D ** -0.5, as_tf32=(), as_bf16=()):
+    """chain: "v1" or "v2"; keep_fp32: names from ROUNDED left in fp32; as_tf32: names rounded to tf32; as_bf16:
+    names from OPT_ROUNDED rounded to bf16."""
     r = {name: (lambda x: x) if name in keep_fp32 else (tf32 if name in as_tf32 else bf) for name in ROUNDED}
+    r.update({name: bf if name in as_bf16 else (lambda x: x) for name in OPT_ROUNDED})
     T, H = q.shape[1], q.shape[2]
     o = torch.zeros(T, H, D)
     S = h0[0].clone()                                      # [H, K, V] fp32
@@ -62,7 +67,7 @@ def emulate(q, k, v, g, beta, h0, chain, keep_fp32=(), scale=D ** -0.5, as_tf32=
         KK = K @ K.transpose(-1, -2)
         L = (b[:, :, None] * KK).tril(-1)
         eye = torch.eye(C).expand_as(L)
-        A = torch.linalg.solve_triangular(eye + L, eye, upper=False, unitriangular=True)  # fp32
+        A = r["A"](torch.linalg.solve_triangular(eye + L, eye, upper=False, unitriangular=True))  # fp32
         M, P = r["M"](Gam * A), r["P"](Q @ K.transpose(-1, -2) * Gam)
         Sb = r["S"](S)
         KS, QS = K @ Sb, Q @ Sb
@@ -80,7 +85,10 @@ def emulate(q, k, v, g, beta, h0, chain, keep_fp32=(), scale=D ** -0.5, as_tf32=
 
 VARIANTS = [("v1", (), ()), ("v2", (), ()), ("v2", ("Yp",), ()), ("v2", ("Yp", "Vdec"), ()), ("v2", ("P",), ()),
             ("v2", ("Vn",), ()), ("v2", ("M",), ()), ("v2", ("Y",), ()), ("v2", ("S",), ()),
-            ("v2", ("P", "Vn", "Yp"), ()), ("v2", ("Vdec",), ("X", "Yp")), ("v2", ("Vdec",), ("X", "Yp", "P", "Vn"))]
+            ("v2", ("P", "Vn", "Yp"), ()), ("v2", ("Vdec",), ("X", "Yp")), ("v2", ("Vdec",), ("X", "Yp", "P", "Vn")),
+            # a four-role chain kernel in FlashQLA's form (v1's three products; NOTES, session 46): its update's
+            # operand Z in hi + lo (kept fp32), A as a kkt_solve-sized prep would store it (bf16) or in fp32
+            ("v1", (), (), ("A",)), ("v1", ("Z",), ()), ("v1", ("Z",), (), ("A",)), ("v1", ("Z", "S"), ())]
 
 
 def main():
@@ -91,12 +99,13 @@ def main():
             x = inputs(T, 2, strong)
             ro, rs = recurrent_gdn(*(t.double() for t in x[:5]), initial_state=x[5].double(),
                                    output_final_state=True)
-            for chain, keep, t32 in VARIANTS:
-                o, s = emulate(*x, chain, keep, as_tf32=t32)
+            for chain, keep, t32, *opt in VARIANTS:
+                b16 = opt[0] if opt else ()
+                o, s = emulate(*x, chain, keep, as_tf32=t32, as_bf16=b16)
                 eo = float((o.double() - ro).norm() / ro.norm())
                 es = float((s.double() - rs).norm() / rs.norm())
                 name = chain + ("" if not keep else " fp32:" + "+".join(keep)) + \
-                    ("" if not t32 else " tf32:" + "+".join(t32))
+                    ("" if not t32 else " tf32:" + "+".join(t32)) + ("" if not b16 else " bf16:" + "+".join(b16))
                 print(f"T={T:<6d} {'strong decay' if strong else 'g=logsig/16':16s} {name:36s} "
                       f"{eo:9.2e} {es:9.2e}", flush=True)
 
