@@ -19,6 +19,10 @@ from precision_study import bf, inputs, tf32  # noqa: E402
 
 C, D = 64, 128
 ROUNDED = ("S0", "dS", "M", "P", "Y", "Vn", "dVn", "dVnY", "dKS", "dQK", "sym", "tf32", "out")
+# rounded only where a variant names them (fp32 / hi + lo in the kernels so far), for a fused reverse kernel in
+# FlashQLA's form (NOTES, session 46): "A", the inverse in bf16 as a kkt_solve-sized prep stores it (every product
+# that reads A, dL's included, then reads the rounded one); "dVnY1", dY's operand dVn as one bf16 part, not hi + lo
+OPT_ROUNDED = ("A", "dVnY1")
 
 
 def step(Q, K, V, dO, g, beta, S0, dS, scale, r):
@@ -28,7 +32,7 @@ def step(Q, K, V, dO, g, beta, S0, dS, scale, r):
     mask = torch.ones(C, C, dtype=torch.bool).tril()
     Gam = torch.where(mask, (G[:, None] - G[None, :]).masked_fill(~mask, 0).exp(), torch.zeros((), dtype=G.dtype))
     KK, QK = K @ K.T, Q @ K.T
-    A = torch.linalg.inv(torch.eye(C, dtype=Q.dtype) + (beta[:, None] * KK).tril(-1))
+    A = r["A"](torch.linalg.inv(torch.eye(C, dtype=Q.dtype) + (beta[:, None] * KK).tril(-1)))
     M, P = r["M"](Gam * A), r["P"](QK * Gam)
     S0b, dSb = r["S0"](S0), r["dS"](dS)
     KS = K @ S0b
@@ -60,7 +64,7 @@ def step(Q, K, V, dO, g, beta, S0, dS, scale, r):
     return dQ, dK, dR, dG.flip(0).cumsum(0).flip(0), dbeta
 
 
-def run(T, strong, keep=(), seed=0):
+def run(T, strong, keep=(), seed=0, opt=()):
     q, k, v, g, beta, h0 = (x.double() for x in inputs(T, 2, strong, seed))
     gen = torch.Generator().manual_seed(seed + 1)
     do = bf(torch.randn(1, T, 2, D, generator=gen)).double()
@@ -71,8 +75,10 @@ def run(T, strong, keep=(), seed=0):
     dh, _ = chunk_state_grads_torch(q, k, g, beta, do, dht, scale=scale, cu_seqlens=cu)
     ref = chunk_gdn_bwd_torch(q, k, v, g, beta, do, dht, scale=scale, initial_state=h0, cu_seqlens=cu)
     hilo = lambda x: bf(x) + bf(x - bf(x))  # noqa: E731  (an operand split into two bf16 parts)
-    rnd = {n: (lambda x: x) if n in keep else (tf32 if n == "tf32" else hilo if n == "dVnY" else bf)
+    rnd = {n: (lambda x: x) if n in keep else (tf32 if n == "tf32" else
+                                               hilo if n == "dVnY" and "dVnY1" not in opt else bf)
            for n in ROUNDED}
+    rnd["A"] = bf if "A" in opt else (lambda x: x)
     r = {n: (lambda f: lambda x: f(x.float()).double())(f) for n, f in rnd.items()}
     outs = [torch.zeros(T, 2, D).double(), torch.zeros(T, 2, D).double(), torch.zeros(T, 2, D).double(),
             torch.zeros(T, 2).double(), torch.zeros(T, 2).double()]
@@ -97,12 +103,13 @@ def main():
     print(f"{'case':22s} {'kept in fp32/fp64':18s} " + " ".join(f"{n:>9s}" for n in ("dq", "dk", "dv", "dg", "dbeta")))
     for T in lengths:
         for strong in (False, True):
-            for keep in ((), ("out",), ("S0", "dS"), ("Y", "Vn", "dVn"), ("dKS", "dQK", "sym", "M", "P"),
-                         ROUNDED):
-                e = run(T, strong, keep)
+            for keep, opt in (((), ()), (("out",), ()), (("S0", "dS"), ()), (("Y", "Vn", "dVn"), ()),
+                              (("dKS", "dQK", "sym", "M", "P"), ()), (ROUNDED, ()),
+                              ((), ("A",)), ((), ("dVnY1",)), ((), ("A", "dVnY1"))):
+                e = run(T, strong, keep, opt=opt)
                 name = f"T={T} {'strong decay' if strong else 'g=logsig/16'}"
-                print(f"{name:22s} {'+'.join(keep) if keep != ROUNDED else 'all':18s} " +
-                      " ".join(f"{x:9.2e}" for x in e))
+                label = ("+".join(keep) if keep != ROUNDED else "all") + ("" if not opt else " bf16:" + "+".join(opt))
+                print(f"{name:22s} {label:18s} " + " ".join(f"{x:9.2e}" for x in e))
 
 
 if __name__ == "__main__":
