@@ -11,6 +11,7 @@
 # the tree can carry a stale .git whose HEAD is another commit. When that .git knows the commit, the tree is
 # checked against it here and a difference marks the record dirty.
 #
+# REQUIRE_GPU=H200 makes the script stop (exit 3) on any other card, before any stage.
 # Stages (STAGES, comma-separated; default build,test,cmake,phases,probe,cumsum,bench,sanitize, run in this order):
 #   z3        install .whl/z3 into $SITE only (FlashQLA needs it; it does not fit in one carry with the rest)
 # Kernel caches: TileLang (FlashQLA compiles each shape, ~15 s) and Triton (FLA) compile into /tmp/kcache,
@@ -138,6 +139,12 @@ elif [ -n "${FLASHQLA_COMMIT:-}" ]; then
   say "commit $FLASHQLA_COMMIT unknown to this copy's .git: not checked"
 fi
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.max.sm --format=csv,noheader 2>&1 | tee -a "$LOG"
+# REQUIRE_GPU=H200: stop at once (exit 3) on any other card. A call that names the H200 kind may get an H100, and a
+# record that backs an issue must come from the H200; stopping here spends seconds, not the stages' minutes.
+if [ -n "${REQUIRE_GPU:-}" ] && ! nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | grep -q "$REQUIRE_GPU"; then
+  say "REQUIRE_GPU=$REQUIRE_GPU: this card is not one; nothing run"
+  exit 3
+fi
 
 for t in .whl/kcache/*.tar.gz .whl/kcache/*.tar.xz; do  # (Python's tarfile reads both without the xz tool)
   [ -f "$t" ] && mkdir -p /tmp/kcache && python3 -c 'import sys, tarfile; tarfile.open(sys.argv[1]).extractall(sys.argv[2])' \
