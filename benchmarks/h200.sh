@@ -364,13 +364,17 @@ if has ncucase; then
   IFS=';' read -ra c_libs <<< "${NCU_CASE_LIB:-flashqla}"
   IFS=';' read -ra c_kern <<< "${NCU_CASE_KERNEL:-gdn_fwd_pair_kernel}"
   IFS=';' read -ra c_names <<< "${NCU_CASE_NAME:-ncucase}"
+  c_match=${NCU_CASE_MATCH:-^fwd TP1 .*8192x4}
+  if [ "${#c_libs[@]}" -ne "${#c_kern[@]}" ] || [ "${#c_libs[@]}" -ne "${#c_names[@]}" ]; then
+    say "ncucase: NCU_CASE_LIB, NCU_CASE_KERNEL and NCU_CASE_NAME must list as many entries each; nothing run"
+    status=1
+    c_libs=()
+  fi
   for i in "${!c_libs[@]}"; do
-    say "ncu: ${c_kern[$i]} of ${c_libs[$i]}'s call (${NCU_CASE_MATCH:-^fwd TP1 .*8192x4})"
+    say "ncu: ${c_kern[$i]} of ${c_libs[$i]}'s call ($c_match)"
     # (one call outside ncu first: a competitor compiles its kernels there, not under the profiler)
-    timeout 300 python3 benchmarks/kernel_times.py --lib "${c_libs[$i]}" --match "${NCU_CASE_MATCH:-^fwd TP1 .*8192x4}" --plain 1 \
-      2>&1 | tail -1 | tee -a "$LOG"
-    ncu_stalls "${c_kern[$i]}" "${c_names[$i]}" python3 benchmarks/kernel_times.py --lib "${c_libs[$i]}" \
-      --match "${NCU_CASE_MATCH:-^fwd TP1 .*8192x4}" --plain 2
+    timeout 300 python3 benchmarks/kernel_times.py --lib "${c_libs[$i]}" --match "$c_match" --plain 1 2>&1 | tail -1 | tee -a "$LOG"
+    ncu_stalls "${c_kern[$i]}" "${c_names[$i]}" python3 benchmarks/kernel_times.py --lib "${c_libs[$i]}" --match "$c_match" --plain 2
   done
 fi
 

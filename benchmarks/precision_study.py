@@ -49,6 +49,7 @@ OPT_ROUNDED = ("A",)
 def emulate(q, k, v, g, beta, h0, chain, keep_fp32=(), scale=D ** -0.5, as_tf32=(), as_bf16=()):
     """chain: "v1" or "v2"; keep_fp32: names from ROUNDED left in fp32; as_tf32: names rounded to tf32; as_bf16:
     names from OPT_ROUNDED rounded to bf16."""
+    assert set(as_bf16) <= set(OPT_ROUNDED), f"as_bf16 names come from {OPT_ROUNDED}"
     r = {name: (lambda x: x) if name in keep_fp32 else (tf32 if name in as_tf32 else bf) for name in ROUNDED}
     r.update({name: bf if name in as_bf16 else (lambda x: x) for name in OPT_ROUNDED})
     T, H = q.shape[1], q.shape[2]

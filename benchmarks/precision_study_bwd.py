@@ -65,6 +65,7 @@ def step(Q, K, V, dO, g, beta, S0, dS, scale, r):
 
 
 def run(T, strong, keep=(), seed=0, opt=()):
+    assert set(opt) <= set(OPT_ROUNDED), f"opt names come from {OPT_ROUNDED}"
     q, k, v, g, beta, h0 = (x.double() for x in inputs(T, 2, strong, seed))
     gen = torch.Generator().manual_seed(seed + 1)
     do = bf(torch.randn(1, T, 2, D, generator=gen)).double()

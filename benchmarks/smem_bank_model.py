@@ -7,8 +7,9 @@ the same word is broadcast. Counts one CTA-chunk (four warps) of the prep's patt
   swizzled rows of 64 / 32 floats, 4-float groups XOR-permuted by the row's low three bits (session 44's branch
            prep-swz: conflict-free, but ~3 address instructions a load);
   rows8    rows of 72 / 40 floats (8 banks apart);
-  flip     rows8 with column bit 2 flipped in rows whose bit 2 is set (warp::F32Rows8 in
-           benchmarks/pending/prep-r8.patch).
+  flip     rows8 with column bit 2 flipped in rows whose bit 2 is set (warp::F32Rows8 of the prep-r8 patch, in git
+           history at 3c9c552: measured slower than padded in session 46, bitwise equal; the model's wavefronts did
+           not bound the prep).
 The last three store L as float2 pairs.
     python benchmarks/smem_bank_model.py
 """

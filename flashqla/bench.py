@@ -1028,7 +1028,7 @@ def run(args) -> dict:
     warm = [lib for lib in COMPETITORS if isinstance(libs.get(lib), dict)]
     if args.prewarm > 0 and device == "cuda" and warm:
         rec["prewarm_s"] = round(prewarm(cases, warm, not args.no_accuracy, args.prewarm), 1)
-    if getattr(args, "prewarm_only", False):
+    if args.prewarm_only:
         return None  # (the compile caches are warm: a later run in this machine's life times at once)
     for i, c in enumerate(cases):
         print(f"[{i + 1}/{len(cases)}] {c.direction} {c.model} {c.name} (h_qk={c.h_qk}, h_v={c.h_v}, "
