@@ -252,7 +252,7 @@ using SharedStorageObTma = SharedStorageObOf<T, StageSwV<T>>;  // (the TMA form)
 // The paired chain (FLASHQLA_CHAIN_PAIR; gdn_fwd_pair_kernel): one CTA a (sequence, value head), two state
 // warpgroups each forming its V half's chain and O (state_role as FLASHQLA_WGMMA=1 runs it) on one stage they share,
 // filled by one producer warpgroup by TMA (both V halves; the gates copied from the prep). Two stages: a stage
-// holds K, Q, X (two blocks each), W and V (two blocks), 72 KB.
+// holds K, Q, X (two blocks each), W and V (two blocks), 72 KB, and ab (kAb: the 8 KB operand X is formed from).
 template <typename T>
 struct alignas(1024) StagePairSw {
   T k[2][kChunk * 64];
@@ -260,6 +260,7 @@ struct alignas(1024) StagePairSw {
   T x[2][kChunk * 64];
   T w[kChunk * 64];
   T v[2][kChunk * 64];  // (V's 128 columns as two swizzled blocks: warpgroup h reads block h)
+  T ab[kChunk * 64];    // (kAb: X's operand, from which the producer forms x)
   float gamma[kChunk];
   float decay[kChunk];
 };
@@ -279,6 +280,10 @@ constexpr int kPairThreads = 2 * kStateThreads + kAuxThreads;
 // Registers: each state warpgroup as the wgmma chain with O (kStateRegs); the producer only issues boxes, zeroes
 // rows past a sequence's end and releases stages.
 constexpr int kPairProdRegs = 40;
+// kAb: the producer also forms X (pair_form_x: 32 accumulators), in registers the state warpgroups give up
+constexpr int kPairAbStateRegs = 224, kPairAbProdRegs = 64;
+static_assert(2 * kPairAbStateRegs * kStateThreads + kPairAbProdRegs * kAuxThreads <= 64 * 1024,
+              "the kAb pair's registers");
 static_assert(2 * kStateRegs * kStateThreads + kPairProdRegs * kAuxThreads <= 64 * 1024, "the paired chain's registers");
 namespace pr {
 enum Barrier : uint32_t {
@@ -410,6 +415,11 @@ struct PrepBuffers {
   float* merge_ckpt = nullptr;
   // The forward's merge (the last pass with o): the source's final states, a merged walk's own
   const float* merge_final = nullptr;
+  // The paired chain's inputs (launch's kAb, workspace_private): the wgmma prep kernel writes, in X's first 64
+  // columns, the operand X is formed from (row i: beta_i A[m][i] over m, the same 16-bit values its own X product
+  // would read) instead of X, and the paired chain's producer forms X = that operand times K itself (the same
+  // bits): 8 KB a chunk-head where X took 16, once written and once read.
+  bool ab_only = false;
 };
 // The ready flags' two sides: the writer's threads each fence their X / W stores and meet at a barrier before one
 // of them releases the flag; the reader acquires it and its group meets at a barrier before copying. A wait that
@@ -996,7 +1006,7 @@ CUTLASS_DEVICE void aux_mwx(StageT& S, Ax& ax, int tid, uint32_t bar_aux, long l
 // operand x_half builds, zeros for the k blocks above the warp's rows; B: K's 64-column halves, MN-major).
 template <typename T, typename Ax, typename WSink, typename XSink = XToStage>
 CUTLASS_DEVICE void aux_mwx_wg(PrepStorageWg<T>& S, Ax& ax, int tid, uint32_t bar_aux, long long& t_mark,
-                               const float (&qk)[8][4], WSink w_sink, XSink x_sink = XSink{}) {
+                               const float (&qk)[8][4], WSink w_sink, XSink x_sink = XSink{}, bool ab_out = false) {
   using namespace gmma;
   (void)t_mark;
   const AuxLane al(tid);
@@ -1039,6 +1049,13 @@ CUTLASS_DEVICE void aux_mwx_wg(PrepStorageWg<T>& S, Ax& ax, int tid, uint32_t ba
     if constexpr (!kSinkAfterBarrier<WSink>) w_sink(S, w, wa, lane);
     warp::bar_sync(bar_aux, kAuxThreads);  // every warp has read A (X's operand) and M (W): X is staged over A
     if constexpr (kSinkAfterBarrier<WSink>) w_sink(S, w, wa, lane);  // (over M)
+  }
+  if (ab_out) {  // (PrepBuffers::ab_only) X's operand instead of X, 128-byte swizzled in Q's first block
+    const warp::LdsmOffsets ld(lane);
+#pragma unroll
+    for (int ks = 0; ks < 4; ++ks) warp::stsm_x4(tile16(S.q[0], 16 * w + ld.a_row, 16 * ks + ld.a_col), af[ks]);
+    FLASHQLA_ROLE_PHASE(1, kAuxW);
+    return;
   }
 #pragma unroll 1
   for (int half = 0; half < 2; ++half) {
@@ -2390,20 +2407,31 @@ CUTLASS_DEVICE void prep_head_wg(const flashqla_gdn_fwd_params_t& p, const PrepB
   aux_gram_inverse_wg<T>(sm, sm, tid, bar, t_mark, qk);
   const WToGlobal<T> w_out{pb.w + row0 * p.heads_v * kChunk + wk.h * kChunk, p.heads_v * kChunk, rows};
   if constexpr (kStoreBoxes) {
-    aux_mwx_wg<T>(sm, sm, tid, bar, t_mark, qk, WToSwizzledM<T>{w_out}, XToSwizzledQ{});
+    const bool ab = kKernel && pb.ab_only;  // (X's operand in X's first 64 columns)
+    aux_mwx_wg<T>(sm, sm, tid, bar, t_mark, qk, WToSwizzledM<T>{w_out}, XToSwizzledQ{}, ab);
     warp::fence_async_smem();  // this thread's stores of X and W, before the TMA (the async proxy) reads them
     warp::bar_sync(bar, kPrepThreads);
     if (rows == kChunk) {
       if (tid == 0) {
 #pragma unroll
         for (int half = 0; half < 2; ++half)
-          tma::store_box3(x_map, sm.q[half], 64 * half, static_cast<int>(wk.h), static_cast<int>(row0));
+          if (half == 0 || !ab)
+            tma::store_box3(x_map, sm.q[half], 64 * half, static_cast<int>(wk.h), static_cast<int>(row0));
         tma::store_box3(w_map, sm.m, 0, static_cast<int>(wk.h), static_cast<int>(row0));
         warp::bulk_commit();
         if constexpr (kKernel)
           warp::bulk_wait_read();  // the tile lives until the boxes have been read
         else
           warp::bulk_wait();  // a worker: written, before this thread's fences and the chunk's flag
+      }
+    } else if (ab) {  // the operand's rows, 64 columns
+      T* const xd = pb.x + row0 * p.heads_v * kDimK + wk.h * kDimK;
+#pragma unroll
+      for (int it = 0; it < kChunk * 8 / kPrepThreads; ++it) {
+        const int i = tid + it * kPrepThreads, r = i >> 3, c8 = (i & 7) * 8;
+        if (r < rows)
+          *reinterpret_cast<uint4*>(xd + int64_t(r) * p.heads_v * kDimK + c8) =
+              *reinterpret_cast<const uint4*>(tile16(sm.q[0], r, c8));
       }
     } else {  // the staged tile's rows (rows past the sequence's end are not written)
       store_prep_x<T>(p, pb, sm, row0, rows, wk.h, tid, [](const PrepStorageWg<T>& S, int r, int c8) {
@@ -2765,7 +2793,40 @@ cudaError_t launch_recurrent(const flashqla_gdn_fwd_params_t& p, const PrepBuffe
 // chunk_bound on malformed cu_seqlens, get unit gates: any finite values; such a call's output is not defined);
 // then all zero the rows past the sequence's end (TMA brings the next packed sequence's tokens there), apply the
 // l2norm where asked, and hand the stage over.
-template <typename T, bool kSum = false, bool kMergeSource = false>
+// kAb (PrepBuffers::ab_only): X = (the prep's operand) K, as the prep's X product forms it (A: the operand's 16-bit
+// values, here from shared memory, K-major; B: K's 64-column halves, MN-major; the same products in the same
+// order), into the stage's x 128-byte swizzled, as the TMA box of X would have put it. The caller has fenced and
+// synchronised the stage's tiles.
+template <typename T>
+CUTLASS_DEVICE void pair_form_x(StagePairSw<T>& S, int tid) {
+  using namespace gmma;
+  const int w = tid >> 5;
+  const warp::LdsmOffsets ld(tid & 31);
+  constexpr int kBlockBytes = kChunk * 64 * sizeof(T);
+#pragma unroll 1
+  for (int half = 0; half < 2; ++half) {
+    float xa[8][4];
+    warp::zero_acc(xa);
+    auto& x32 = reinterpret_cast<float(&)[32]>(xa);
+    fence();
+    pin(x32);
+#pragma unroll
+    for (int ks = 0; ks < 4; ++ks)
+      wgmma_ss<64, T, 0, 1>(x32, make_desc_sw128(reinterpret_cast<const char*>(S.ab) + 32 * ks, 16, 1024),
+                            make_desc_sw128(reinterpret_cast<const char*>(S.k[half]) + 2048 * ks, kBlockBytes, 1024));
+    commit();
+    wait_all();
+    pin(x32);
+#pragma unroll
+    for (int kk = 0; kk < 4; ++kk) {
+      uint32_t a[4];
+      warp::c_to_a<T>(a, xa[2 * kk], xa[2 * kk + 1]);
+      warp::stsm_x4(tile16(S.x[half], 16 * w + ld.a_row, 16 * kk + ld.a_col), a);
+    }
+  }
+}
+
+template <typename T, bool kSum = false, bool kMergeSource = false, bool kAb = false>
 CUTLASS_DEVICE void pair_producer(const flashqla_gdn_fwd_params_t& p, SharedStoragePair<T>& sm, const Work<T>& wk,
                                   const PrepBuffers<T>& pb, const tma::ChainMaps& cm) {
   using namespace warp;
@@ -2777,7 +2838,8 @@ CUTLASS_DEVICE void pair_producer(const flashqla_gdn_fwd_params_t& p, SharedStor
   // transition chain's v = 0, zeroed once here (no box ever lands there; the first full barrier orders the stores).
   // With o (kMergeSource: the forward merge's source, the B chain's O where its walk may merge) Q and W too.
   const bool qw = !kSum || (kMergeSource && p.o != nullptr);
-  const int boxes = kSum ? (qw ? 8 : 5) : 9;
+  static_assert(!(kAb && kSum), "kAb: the forward's pair");
+  const int boxes = kSum ? (qw ? 8 : 5) : kAb ? 8 : 9;  // (kAb: the operand's one box for X's two)
   if constexpr (kSum) {
     for (int i = tid; i < kStages * kChunk * 8; i += kAuxThreads)
       reinterpret_cast<uint4*>(sm.stage[i / (kChunk * 8)].v[1])[i % (kChunk * 8)] = make_uint4(0u, 0u, 0u, 0u);
@@ -2803,8 +2865,9 @@ CUTLASS_DEVICE void pair_producer(const flashqla_gdn_fwd_params_t& p, SharedStor
         tma::load_box(S.k[blk], &cm.k, bar, 64 * blk, hq, t, b);
         if (qw) tma::load_box(S.q[blk], &cm.q, bar, 64 * blk, hq, t, b);
         if constexpr (!kSum) tma::load_box(S.v[blk], &cm.v, bar, 64 * blk, h, t, b);
-        tma::load_box3(S.x[blk], &cm.x, bar, 64 * blk, h, row0);
+        if constexpr (!kAb) tma::load_box3(S.x[blk], &cm.x, bar, 64 * blk, h, row0);
       }
+      if constexpr (kAb) tma::load_box3(S.ab, &cm.x, bar, 0, h, row0);
       if constexpr (kSum) tma::load_box(S.v[0], &cm.v, bar, static_cast<int>(wk.col0), h, t, b);
       if (qw) tma::load_box3(S.w, &cm.w, bar, 0, h, row0);
     }
@@ -2813,15 +2876,17 @@ CUTLASS_DEVICE void pair_producer(const flashqla_gdn_fwd_params_t& p, SharedStor
       S.decay[tid] = 1.f;
     }
     tma::mbar_wait(bar, static_cast<uint32_t>((c / kStages) & 1));
-    // rows past the chunk's end: zeros (K, Q, X, V two blocks each, W one; 128 bytes a row, so the swizzle does
-    // not matter)
-    for (int i = tid; i < (kChunk - rows) * 9 * 8; i += kAuxThreads) {
-      const int r = rows + i / 72, blk = (i / 8) % 9, piece = i & 7;
+    // rows past the chunk's end: zeros (K, Q, X, V two blocks each, W one; kAb: the operand's block for X's,
+    // whose rows the product then makes zero; 128 bytes a row, so the swizzle does not matter)
+    constexpr int kZeroBlocks = kAb ? 8 : 9;
+    for (int i = tid; i < (kChunk - rows) * kZeroBlocks * 8; i += kAuxThreads) {
+      const int r = rows + i / (kZeroBlocks * 8), blk = (i / 8) % kZeroBlocks, piece = i & 7;
       char* tile = reinterpret_cast<char*>(blk < 2   ? S.k[blk]
                                            : blk < 4 ? S.q[blk - 2]
-                                           : blk < 6 ? S.x[blk - 4]
-                                           : blk < 8 ? S.v[blk - 6]
-                                                     : S.w);
+                                           : blk < 6 ? S.v[blk - 4]
+                                           : blk < 7 ? S.w
+                                           : kAb     ? S.ab
+                                                     : S.x[blk - 7]);
       *reinterpret_cast<uint4*>(tile + r * 128 + 16 * piece) = make_uint4(0u, 0u, 0u, 0u);
     }
     if (p.use_qk_l2norm) {  // (K and Q rows to unit length, as the O-beside chain's loaders do)
@@ -2830,12 +2895,17 @@ CUTLASS_DEVICE void pair_producer(const flashqla_gdn_fwd_params_t& p, SharedStor
     }
     fence_async_smem();  // (the zeros and l2norm's stores, before the wgmma read the tiles through the async proxy)
     bar_sync(pr::kProd, kAuxThreads);  // (racecheck: bar.arrive orders the stores, racecheck does not model it)
+    if constexpr (kAb) {
+      pair_form_x<T>(S, tid);
+      fence_async_smem();  // (X's stores, before the state warpgroups' wgmma read them)
+      bar_sync(pr::kProd, kAuxThreads);
+    }
     bar_arrive(pr::kFull + 2 * st, pr::kFullThreads);
     bar_arrive(pr::kFull + 2 * st + 1, pr::kFullThreads);
   }
 }
 
-template <typename T, typename IndexT>
+template <typename T, typename IndexT, bool kAb = false>
 __global__ void __launch_bounds__(kPairThreads, 1)
     gdn_fwd_pair_kernel(const __grid_constant__ flashqla_gdn_fwd_params_t p, const PrepBuffers<T> pb,
                         const __grid_constant__ tma::ChainMaps cmaps) {
@@ -2854,12 +2924,12 @@ __global__ void __launch_bounds__(kPairThreads, 1)
                                         kBlockV);
   Work<T> wk = make_work<T>(p, ct);
   if (role < 2) {
-    cutlass::arch::warpgroup_reg_alloc<kStateRegs>();
+    cutlass::arch::warpgroup_reg_alloc<kAb ? kPairAbStateRegs : kStateRegs>();
     state_role<T, false, true, false>(p, sm, wk, &cmaps, role);
   } else {
-    cutlass::arch::warpgroup_reg_dealloc<kPairProdRegs>();
+    cutlass::arch::warpgroup_reg_dealloc<kAb ? kPairAbProdRegs : kPairProdRegs>();
     wk.chunk0 = chunk_offset<IndexT>(p, ct.n, threadIdx.x & 31);  // (the gates' index)
-    pair_producer<T>(p, sm, wk, pb, cmaps);
+    pair_producer<T, false, false, kAb>(p, sm, wk, pb, cmaps);
   }
 }
 
@@ -2915,6 +2985,18 @@ cudaError_t pair_smem(Kernel kernel, size_t& smem) {
   return cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem));
 }
 
+// Where launch_prepared tries the paired chain first (chain_pair_mode; its form is the O-beside chain's)
+inline bool pair_chain_wanted(const flashqla_gdn_fwd_params_t& p) {
+  const int pair = chain_pair_mode();
+  return pair >= 2 || (pair == 1 && p.num_seqs * p.heads_v * kVBlocks > device_sm_count());
+}
+// FLASHQLA_PAIR_AB=0: the prep writes X for the paired chain as before; else (1, unset) its operand alone where
+// launch allows it (PrepBuffers::ab_only).
+inline bool pair_ab_mode() {
+  const char* e = std::getenv("FLASHQLA_PAIR_AB");
+  return !(e != nullptr && e[0] == '0');
+}
+
 // The paired chain on prepared chunks; cudaErrorNotSupported where it does not run (the caller falls back).
 template <typename T>
 cudaError_t launch_pair(const flashqla_gdn_fwd_params_t& p, const PrepBuffers<T>& pb, cudaStream_t stream) {
@@ -2925,6 +3007,7 @@ cudaError_t launch_pair(const flashqla_gdn_fwd_params_t& p, const PrepBuffers<T>
   if (blocks == 0) return cudaSuccess;
   const bool ix64 = p.cu_seqlens != nullptr && p.cu_seqlens_dtype == FLASHQLA_INT64;
   auto kernel = ix64 ? gdn_fwd_pair_kernel<T, int64_t> : gdn_fwd_pair_kernel<T, int32_t>;
+  if (pb.ab_only) kernel = ix64 ? gdn_fwd_pair_kernel<T, int64_t, true> : gdn_fwd_pair_kernel<T, int32_t, true>;
   size_t smem = 0;
   if (const cudaError_t err = pair_smem<T>(kernel, smem); err != cudaSuccess) return err;
   kernel<<<static_cast<unsigned>(blocks), kPairThreads, smem, stream>>>(p, pb, cmaps);
@@ -2994,12 +3077,15 @@ inline int gates_from_prep_mode() {
 template <typename T>
 cudaError_t launch_prepared(const flashqla_gdn_fwd_params_t& p, const PrepBuffers<T>& pb, cudaStream_t stream) {
   constexpr AuxMode kM = AuxMode::kLoadPrepared;
+  if (pb.ab_only) {  // (launch chose it where the pair runs: no other chain reads the operand)
+    const cudaError_t err = launch_pair<T>(p, pb, stream);
+    return err == cudaErrorNotSupported ? cudaErrorUnknown : err;
+  }
   switch (chain_form(p)) {
     case ChainForm::kWgmmaOb:
-      if (const int pair = chain_pair_mode();
-          pair >= 2 || (pair == 1 && p.num_seqs * p.heads_v * kVBlocks > device_sm_count())) {
+      if (pair_chain_wanted(p)) {
         const cudaError_t err = launch_pair<T>(p, pb, stream);
-        if (err != cudaErrorNotSupported || pair == 2) return err;
+        if (err != cudaErrorNotSupported || chain_pair_mode() == 2) return err;
       }
       return launch_recurrent<T, kM, false, true, true>(p, pb, stream);
     case ChainForm::kWgmma: return launch_recurrent<T, kM, false, true>(p, pb, stream);
@@ -3177,6 +3263,11 @@ cudaError_t launch(const flashqla_gdn_fwd_params_t& p, cudaStream_t stream,
   if (gates_wanted && wg && v_map(p, v_probe))
     pb.gates = reinterpret_cast<float*>(static_cast<char*>(ws.ptr) + xw_bytes);
   if (gmode == 2 && pb.gates == nullptr) return ws.release(cudaErrorNotSupported, stream);
+  // the operand alone where only the paired chain reads this prep (a workspace no later call reads; the plain
+  // forward with o; launch_pair's conditions: the gates and maps made above)
+  pb.ab_only = pair_ab_mode() && p.workspace_private != 0 && pt == nullptr && merge_ckpt == nullptr && wg &&
+               pb.gates != nullptr && p.o != nullptr && p.chunk_states == nullptr &&
+               chain_form(p) == ChainForm::kWgmmaOb && pair_chain_wanted(p);
   auto prep = states_only(p) ? (ix64 ? gdn_prep_kernel<T, int64_t, false, true> : gdn_prep_kernel<T, int32_t, false, true>)
               : hpc > 1   ? (ix64 ? gdn_prep_kernel<T, int64_t, true> : gdn_prep_kernel<T, int32_t, true>)
               : wg        ? (ix64 ? gdn_prep_kernel<T, int64_t, false, false, true> : gdn_prep_kernel<T, int32_t, false, false, true>)

@@ -210,6 +210,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> gdn_fwd(const at::Tensor& q, cons
   at::Tensor ws = workspace != nullptr ? *workspace : at::empty({need + gates}, v.options().dtype(at::kByte));
   use_workspace(p, ws, q, "chunk_gdn_fwd_pass");
   p.prep_ready = prep_ready ? 1 : 0;
+  p.workspace_private = workspace == nullptr ? 1 : 0;  // (our own: no later call reads it)
   // the planner's schedule for a packed batch (flashqla/_cp.py, overlap_plan): a start order and prep workers
   if (seq_order != nullptr) {
     TORCH_CHECK(seq_order->is_cuda() && seq_order->device() == q.device() && seq_order->scalar_type() == at::kInt &&

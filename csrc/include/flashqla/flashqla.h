@@ -153,6 +153,11 @@ typedef struct flashqla_gdn_fwd_params {
      0: the library decides (single sequences and dense batches only). */
   const int32_t* seq_order;
   int32_t prep_workers;
+  /* 1: no later call reads this call's workspace (no prep_ready call follows on it), so a forward with o may keep
+     there only what its own chain reads: where the paired chain runs, the inverse's 64 columns in X's place
+     instead of X (fewer bytes through memory; the same output bits). 0 (zero-initialised): X and W as
+     prep_ready documents. */
+  int32_t workspace_private;
 } flashqla_gdn_fwd_params_t;
 
 FLASHQLA_API flashqla_status_t flashqla_gdn_fwd(const flashqla_gdn_fwd_params_t* params, cudaStream_t stream);
