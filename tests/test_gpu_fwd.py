@@ -468,6 +468,34 @@ def test_paired_chain_names_its_kernel(monkeypatch):
     assert any("gdn_fwd_pair_kernel" in n for n in names), names
 
 
+@pytest.mark.parametrize("case", ["varlen", "dense", "l2norm_fp16"])
+def test_paired_chain_forms_x_from_the_operand_bitwise(monkeypatch, case):
+    # FLASHQLA_PAIR_AB (on where the paired chain runs on the op's own workspace): the prep kernel writes X's
+    # 64-column 16-bit operand instead of X (8 KB a chunk-head for 16) and the pair's producer forms X from it with
+    # K; the same operands in the same product order, so o and the final state are bitwise those of the prep's X
+    # (=0). The instantiation that ran is checked by name (a comparison of a form with itself would pass).
+    for name in ("FLASHQLA_KSPLIT", "FLASHQLA_PREP_HEADS", "FLASHQLA_PREP_WG", "FLASHQLA_FWD_SPLIT",
+                 "FLASHQLA_CHAIN_TMA", "FLASHQLA_GATES_FROM_PREP", "FLASHQLA_WGMMA"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("FLASHQLA_OVERLAP", "0")
+    monkeypatch.setenv("FLASHQLA_CP", "0")
+    monkeypatch.setenv("FLASHQLA_CHAIN_PAIR", "2")
+    d, kw = three_forms(case, 63)
+    out = {}
+    for mode in ("0", "1"):
+        monkeypatch.setenv("FLASHQLA_PAIR_AB", mode)
+        names = gpu_kernel_names(lambda: out.__setitem__(mode, run_ours(d, **kw)))
+        pair = [n for n in names if "gdn_fwd_pair_kernel<" in n]
+        assert len(pair) == 1 and is_ab_pair(pair[0]) == (mode == "1"), names
+    assert torch.equal(out["0"][0], out["1"][0]) and torch.equal(out["0"][1], out["1"][1])
+
+
+def is_ab_pair(name):
+    """gdn_fwd_pair_kernel's kAb instantiation: its last template argument (demangled as true or (bool)1)."""
+    args = name.split("gdn_fwd_pair_kernel<", 1)[1].split(">", 1)[0].split(",")
+    return args[-1].strip() in ("true", "(bool)1")
+
+
 def gpu_kernel_names(fn):
     """The names of the GPU kernels fn launches (torch.profiler)."""
     with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
