@@ -281,8 +281,9 @@ constexpr int kPairThreads = 2 * kStateThreads + kAuxThreads;
 // rows past a sequence's end and releases stages.
 constexpr int kPairProdRegs = 40;
 // kAb: the producer also forms X (pair_form_x: 32 accumulators), in registers the state warpgroups give up. The
-// sum stays at 504 a thread slot, as the launch's own (as CUTLASS's and FA3's splits do): at 512 (224 / 64) the
-// state warpgroups' setmaxnreg.inc waited forever (the GPU tests hung, session 47).
+// sum stays at 504 a thread slot, as the launch's own (CUTLASS's and FA3's splits stay there too): at 512 (224 / 64)
+// the GPU tests hung in the first paired launch, at 216 / 72 they pass (session 47; setmaxnreg.inc waiting for
+// registers the SM does not hand out, by all appearances).
 constexpr int kPairAbStateRegs = 216, kPairAbProdRegs = 72;
 static_assert(2 * kPairAbStateRegs + kPairAbProdRegs <= 504 && 2 * kStateRegs + kPairProdRegs <= 504,
               "the pairs' registers, as the launch allocates them (3 x 168)");
