@@ -468,32 +468,43 @@ def test_paired_chain_names_its_kernel(monkeypatch):
     assert any("gdn_fwd_pair_kernel" in n for n in names), names
 
 
+@pytest.mark.parametrize("chain", ["pair", "obeside"])
 @pytest.mark.parametrize("case", ["varlen", "dense", "l2norm_fp16"])
-def test_paired_chain_forms_x_from_the_operand_bitwise(monkeypatch, case):
-    # FLASHQLA_PAIR_AB (on where the paired chain runs on the op's own workspace): the prep kernel writes X's
-    # 64-column 16-bit operand instead of X (8 KB a chunk-head for 16) and the pair's producer forms X from it with
-    # K; the same operands in the same product order, so o and the final state are bitwise those of the prep's X
-    # (=0). The instantiation that ran is checked by name (a comparison of a form with itself would pass).
+def test_chains_form_x_from_the_preps_operand_bitwise(monkeypatch, case, chain):
+    # FLASHQLA_PREP_AB (on where the O-beside chain's TMA form or the paired chain runs on the op's own workspace):
+    # the prep kernel (its kAb instantiation) writes X's 64-column 16-bit operand instead of X (8 KB a chunk-head for
+    # 16) and the chain's loaders form X from it with K; the same operands in the same product order, so o and the
+    # final state are bitwise those of the prep's X (=0). The instantiations that ran are checked by name (a
+    # comparison of a form with itself would pass): the prep's kAb, and the pair's (the O-beside kernel takes the
+    # operand at run time, the same instantiation both ways).
     for name in ("FLASHQLA_KSPLIT", "FLASHQLA_PREP_HEADS", "FLASHQLA_PREP_WG", "FLASHQLA_FWD_SPLIT",
                  "FLASHQLA_CHAIN_TMA", "FLASHQLA_GATES_FROM_PREP", "FLASHQLA_WGMMA"):
         monkeypatch.delenv(name, raising=False)
     monkeypatch.setenv("FLASHQLA_OVERLAP", "0")
     monkeypatch.setenv("FLASHQLA_CP", "0")
-    monkeypatch.setenv("FLASHQLA_CHAIN_PAIR", "2")
+    monkeypatch.setenv("FLASHQLA_CHAIN_PAIR", "2" if chain == "pair" else "0")
     d, kw = three_forms(case, 63)
     out = {}
     for mode in ("0", "1"):
-        monkeypatch.setenv("FLASHQLA_PAIR_AB", mode)
+        monkeypatch.setenv("FLASHQLA_PREP_AB", mode)
         names = gpu_kernel_names(lambda: out.__setitem__(mode, run_ours(d, **kw)))
+        prep = [n for n in names if "gdn_prep_kernel<" in n]
+        assert len(prep) == 1 and template_flag(prep[0], "gdn_prep_kernel") == (mode == "1"), names
         pair = [n for n in names if "gdn_fwd_pair_kernel<" in n]
-        assert len(pair) == 1 and is_ab_pair(pair[0]) == (mode == "1"), names
+        if chain == "pair":
+            assert len(pair) == 1 and template_flag(pair[0], "gdn_fwd_pair_kernel") == (mode == "1"), names
+        else:
+            assert not pair and any("gdn_fwd_mma_kernel<" in n for n in names), names
     assert torch.equal(out["0"][0], out["1"][0]) and torch.equal(out["0"][1], out["1"][1])
+    x = {k: (v.double() if isinstance(v, torch.Tensor) and v.is_floating_point() else v) for k, v in d.items()}
+    ro, rs = chunk_gdn_torch(**x, output_final_state=True, **kw)
+    assert rel_l2(out["1"][0], ro) < 5e-3 and rel_l2(out["1"][1], rs) < 5e-3
 
 
-def is_ab_pair(name):
-    """gdn_fwd_pair_kernel's kAb instantiation: its last template argument (demangled as true or (bool)1)."""
-    args = name.split("gdn_fwd_pair_kernel<", 1)[1].split(">", 1)[0].split(",")
-    return args[-1].strip() in ("true", "(bool)1")
+def template_flag(name, kernel, index=-1):
+    """A bool template argument of a kernel's demangled name (true / false or (bool)1 / (bool)0); default the last."""
+    args = name.split(kernel + "<", 1)[1].split(">", 1)[0].split(",")
+    return args[index].strip() in ("true", "(bool)1")
 
 
 def gpu_kernel_names(fn):
@@ -505,9 +516,8 @@ def gpu_kernel_names(fn):
 
 
 def is_wg_prep(name):
-    """gdn_prep_kernel's kWg instantiation: its last template argument (demangled as true or (bool)1)."""
-    args = name.split("gdn_prep_kernel<", 1)[1].split(">", 1)[0].split(",")
-    return args[-1].strip() in ("true", "(bool)1")
+    """gdn_prep_kernel's kWg instantiation: its fifth template argument."""
+    return template_flag(name, "gdn_prep_kernel", 4)
 
 
 # the wgmma prep (the default, in the prep kernel and in the workers beside the chain; FLASHQLA_PREP_WG=0: mma.sync): the

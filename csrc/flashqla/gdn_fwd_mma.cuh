@@ -280,10 +280,10 @@ constexpr int kPairThreads = 2 * kStateThreads + kAuxThreads;
 // Registers: each state warpgroup as the wgmma chain with O (kStateRegs); the producer only issues boxes, zeroes
 // rows past a sequence's end and releases stages.
 constexpr int kPairProdRegs = 40;
-// kAb: the producer also forms X (pair_form_x: 32 accumulators), in registers the state warpgroups give up. The
-// sum stays at 504 a thread slot, as the launch's own (CUTLASS's and FA3's splits stay there too): at 512 (224 / 64)
-// the GPU tests hung in the first paired launch, at 216 / 72 they pass (session 47; setmaxnreg.inc waiting for
-// registers the SM does not hand out, by all appearances).
+// kAb: the producer also forms X (form_x: 32 accumulators), in registers the state warpgroups give up. setmaxnreg.inc
+// takes registers only from those the CTA's setmaxnreg.dec released, so the sum stays at the launch's 3 x 168 = 504
+// a thread slot (CUTLASS's and FA3's splits stay there too): at 512 (224 / 64) the first paired launch hung in the
+// GPU tests, at 216 / 72 they pass (session 47).
 constexpr int kPairAbStateRegs = 216, kPairAbProdRegs = 72;
 static_assert(2 * kPairAbStateRegs + kPairAbProdRegs <= 504 && 2 * kStateRegs + kPairProdRegs <= 504,
               "the pairs' registers, as the launch allocates them (3 x 168)");
@@ -418,10 +418,11 @@ struct PrepBuffers {
   float* merge_ckpt = nullptr;
   // The forward's merge (the last pass with o): the source's final states, a merged walk's own
   const float* merge_final = nullptr;
-  // The paired chain's inputs (launch's kAb, workspace_private): the wgmma prep kernel writes, in X's first 64
-  // columns, the operand X is formed from (row i: beta_i A[m][i] over m, the same 16-bit values its own X product
-  // would read) instead of X, and the paired chain's producer forms X = that operand times K itself (the same
-  // bits): 8 KB a chunk-head where X took 16, once written and once read.
+  // X's operand instead of X (launch: the op's own workspace, workspace_private; FLASHQLA_PREP_AB): the wgmma prep
+  // kernel (its kAb) writes, in X's first 64 columns, the operand X is formed from (row i: beta_i A[m][i] over m,
+  // the same 16-bit values its own X product would read), and the chain's loaders (the O-beside chain's TMA form,
+  // the paired chain's producer: kAb) form X = that operand times K themselves (form_x; the same bits): 8 KB a
+  // chunk-head where X took 16, once written and once read.
   bool ab_only = false;
 };
 // The ready flags' two sides: the writer's threads each fence their X / W stores and meet at a barrier before one
@@ -1209,6 +1210,41 @@ CUTLASS_DEVICE void l2norm_stage_rows(StageT& S, int tid, bool want_q) {
   }
 }
 
+// PrepBuffers::ab_only: X = (the prep's operand) K, as the prep's X product forms it (A: the operand's 16-bit values,
+// here from shared memory, K-major; B: K's 64-column halves, MN-major; the same products in the same order), into
+// the stage's x 128-byte swizzled, as the TMA box of X would have put it, by one warpgroup (bar: its barrier).
+// op: the operand's tile, 64 x 64 swizzled; in_place: it is x[1] (the O-beside stage, which has no room for it),
+// written only after every warp's second product has read it. The caller has fenced and synchronised the tiles.
+template <typename T, typename StageT>
+CUTLASS_DEVICE void form_x(StageT& S, const T* op, int tid, uint32_t bar, bool in_place) {
+  using namespace gmma;
+  const int w = tid >> 5;
+  const warp::LdsmOffsets ld(tid & 31);
+  constexpr int kBlockBytes = kChunk * 64 * sizeof(T);
+#pragma unroll 1
+  for (int half = 0; half < 2; ++half) {
+    float xa[8][4];
+    warp::zero_acc(xa);
+    auto& x32 = reinterpret_cast<float(&)[32]>(xa);
+    fence();
+    pin(x32);
+#pragma unroll
+    for (int ks = 0; ks < 4; ++ks)
+      wgmma_ss<64, T, 0, 1>(x32, make_desc_sw128(reinterpret_cast<const char*>(op) + 32 * ks, 16, 1024),
+                            make_desc_sw128(reinterpret_cast<const char*>(S.k[half]) + 2048 * ks, kBlockBytes, 1024));
+    commit();
+    wait_all();
+    pin(x32);
+    if (in_place && half == 1) warp::bar_sync(bar, 128);
+#pragma unroll
+    for (int kk = 0; kk < 4; ++kk) {
+      uint32_t a[4];
+      warp::c_to_a<T>(a, xa[2 * kk], xa[2 * kk + 1]);
+      warp::stsm_x4(tile16(S.x[half], 16 * w + ld.a_row, 16 * kk + ld.a_col), a);
+    }
+  }
+}
+
 // kTmaQk (the wgmma prep kernel's; PrepStorageWg): K and Q arrive by TMA, issued by the caller on S.tma_bar.
 // kTmaChain (the O-beside chain's TMA instantiation and the state recompute's, launched where the maps exist): K, Q,
 // X, W and V by TMA on tma_bar (phase tma_parity; without o only K, X and V), issued by the group's warp 1 (lane 0):
@@ -1227,6 +1263,8 @@ CUTLASS_DEVICE void aux_chunk(const flashqla_gdn_fwd_params_t& p, StageT& S, Ax&
   const int w = tid >> 5, lane = tid & 31;
   const int64_t t0 = wk.t0 + c * kChunk;
   const int rows = static_cast<int>(wk.len - c * kChunk < kChunk ? wk.len - c * kChunk : kChunk);
+  // (PrepBuffers::ab_only, the O-beside chain on the prep kernel's output: X's operand comes into x[1], form_x)
+  const bool ab = kTmaChain && !kNoO && !kReady && wk.o != nullptr && pb.ab_only;
 
   // ---- loads: K, Q, V rows (zero past the end), g and beta (0 past the end). The prepared recurrent kernel
   // without o (summaries: the CP passes, the backward's states) reads Q only for Q S^T and O: not loaded
@@ -1250,7 +1288,8 @@ CUTLASS_DEVICE void aux_chunk(const flashqla_gdn_fwd_params_t& p, StageT& S, Ax&
       // (gates_from_prep, the O-beside chain on the prep kernel's output: gamma and decay as 512 bytes more; the
       // prep wrote chunk_bound's chunks: malformed cu_seqlens can name more, whose gates warp 0 computes)
       const bool gates = with_o && !kReady && pb.gates != nullptr && wk.chunk0 + c < chunk_bound(p);
-      tma::mbar_expect_tx(tma_bar, static_cast<uint32_t>((4 + (with_o ? 3 : 0) + (with_v ? 1 : 0)) * kChunk * 64 * sizeof(T) +
+      tma::mbar_expect_tx(tma_bar, static_cast<uint32_t>((4 - (ab ? 1 : 0) + (with_o ? 3 : 0) + (with_v ? 1 : 0)) *
+                                                             kChunk * 64 * sizeof(T) +
                                                          (gates ? 2 * kChunk * sizeof(float) : 0)));
       if (gates) {
         static_assert(offsetof(StageT, decay) == offsetof(StageT, gamma) + kChunk * sizeof(float), "gamma, decay");
@@ -1268,8 +1307,12 @@ CUTLASS_DEVICE void aux_chunk(const flashqla_gdn_fwd_params_t& p, StageT& S, Ax&
         // (the workers wrote them through the generic proxy; the TMA reads through the async one)
         asm volatile("fence.proxy.async.global;\n" ::: "memory");
       }
+      if (ab) {
+        tma::load_box3(S.x[1], &cmaps->x, tma_bar, 0, h, row0);
+      } else {
 #pragma unroll
-      for (int blk = 0; blk < 2; ++blk) tma::load_box3(S.x[blk], &cmaps->x, tma_bar, 64 * blk, h, row0);
+        for (int blk = 0; blk < 2; ++blk) tma::load_box3(S.x[blk], &cmaps->x, tma_bar, 64 * blk, h, row0);
+      }
       if (with_o) tma::load_box3(S.w, &cmaps->w, tma_bar, 0, h, row0);
     }
   }
@@ -1356,6 +1399,13 @@ CUTLASS_DEVICE void aux_chunk(const flashqla_gdn_fwd_params_t& p, StageT& S, Ax&
     bar_sync(bar_aux, kAuxThreads);
   }
   FLASHQLA_ROLE_PHASE(1, kAuxL2norm);
+  if constexpr (kTmaChain && !kNoO && !kReady) {
+    if (ab) {
+      fence_async_smem();  // (the zeros and l2norm's stores, before the wgmma read K and the operand)
+      bar_sync(bar_aux, kAuxThreads);
+      form_x<T>(S, S.x[1], tid, bar_aux, true);  // (aux_role fences and syncs X's stores before the hand-over)
+    }
+  }
   if constexpr (kMode == AuxMode::kFused) aux_products<T>(S, ax, tid, bar_aux, t_mark);
   if constexpr (kMode == AuxMode::kPrepStates) aux_products<T, false>(S, ax, tid, bar_aux, t_mark);
 #endif
@@ -2387,7 +2437,7 @@ CUTLASS_DEVICE void prep_head(const flashqla_gdn_fwd_params_t& p, const PrepBuff
 // which loop over chunks and release a flag once X is written): cp.async and stores, or with kStoreBoxes (the
 // workers of the chain's TMA form, on the chain's X and W maps) the kernel's box stores, waited for in full by
 // their issuing thread (the flag is released after them). x_map, w_map: the maps the boxes go to (kStoreBoxes).
-template <typename T, bool kKernel = false, bool kStoreBoxes = kKernel>
+template <typename T, bool kKernel = false, bool kStoreBoxes = kKernel, bool kAb = false>
 CUTLASS_DEVICE void prep_head_wg(const flashqla_gdn_fwd_params_t& p, const PrepBuffers<T>& pb, PrepStorageWg<T>& sm,
                                  const Work<T>& wk, int64_t c, int tid, uint32_t bar, long long& t_mark,
                                  const tma::QkMaps* maps = nullptr, const CUtensorMap* x_map = nullptr,
@@ -2410,7 +2460,7 @@ CUTLASS_DEVICE void prep_head_wg(const flashqla_gdn_fwd_params_t& p, const PrepB
   aux_gram_inverse_wg<T>(sm, sm, tid, bar, t_mark, qk);
   const WToGlobal<T> w_out{pb.w + row0 * p.heads_v * kChunk + wk.h * kChunk, p.heads_v * kChunk, rows};
   if constexpr (kStoreBoxes) {
-    const bool ab = kKernel && pb.ab_only;  // (X's operand in X's first 64 columns)
+    constexpr bool ab = kKernel && kAb;  // (PrepBuffers::ab_only: X's operand in X's first 64 columns)
     aux_mwx_wg<T>(sm, sm, tid, bar, t_mark, qk, WToSwizzledM<T>{w_out}, XToSwizzledQ{}, ab);
     warp::fence_async_smem();  // this thread's stores of X and W, before the TMA (the async proxy) reads them
     warp::bar_sync(bar, kPrepThreads);
@@ -2456,7 +2506,7 @@ CUTLASS_DEVICE void prep_head_wg(const flashqla_gdn_fwd_params_t& p, const PrepB
 // kStatesOnly (per-head form only): for a recurrence without o (the backward's state recompute), X alone.
 // kWg (per-head form only; the default there, prep_wg): prep_head_wg, whose storage is 1024-byte aligned (the
 // launch adds the slack), K and Q by TMA on `maps` (the host takes the mma.sync form where it cannot make them).
-template <typename T, typename IndexT, bool kGroup, bool kStatesOnly = false, bool kWg = false>
+template <typename T, typename IndexT, bool kGroup, bool kStatesOnly = false, bool kWg = false, bool kAb = false>
 __global__ void __launch_bounds__(kPrepThreads, kGroup ? kPrepGroupCtasPerSm : kWg ? kPrepWgCtasPerSm : kPrepCtasPerSm)
     gdn_prep_kernel(const __grid_constant__ flashqla_gdn_fwd_params_t p, const PrepBuffers<T> pb, int hpc,
                     const __grid_constant__ tma::QkMaps maps) {
@@ -2494,7 +2544,8 @@ __global__ void __launch_bounds__(kPrepThreads, kGroup ? kPrepGroupCtasPerSm : k
     store_prep_x<T>(p, pb, sm, row0, rows, ct.h, tid);
     FLASHQLA_ROLE_PHASE(1, kAuxWaitEmpty);  // (the prep's slot for its stores)
   } else if constexpr (kWg) {
-    prep_head_wg<T, true>(p, pb, sm, wk, c, tid, kBarAux, t_mark, &maps, &maps.x, &maps.w);
+    static_assert(!kAb || kWg, "X's operand: the wgmma prep");
+    prep_head_wg<T, true, true, kAb>(p, pb, sm, wk, c, tid, kBarAux, t_mark, &maps, &maps.x, &maps.w);
     FLASHQLA_ROLE_PHASE(1, kAuxWaitEmpty);  // (the prep's slot for its stores)
   } else if constexpr (!kGroup) {
     prep_head<T>(p, pb, sm, wk, c, tid, kBarAux, t_mark);
@@ -2796,39 +2847,6 @@ cudaError_t launch_recurrent(const flashqla_gdn_fwd_params_t& p, const PrepBuffe
 // chunk_bound on malformed cu_seqlens, get unit gates: any finite values; such a call's output is not defined);
 // then all zero the rows past the sequence's end (TMA brings the next packed sequence's tokens there), apply the
 // l2norm where asked, and hand the stage over.
-// kAb (PrepBuffers::ab_only): X = (the prep's operand) K, as the prep's X product forms it (A: the operand's 16-bit
-// values, here from shared memory, K-major; B: K's 64-column halves, MN-major; the same products in the same
-// order), into the stage's x 128-byte swizzled, as the TMA box of X would have put it. The caller has fenced and
-// synchronised the stage's tiles.
-template <typename T>
-CUTLASS_DEVICE void pair_form_x(StagePairSw<T>& S, int tid) {
-  using namespace gmma;
-  const int w = tid >> 5;
-  const warp::LdsmOffsets ld(tid & 31);
-  constexpr int kBlockBytes = kChunk * 64 * sizeof(T);
-#pragma unroll 1
-  for (int half = 0; half < 2; ++half) {
-    float xa[8][4];
-    warp::zero_acc(xa);
-    auto& x32 = reinterpret_cast<float(&)[32]>(xa);
-    fence();
-    pin(x32);
-#pragma unroll
-    for (int ks = 0; ks < 4; ++ks)
-      wgmma_ss<64, T, 0, 1>(x32, make_desc_sw128(reinterpret_cast<const char*>(S.ab) + 32 * ks, 16, 1024),
-                            make_desc_sw128(reinterpret_cast<const char*>(S.k[half]) + 2048 * ks, kBlockBytes, 1024));
-    commit();
-    wait_all();
-    pin(x32);
-#pragma unroll
-    for (int kk = 0; kk < 4; ++kk) {
-      uint32_t a[4];
-      warp::c_to_a<T>(a, xa[2 * kk], xa[2 * kk + 1]);
-      warp::stsm_x4(tile16(S.x[half], 16 * w + ld.a_row, 16 * kk + ld.a_col), a);
-    }
-  }
-}
-
 template <typename T, bool kSum = false, bool kMergeSource = false, bool kAb = false>
 CUTLASS_DEVICE void pair_producer(const flashqla_gdn_fwd_params_t& p, SharedStoragePair<T>& sm, const Work<T>& wk,
                                   const PrepBuffers<T>& pb, const tma::ChainMaps& cm) {
@@ -2899,7 +2917,7 @@ CUTLASS_DEVICE void pair_producer(const flashqla_gdn_fwd_params_t& p, SharedStor
     fence_async_smem();  // (the zeros and l2norm's stores, before the wgmma read the tiles through the async proxy)
     bar_sync(pr::kProd, kAuxThreads);  // (racecheck: bar.arrive orders the stores, racecheck does not model it)
     if constexpr (kAb) {
-      pair_form_x<T>(S, tid);
+      form_x<T>(S, S.ab, tid, pr::kProd, false);
       fence_async_smem();  // (X's stores, before the state warpgroups' wgmma read them)
       bar_sync(pr::kProd, kAuxThreads);
     }
@@ -2993,10 +3011,10 @@ inline bool pair_chain_wanted(const flashqla_gdn_fwd_params_t& p) {
   const int pair = chain_pair_mode();
   return pair >= 2 || (pair == 1 && p.num_seqs * p.heads_v * kVBlocks > device_sm_count());
 }
-// FLASHQLA_PAIR_AB=0: the prep writes X for the paired chain as before; else (1, unset) its operand alone where
-// launch allows it (PrepBuffers::ab_only).
-inline bool pair_ab_mode() {
-  const char* e = std::getenv("FLASHQLA_PAIR_AB");
+// FLASHQLA_PREP_AB=0: the prep kernel writes X as before; else (1, unset) X's operand alone where launch allows it
+// (PrepBuffers::ab_only: the O-beside chain's TMA form or the paired chain reads it, and forms X).
+inline bool prep_ab_mode() {
+  const char* e = std::getenv("FLASHQLA_PREP_AB");
   return !(e != nullptr && e[0] == '0');
 }
 
@@ -3080,10 +3098,6 @@ inline int gates_from_prep_mode() {
 template <typename T>
 cudaError_t launch_prepared(const flashqla_gdn_fwd_params_t& p, const PrepBuffers<T>& pb, cudaStream_t stream) {
   constexpr AuxMode kM = AuxMode::kLoadPrepared;
-  if (pb.ab_only) {  // (launch chose it where the pair runs: no other chain reads the operand)
-    const cudaError_t err = launch_pair<T>(p, pb, stream);
-    return err == cudaErrorNotSupported ? cudaErrorUnknown : err;
-  }
   switch (chain_form(p)) {
     case ChainForm::kWgmmaOb:
       if (pair_chain_wanted(p)) {
@@ -3266,13 +3280,16 @@ cudaError_t launch(const flashqla_gdn_fwd_params_t& p, cudaStream_t stream,
   if (gates_wanted && wg && v_map(p, v_probe))
     pb.gates = reinterpret_cast<float*>(static_cast<char*>(ws.ptr) + xw_bytes);
   if (gmode == 2 && pb.gates == nullptr) return ws.release(cudaErrorNotSupported, stream);
-  // the operand alone where only the paired chain reads this prep (a workspace no later call reads; the plain
-  // forward with o; launch_pair's conditions: the gates and maps made above)
-  pb.ab_only = pair_ab_mode() && p.workspace_private != 0 && pt == nullptr && merge_ckpt == nullptr && wg &&
+  // the operand alone where only the chain of this launch reads the prep (a workspace no later call reads; the
+  // plain forward with o): the O-beside chain in its TMA form or the paired chain, both on the gates and maps made
+  // above (pb.gates: the TMA form runs)
+  pb.ab_only = prep_ab_mode() && p.workspace_private != 0 && pt == nullptr && merge_ckpt == nullptr && wg &&
                pb.gates != nullptr && p.o != nullptr && p.chunk_states == nullptr &&
-               chain_form(p) == ChainForm::kWgmmaOb && pair_chain_wanted(p);
+               chain_form(p) == ChainForm::kWgmmaOb;
   auto prep = states_only(p) ? (ix64 ? gdn_prep_kernel<T, int64_t, false, true> : gdn_prep_kernel<T, int32_t, false, true>)
               : hpc > 1   ? (ix64 ? gdn_prep_kernel<T, int64_t, true> : gdn_prep_kernel<T, int32_t, true>)
+              : pb.ab_only ? (ix64 ? gdn_prep_kernel<T, int64_t, false, false, true, true>
+                                   : gdn_prep_kernel<T, int32_t, false, false, true, true>)
               : wg        ? (ix64 ? gdn_prep_kernel<T, int64_t, false, false, true> : gdn_prep_kernel<T, int32_t, false, false, true>)
                           : (ix64 ? gdn_prep_kernel<T, int64_t, false> : gdn_prep_kernel<T, int32_t, false>);
   const size_t smem = wg ? sizeof(PrepStorageWg<T>) + 1024 : sizeof(PrepStorage<T>);
