@@ -418,11 +418,11 @@ struct PrepBuffers {
   float* merge_ckpt = nullptr;
   // The forward's merge (the last pass with o): the source's final states, a merged walk's own
   const float* merge_final = nullptr;
-  // X's operand instead of X (launch: the op's own workspace, workspace_private; FLASHQLA_PREP_AB): the wgmma prep
-  // kernel (its kAb) writes, in X's first 64 columns, the operand X is formed from (row i: beta_i A[m][i] over m,
-  // the same 16-bit values its own X product would read), and the chain's loaders (the O-beside chain's TMA form,
-  // the paired chain's producer: kAb) form X = that operand times K themselves (form_x; the same bits): 8 KB a
-  // chunk-head where X took 16, once written and once read.
+  // X's operand instead of X where the paired chain runs (launch: the op's own workspace, workspace_private;
+  // FLASHQLA_PREP_AB): the wgmma prep kernel (its kAb) writes, in X's first 64 columns, the operand X is formed from
+  // (row i: beta_i A[m][i] over m, the same 16-bit values its own X product would read), and the pair's producer
+  // (its kAb) forms X = that operand times K itself (form_x; the same bits): 8 KB a chunk-head where X took 16,
+  // once written and once read.
   bool ab_only = false;
 };
 // The ready flags' two sides: the writer's threads each fence their X / W stores and meet at a barrier before one
@@ -1210,13 +1210,14 @@ CUTLASS_DEVICE void l2norm_stage_rows(StageT& S, int tid, bool want_q) {
   }
 }
 
-// PrepBuffers::ab_only: X = (the prep's operand) K, as the prep's X product forms it (A: the operand's 16-bit values,
-// here from shared memory, K-major; B: K's 64-column halves, MN-major; the same products in the same order), into
-// the stage's x 128-byte swizzled, as the TMA box of X would have put it, by one warpgroup (bar: its barrier).
-// op: the operand's tile, 64 x 64 swizzled; in_place: it is x[1] (the O-beside stage, which has no room for it),
-// written only after every warp's second product has read it. The caller has fenced and synchronised the tiles.
+// PrepBuffers::ab_only (the paired chain's producer): X = (the prep's operand) K, as the prep's X product forms it
+// (A: the operand's 16-bit values, here from shared memory, K-major; B: K's 64-column halves, MN-major; the same
+// products in the same order), into the stage's x 128-byte swizzled, as the TMA box of X would have put it, by one
+// warpgroup. op: the operand's tile, 64 x 64 swizzled. The caller has fenced and synchronised the tiles.
+// (The O-beside chain's loaders forming X the same way, the operand in x[1], measured +15..17% on that chain in
+// session 47: its loaders bind there.)
 template <typename T, typename StageT>
-CUTLASS_DEVICE void form_x(StageT& S, const T* op, int tid, uint32_t bar, bool in_place) {
+CUTLASS_DEVICE void form_x(StageT& S, const T* op, int tid) {
   using namespace gmma;
   const int w = tid >> 5;
   const warp::LdsmOffsets ld(tid & 31);
@@ -1235,7 +1236,6 @@ CUTLASS_DEVICE void form_x(StageT& S, const T* op, int tid, uint32_t bar, bool i
     commit();
     wait_all();
     pin(x32);
-    if (in_place && half == 1) warp::bar_sync(bar, 128);
 #pragma unroll
     for (int kk = 0; kk < 4; ++kk) {
       uint32_t a[4];
@@ -1263,8 +1263,6 @@ CUTLASS_DEVICE void aux_chunk(const flashqla_gdn_fwd_params_t& p, StageT& S, Ax&
   const int w = tid >> 5, lane = tid & 31;
   const int64_t t0 = wk.t0 + c * kChunk;
   const int rows = static_cast<int>(wk.len - c * kChunk < kChunk ? wk.len - c * kChunk : kChunk);
-  // (PrepBuffers::ab_only, the O-beside chain on the prep kernel's output: X's operand comes into x[1], form_x)
-  const bool ab = kTmaChain && !kNoO && !kReady && wk.o != nullptr && pb.ab_only;
 
   // ---- loads: K, Q, V rows (zero past the end), g and beta (0 past the end). The prepared recurrent kernel
   // without o (summaries: the CP passes, the backward's states) reads Q only for Q S^T and O: not loaded
@@ -1288,8 +1286,7 @@ CUTLASS_DEVICE void aux_chunk(const flashqla_gdn_fwd_params_t& p, StageT& S, Ax&
       // (gates_from_prep, the O-beside chain on the prep kernel's output: gamma and decay as 512 bytes more; the
       // prep wrote chunk_bound's chunks: malformed cu_seqlens can name more, whose gates warp 0 computes)
       const bool gates = with_o && !kReady && pb.gates != nullptr && wk.chunk0 + c < chunk_bound(p);
-      tma::mbar_expect_tx(tma_bar, static_cast<uint32_t>((4 - (ab ? 1 : 0) + (with_o ? 3 : 0) + (with_v ? 1 : 0)) *
-                                                             kChunk * 64 * sizeof(T) +
+      tma::mbar_expect_tx(tma_bar, static_cast<uint32_t>((4 + (with_o ? 3 : 0) + (with_v ? 1 : 0)) * kChunk * 64 * sizeof(T) +
                                                          (gates ? 2 * kChunk * sizeof(float) : 0)));
       if (gates) {
         static_assert(offsetof(StageT, decay) == offsetof(StageT, gamma) + kChunk * sizeof(float), "gamma, decay");
@@ -1307,12 +1304,8 @@ CUTLASS_DEVICE void aux_chunk(const flashqla_gdn_fwd_params_t& p, StageT& S, Ax&
         // (the workers wrote them through the generic proxy; the TMA reads through the async one)
         asm volatile("fence.proxy.async.global;\n" ::: "memory");
       }
-      if (ab) {
-        tma::load_box3(S.x[1], &cmaps->x, tma_bar, 0, h, row0);
-      } else {
 #pragma unroll
-        for (int blk = 0; blk < 2; ++blk) tma::load_box3(S.x[blk], &cmaps->x, tma_bar, 64 * blk, h, row0);
-      }
+      for (int blk = 0; blk < 2; ++blk) tma::load_box3(S.x[blk], &cmaps->x, tma_bar, 64 * blk, h, row0);
       if (with_o) tma::load_box3(S.w, &cmaps->w, tma_bar, 0, h, row0);
     }
   }
@@ -1399,13 +1392,6 @@ CUTLASS_DEVICE void aux_chunk(const flashqla_gdn_fwd_params_t& p, StageT& S, Ax&
     bar_sync(bar_aux, kAuxThreads);
   }
   FLASHQLA_ROLE_PHASE(1, kAuxL2norm);
-  if constexpr (kTmaChain && !kNoO && !kReady) {
-    if (ab) {
-      fence_async_smem();  // (the zeros and l2norm's stores, before the wgmma read K and the operand)
-      bar_sync(bar_aux, kAuxThreads);
-      form_x<T>(S, S.x[1], tid, bar_aux, true);  // (aux_role fences and syncs X's stores before the hand-over)
-    }
-  }
   if constexpr (kMode == AuxMode::kFused) aux_products<T>(S, ax, tid, bar_aux, t_mark);
   if constexpr (kMode == AuxMode::kPrepStates) aux_products<T, false>(S, ax, tid, bar_aux, t_mark);
 #endif
@@ -2917,7 +2903,7 @@ CUTLASS_DEVICE void pair_producer(const flashqla_gdn_fwd_params_t& p, SharedStor
     fence_async_smem();  // (the zeros and l2norm's stores, before the wgmma read the tiles through the async proxy)
     bar_sync(pr::kProd, kAuxThreads);  // (racecheck: bar.arrive orders the stores, racecheck does not model it)
     if constexpr (kAb) {
-      form_x<T>(S, S.ab, tid, pr::kProd, false);
+      form_x<T>(S, S.ab, tid);
       fence_async_smem();  // (X's stores, before the state warpgroups' wgmma read them)
       bar_sync(pr::kProd, kAuxThreads);
     }
@@ -3012,7 +2998,7 @@ inline bool pair_chain_wanted(const flashqla_gdn_fwd_params_t& p) {
   return pair >= 2 || (pair == 1 && p.num_seqs * p.heads_v * kVBlocks > device_sm_count());
 }
 // FLASHQLA_PREP_AB=0: the prep kernel writes X as before; else (1, unset) X's operand alone where launch allows it
-// (PrepBuffers::ab_only: the O-beside chain's TMA form or the paired chain reads it, and forms X).
+// (PrepBuffers::ab_only: the paired chain reads it and forms X).
 inline bool prep_ab_mode() {
   const char* e = std::getenv("FLASHQLA_PREP_AB");
   return !(e != nullptr && e[0] == '0');
@@ -3098,6 +3084,10 @@ inline int gates_from_prep_mode() {
 template <typename T>
 cudaError_t launch_prepared(const flashqla_gdn_fwd_params_t& p, const PrepBuffers<T>& pb, cudaStream_t stream) {
   constexpr AuxMode kM = AuxMode::kLoadPrepared;
+  if (pb.ab_only) {  // (launch chose it where the pair runs: no other chain forms X from the operand)
+    const cudaError_t err = launch_pair<T>(p, pb, stream);
+    return err == cudaErrorNotSupported ? cudaErrorUnknown : err;
+  }
   switch (chain_form(p)) {
     case ChainForm::kWgmmaOb:
       if (pair_chain_wanted(p)) {
@@ -3280,12 +3270,11 @@ cudaError_t launch(const flashqla_gdn_fwd_params_t& p, cudaStream_t stream,
   if (gates_wanted && wg && v_map(p, v_probe))
     pb.gates = reinterpret_cast<float*>(static_cast<char*>(ws.ptr) + xw_bytes);
   if (gmode == 2 && pb.gates == nullptr) return ws.release(cudaErrorNotSupported, stream);
-  // the operand alone where only the chain of this launch reads the prep (a workspace no later call reads; the
-  // plain forward with o): the O-beside chain in its TMA form or the paired chain, both on the gates and maps made
-  // above (pb.gates: the TMA form runs)
+  // the operand alone where only the paired chain reads this prep (a workspace no later call reads; the plain
+  // forward with o; launch_pair's conditions: the gates and maps made above)
   pb.ab_only = prep_ab_mode() && p.workspace_private != 0 && pt == nullptr && merge_ckpt == nullptr && wg &&
                pb.gates != nullptr && p.o != nullptr && p.chunk_states == nullptr &&
-               chain_form(p) == ChainForm::kWgmmaOb;
+               chain_form(p) == ChainForm::kWgmmaOb && pair_chain_wanted(p);
   auto prep = states_only(p) ? (ix64 ? gdn_prep_kernel<T, int64_t, false, true> : gdn_prep_kernel<T, int32_t, false, true>)
               : hpc > 1   ? (ix64 ? gdn_prep_kernel<T, int64_t, true> : gdn_prep_kernel<T, int32_t, true>)
               : pb.ab_only ? (ix64 ? gdn_prep_kernel<T, int64_t, false, false, true, true>

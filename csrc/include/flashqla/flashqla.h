@@ -154,9 +154,9 @@ typedef struct flashqla_gdn_fwd_params {
   const int32_t* seq_order;
   int32_t prep_workers;
   /* 1: no later call reads this call's workspace (no prep_ready call follows on it), so a forward with o may keep
-     there only what its own chain reads: X's 64-column operand (from the inverse) in X's place instead of X, which
-     the chain then forms itself (fewer bytes through memory; the same output bits). 0 (zero-initialised): X and W
-     as prep_ready documents. */
+     there only what its own chain reads: where the paired chain runs, X's 64-column operand (from the inverse) in
+     X's place instead of X, which the chain then forms itself (fewer bytes through memory; the same output bits).
+     0 (zero-initialised): X and W as prep_ready documents. */
   int32_t workspace_private;
 } flashqla_gdn_fwd_params_t;
 
