@@ -89,7 +89,10 @@ VARIANTS = [("v1", (), ()), ("v2", (), ()), ("v2", ("Yp",), ()), ("v2", ("Yp", "
             ("v2", ("P", "Vn", "Yp"), ()), ("v2", ("Vdec",), ("X", "Yp")), ("v2", ("Vdec",), ("X", "Yp", "P", "Vn")),
             # a four-role chain kernel in FlashQLA's form (v1's three products; NOTES, session 46): its update's
             # operand Z in hi + lo (kept fp32), A as a kkt_solve-sized prep would store it (bf16) or in fp32
-            ("v1", (), (), ("A",)), ("v1", ("Z",), ()), ("v1", ("Z",), (), ("A",)), ("v1", ("Z", "S"), ())]
+            ("v1", (), (), ("A",)), ("v1", ("Z",), ()), ("v1", ("Z",), (), ("A",)), ("v1", ("Z", "S"), ()),
+            # our two-product chain with M formed from a bf16 inverse (a prep that writes only A's operand, the chain
+            # gating it: M rounded twice; NOTES, session 47)
+            ("v2", (), (), ("A",))]
 
 
 def main():
