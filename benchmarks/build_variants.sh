@@ -9,6 +9,8 @@
 # (default /work/venvs/h200). Writes variants/<name>/{_C.cpython-312-x86_64-linux-gnu.so.xz,fq_phases.xz,COMMIT}
 # (xz: a variant's .so is ~31 MB raw, ~3 MB compressed; h200.sh unpacks them); carry `variants` to the H200. A variant may also get an ENV file
 # (KEY=VALUE lines) that h200.sh sets for it only: two names for one ref compare two runtime modes.
+# PHASES=0: no phase profiler (its compile takes ~5 minutes on 2 cores; the variants stage's phases step then has
+# nothing to run for that variant).
 set -euo pipefail
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
 VENV=${VENV:-/work/venvs/h200}
@@ -24,10 +26,12 @@ for spec in "$@"; do
     || { tail -20 "$dir/build.log"; exit 1; }
   mkdir -p "$ROOT/variants/$name"
   cp "$dir"/flashqla/_C.cpython-312-*.so "$ROOT/variants/$name/"
-  "$CUDA_HOME/bin/nvcc" -O3 -std=c++17 -gencode=arch=compute_90a,code=sm_90a --expt-relaxed-constexpr \
-    -I"$dir/csrc/include" -I"$dir/csrc" -I"$CUTLASS_INC" "$dir/benchmarks/profile_fwd_phases.cu" \
-    -o "$ROOT/variants/$name/fq_phases"
-  xz -T0 -6 -f "$ROOT/variants/$name"/_C.cpython-312-*.so "$ROOT/variants/$name/fq_phases"
+  if [ "${PHASES:-1}" != 0 ]; then
+    "$CUDA_HOME/bin/nvcc" -O3 -std=c++17 -gencode=arch=compute_90a,code=sm_90a --expt-relaxed-constexpr \
+      -I"$dir/csrc/include" -I"$dir/csrc" -I"$CUTLASS_INC" "$dir/benchmarks/profile_fwd_phases.cu" \
+      -o "$ROOT/variants/$name/fq_phases"
+  fi
+  xz -T0 -6 -f "$ROOT/variants/$name"/_C.cpython-312-*.so $( [ "${PHASES:-1}" != 0 ] && echo "$ROOT/variants/$name/fq_phases" )
   git -C "$dir" rev-parse HEAD > "$ROOT/variants/$name/COMMIT"
   git -C "$ROOT" worktree remove --force "$dir"
 done
