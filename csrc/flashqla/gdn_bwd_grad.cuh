@@ -295,22 +295,8 @@ CUTLASS_DEVICE uint64_t desc_mnmajor(const SwDesc& sd, uint32_t X, int ks) {
   return sd.at<kW>(X + 2048 * ks, kBlock);
 }
 constexpr uint32_t kRowBlock = kChunk * 64 * 2, kStateBlock = kDimK * 64 * 2;  // 16-bit T
-template <int NT>
-CUTLASS_DEVICE float (&flat(float (&acc)[NT][4]))[4 * NT] {
-  return reinterpret_cast<float(&)[4 * NT]>(acc);
-}
-// Runs issue() (wgmma_ss / wgmma_rs calls) as one committed group and waits for it; the accumulators are pinned
-// around it so that the compiler moves none of their reads or writes across. RS A fragments are loaded before
-// the call: wgmma.fence orders register writes before the products that read them.
-template <typename F, int... NTs>
-CUTLASS_DEVICE void wg_chain(F&& issue, float (&... acc)[NTs][4]) {
-  gmma::fence();
-  (gmma::pin(flat(acc)), ...);
-  issue();
-  gmma::commit();
-  gmma::wait_all();
-  (gmma::pin(flat(acc)), ...);
-}
+using gmma::flat;
+using gmma::wg_chain;
 // acc += X S (kMn 1: S's columns 64 nb..) or X S^T (kMn 0: S's rows 64 nb..), X a RowTile as A (SS)
 template <int kMn, typename T>
 CUTLASS_DEVICE void issue_row_state(const SwDesc& sd, float (&acc)[kNT][4], uint32_t X, uint32_t S) {

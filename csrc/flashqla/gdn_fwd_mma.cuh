@@ -287,7 +287,6 @@ constexpr int kPairProdRegs = 40;
 constexpr int kPairAbStateRegs = 216, kPairAbProdRegs = 72;
 static_assert(2 * kPairAbStateRegs + kPairAbProdRegs <= 504 && 2 * kStateRegs + kPairProdRegs <= 504,
               "the pairs' registers, as the launch allocates them (3 x 168)");
-static_assert(2 * kStateRegs * kStateThreads + kPairProdRegs * kAuxThreads <= 64 * 1024, "the paired chain's registers");
 namespace pr {
 enum Barrier : uint32_t {
   // + 2 stage + half: producer -> one state warpgroup (one each: a barrier both waited on would hold the two
@@ -881,17 +880,22 @@ struct XToStage {
 // Whether aux_mwx_wg hands W to its sink after the barrier that follows W's product (WToSwizzledM, below).
 template <typename Sink>
 constexpr bool kSinkAfterBarrier = false;
+// A warpgroup's 64 x 64 fp32 C tile (warp w: rows 16 w ..) into a 128-byte swizzled 16-bit tile, as a TMA box of
+// it lies, by stmatrix (the A-fragment order of each 16 x 16 block is stmatrix's, warp::stsm_x4)
+template <typename T>
+CUTLASS_DEVICE void store_c_swizzled(T (&tile)[kChunk * 64], int w, const float (&c)[8][4], int lane) {
+  const warp::LdsmOffsets ld(lane);
+#pragma unroll
+  for (int kk = 0; kk < 4; ++kk) {
+    uint32_t a[4];
+    warp::c_to_a<T>(a, c[2 * kk], c[2 * kk + 1]);
+    warp::stsm_x4(tile16(tile, 16 * w + ld.a_row, 16 * kk + ld.a_col), a);
+  }
+}
 struct XToSwizzledQ {
   template <typename StageT>
   CUTLASS_DEVICE void operator()(StageT& S, int w, int half, const float (&xa)[8][4], int lane) const {
-    using T = std::remove_cv_t<std::remove_reference_t<decltype(S.x[0])>>;
-    const warp::LdsmOffsets ld(lane);
-#pragma unroll
-    for (int kk = 0; kk < 4; ++kk) {  // the A-fragment order of each 16 x 16 block is stmatrix's (warp::stsm_x4)
-      uint32_t a[4];
-      warp::c_to_a<T>(a, xa[2 * kk], xa[2 * kk + 1]);
-      warp::stsm_x4(tile16(S.q[half], 16 * w + ld.a_row, 16 * kk + ld.a_col), a);
-    }
+    store_c_swizzled(S.q[half], w, xa, lane);
   }
 };
 // A layout whose M shares memory with X (the prep kernel's, PrepStorage below): X waits for every warp's W.
@@ -1065,14 +1069,10 @@ CUTLASS_DEVICE void aux_mwx_wg(PrepStorageWg<T>& S, Ax& ax, int tid, uint32_t ba
   for (int half = 0; half < 2; ++half) {
     float xa[8][4];
     warp::zero_acc(xa);
-    auto& x32 = reinterpret_cast<float(&)[32]>(xa);
-    fence();
-    pin(x32);
+    wg_chain([&] {
 #pragma unroll
-    for (int ks = 0; ks < 4; ++ks) wgmma_rs<64, T, 1>(x32, af[ks], mn_desc(S.k[half], ks));
-    commit();
-    wait_all();
-    pin(x32);
+      for (int ks = 0; ks < 4; ++ks) wgmma_rs<64, T, 1>(flat(xa), af[ks], mn_desc(S.k[half], ks));
+    }, xa);
     x_sink(S, w, half, xa, lane);
   }
   FLASHQLA_ROLE_PHASE(1, kAuxW);
@@ -1219,29 +1219,18 @@ CUTLASS_DEVICE void l2norm_stage_rows(StageT& S, int tid, bool want_q) {
 template <typename T, typename StageT>
 CUTLASS_DEVICE void form_x(StageT& S, const T* op, int tid) {
   using namespace gmma;
-  const int w = tid >> 5;
-  const warp::LdsmOffsets ld(tid & 31);
   constexpr int kBlockBytes = kChunk * 64 * sizeof(T);
 #pragma unroll 1
   for (int half = 0; half < 2; ++half) {
     float xa[8][4];
     warp::zero_acc(xa);
-    auto& x32 = reinterpret_cast<float(&)[32]>(xa);
-    fence();
-    pin(x32);
+    wg_chain([&] {
 #pragma unroll
-    for (int ks = 0; ks < 4; ++ks)
-      wgmma_ss<64, T, 0, 1>(x32, make_desc_sw128(reinterpret_cast<const char*>(op) + 32 * ks, 16, 1024),
-                            make_desc_sw128(reinterpret_cast<const char*>(S.k[half]) + 2048 * ks, kBlockBytes, 1024));
-    commit();
-    wait_all();
-    pin(x32);
-#pragma unroll
-    for (int kk = 0; kk < 4; ++kk) {
-      uint32_t a[4];
-      warp::c_to_a<T>(a, xa[2 * kk], xa[2 * kk + 1]);
-      warp::stsm_x4(tile16(S.x[half], 16 * w + ld.a_row, 16 * kk + ld.a_col), a);
-    }
+      for (int ks = 0; ks < 4; ++ks)
+        wgmma_ss<64, T, 0, 1>(flat(xa), make_desc_sw128(reinterpret_cast<const char*>(op) + 32 * ks, 16, 1024),
+                              make_desc_sw128(reinterpret_cast<const char*>(S.k[half]) + 2048 * ks, kBlockBytes, 1024));
+    }, xa);
+    store_c_swizzled(S.x[half], tid >> 5, xa, tid & 31);
   }
 }
 
@@ -2384,13 +2373,7 @@ struct WToSwizzledM {
   template <typename StageT>
   CUTLASS_DEVICE void operator()(StageT& S, int w, const float (&wa)[8][4], int lane) const {
     if (direct.rows < kChunk) return direct(S, w, wa, lane);
-    const warp::LdsmOffsets ld(lane);
-#pragma unroll
-    for (int kk = 0; kk < 4; ++kk) {
-      uint32_t a[4];
-      warp::c_to_a<T>(a, wa[2 * kk], wa[2 * kk + 1]);
-      warp::stsm_x4(tile16(S.m, 16 * w + ld.a_row, 16 * kk + ld.a_col), a);
-    }
+    store_c_swizzled(S.m, w, wa, lane);
   }
 };
 template <typename T>
@@ -2498,6 +2481,7 @@ __global__ void __launch_bounds__(kPrepThreads, kGroup ? kPrepGroupCtasPerSm : k
                     const __grid_constant__ tma::QkMaps maps) {
   static_assert(!(kGroup && kStatesOnly), "the group form computes W");
   static_assert(!kWg || (!kGroup && !kStatesOnly), "the wgmma form: per head, with W");
+  static_assert(!kAb || kWg, "X's operand (PrepBuffers::ab_only): the wgmma form");
   using Storage = std::conditional_t<kWg, PrepStorageWg<T>, PrepStorage<T>>;
   extern __shared__ __align__(128) unsigned char smem_raw[];
   unsigned char* base = smem_raw;
@@ -2530,7 +2514,6 @@ __global__ void __launch_bounds__(kPrepThreads, kGroup ? kPrepGroupCtasPerSm : k
     store_prep_x<T>(p, pb, sm, row0, rows, ct.h, tid);
     FLASHQLA_ROLE_PHASE(1, kAuxWaitEmpty);  // (the prep's slot for its stores)
   } else if constexpr (kWg) {
-    static_assert(!kAb || kWg, "X's operand: the wgmma prep");
     prep_head_wg<T, true, true, kAb>(p, pb, sm, wk, c, tid, kBarAux, t_mark, &maps, &maps.x, &maps.w);
     FLASHQLA_ROLE_PHASE(1, kAuxWaitEmpty);  // (the prep's slot for its stores)
   } else if constexpr (!kGroup) {

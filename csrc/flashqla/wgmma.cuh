@@ -96,6 +96,24 @@ CUTLASS_DEVICE void pin(float (&d)[N]) {
   for (int i = 0; i < N; ++i) asm volatile("" : "+f"(d[i])::"memory");
 }
 
+// A warpgroup's C tiles (NT of 8 columns, 4 values each) as the flat register list a wgmma names
+template <int NT>
+CUTLASS_DEVICE float (&flat(float (&acc)[NT][4]))[4 * NT] {
+  return reinterpret_cast<float(&)[4 * NT]>(acc);
+}
+// Runs issue() (wgmma_ss / wgmma_rs calls) as one committed group and waits for it; the accumulators are pinned
+// around it so that the compiler moves none of their reads or writes across. RS A fragments are loaded before
+// the call: wgmma.fence orders register writes before the products that read them.
+template <typename F, int... NTs>
+CUTLASS_DEVICE void wg_chain(F&& issue, float (&... acc)[NTs][4]) {
+  fence();
+  (pin(flat(acc)), ...);
+  issue();
+  commit();
+  wait_all();
+  (pin(flat(acc)), ...);
+}
+
 // D (64 x N, fp32) += A (64 x 16, registers: the mma.sync A fragment of each warp's 16 rows) * B (16 x N,
 // K-major in shared memory). Always accumulates (scale-d = 1): zero D first where a product starts.
 // imm-trans-b: 0 for a K-major B, 1 for an MN-major one (16-bit types only).
