@@ -1012,6 +1012,27 @@ CUTLASS_DEVICE void aux_mwx(StageT& S, Ax& ax, int tid, uint32_t bar_aux, long l
 // wgmma m64n64k16 (A: P
 // from registers, zero past the warp's diagonal block; B: M, MN-major) and X = diag(beta) A^T K as 2 x 4 (A: the
 // operand x_half builds, zeros for the k blocks above the warp's rows; B: K's 64-column halves, MN-major).
+// k16 step ks of an MN-major 64-column block (128-byte swizzled, 64 rows): 16 rows, as wgmma's B
+template <typename T>
+CUTLASS_DEVICE uint64_t mn_desc_sw128(const T* block, int ks) {
+  return gmma::make_desc_sw128(reinterpret_cast<const char*>(block) + 2048 * ks, kChunk * 64 * sizeof(T), 1024);
+}
+// X = (A operand) K in K's two 64-column halves (the prep's X, the pair's form_x): per half, four k16 steps
+// step(acc, ks, B descriptor) as one wgmma group, then sink(half, acc)
+template <typename T, typename Step, typename Sink>
+CUTLASS_DEVICE void x_products(const T (&k)[2][kChunk * 64], Step step, Sink sink) {
+#pragma unroll 1
+  for (int half = 0; half < 2; ++half) {
+    float xa[8][4];
+    warp::zero_acc(xa);
+    gmma::wg_chain([&] {
+#pragma unroll
+      for (int ks = 0; ks < 4; ++ks) step(xa, ks, mn_desc_sw128(k[half], ks));
+    }, xa);
+    sink(half, xa);
+  }
+}
+
 template <typename T, typename Ax, typename WSink, typename XSink = XToStage>
 CUTLASS_DEVICE void aux_mwx_wg(PrepStorageWg<T>& S, Ax& ax, int tid, uint32_t bar_aux, long long& t_mark,
                                const float (&qk)[8][4], WSink w_sink, XSink x_sink = XSink{}, bool ab_out = false) {
@@ -1019,10 +1040,7 @@ CUTLASS_DEVICE void aux_mwx_wg(PrepStorageWg<T>& S, Ax& ax, int tid, uint32_t ba
   (void)t_mark;
   const AuxLane al(tid);
   const int w = al.w, lane = al.lane, tq = al.tq, i0 = al.i0, i1 = al.i1;
-  constexpr int kBlockBytes = kChunk * 64 * sizeof(T);
-  const auto mn_desc = [](const T* block, int ks) {  // k16 step ks of an MN-major 64-column block: 16 rows
-    return make_desc_sw128(reinterpret_cast<const char*>(block) + 2048 * ks, kBlockBytes, 1024);
-  };
+  const auto mn_desc = [](const T* block, int ks) { return mn_desc_sw128(block, ks); };
   // (M = (Gamma * A) diag(beta) is in S.m: aux_gram_inverse_wg stored it beside P)
   fence_async_smem();
   warp::bar_sync(bar_aux, kAuxThreads);  // M complete
@@ -1065,16 +1083,9 @@ CUTLASS_DEVICE void aux_mwx_wg(PrepStorageWg<T>& S, Ax& ax, int tid, uint32_t ba
     FLASHQLA_ROLE_PHASE(1, kAuxW);
     return;
   }
-#pragma unroll 1
-  for (int half = 0; half < 2; ++half) {
-    float xa[8][4];
-    warp::zero_acc(xa);
-    wg_chain([&] {
-#pragma unroll
-      for (int ks = 0; ks < 4; ++ks) wgmma_rs<64, T, 1>(flat(xa), af[ks], mn_desc(S.k[half], ks));
-    }, xa);
-    x_sink(S, w, half, xa, lane);
-  }
+  x_products<T>(
+      S.k, [&](float(&xa)[8][4], int ks, uint64_t b) { wgmma_rs<64, T, 1>(flat(xa), af[ks], b); },
+      [&](int half, const float(&xa)[8][4]) { x_sink(S, w, half, xa, lane); });
   FLASHQLA_ROLE_PHASE(1, kAuxW);
 }
 
@@ -1219,19 +1230,12 @@ CUTLASS_DEVICE void l2norm_stage_rows(StageT& S, int tid, bool want_q) {
 template <typename T, typename StageT>
 CUTLASS_DEVICE void form_x(StageT& S, const T* op, int tid) {
   using namespace gmma;
-  constexpr int kBlockBytes = kChunk * 64 * sizeof(T);
-#pragma unroll 1
-  for (int half = 0; half < 2; ++half) {
-    float xa[8][4];
-    warp::zero_acc(xa);
-    wg_chain([&] {
-#pragma unroll
-      for (int ks = 0; ks < 4; ++ks)
-        wgmma_ss<64, T, 0, 1>(flat(xa), make_desc_sw128(reinterpret_cast<const char*>(op) + 32 * ks, 16, 1024),
-                              make_desc_sw128(reinterpret_cast<const char*>(S.k[half]) + 2048 * ks, kBlockBytes, 1024));
-    }, xa);
-    store_c_swizzled(S.x[half], tid >> 5, xa, tid & 31);
-  }
+  x_products<T>(
+      S.k,
+      [&](float(&xa)[8][4], int ks, uint64_t b) {
+        wgmma_ss<64, T, 0, 1>(flat(xa), make_desc_sw128(reinterpret_cast<const char*>(op) + 32 * ks, 16, 1024), b);
+      },
+      [&](int half, const float(&xa)[8][4]) { store_c_swizzled(S.x[half], tid >> 5, xa, tid & 31); });
 }
 
 // kTmaQk (the wgmma prep kernel's; PrepStorageWg): K and Q arrive by TMA, issued by the caller on S.tma_bar.
@@ -3067,15 +3071,12 @@ inline int gates_from_prep_mode() {
 template <typename T>
 cudaError_t launch_prepared(const flashqla_gdn_fwd_params_t& p, const PrepBuffers<T>& pb, cudaStream_t stream) {
   constexpr AuxMode kM = AuxMode::kLoadPrepared;
-  if (pb.ab_only) {  // (launch chose it where the pair runs: no other chain forms X from the operand)
-    const cudaError_t err = launch_pair<T>(p, pb, stream);
-    return err == cudaErrorNotSupported ? cudaErrorUnknown : err;
-  }
   switch (chain_form(p)) {
     case ChainForm::kWgmmaOb:
       if (pair_chain_wanted(p)) {
         const cudaError_t err = launch_pair<T>(p, pb, stream);
-        if (err != cudaErrorNotSupported || chain_pair_mode() == 2) return err;
+        // (ab_only: launch chose it where the pair runs, and no other chain forms X from the operand)
+        if (err != cudaErrorNotSupported || chain_pair_mode() == 2 || pb.ab_only) return err;
       }
       return launch_recurrent<T, kM, false, true, true>(p, pb, stream);
     case ChainForm::kWgmma: return launch_recurrent<T, kM, false, true>(p, pb, stream);
