@@ -19,10 +19,81 @@
 namespace fs = flashqla::gdn_fwd_simple;
 namespace fm = flashqla::gdn_fwd_mma;
 
+// One role's table: its phases in program order (order[k] indexes cyc and names), cycles per unit of `per`
+// (chunks), each phase's share, and the total.
+static void print_phases(const char* head, const char* const* names, const int* order, int n,
+                         const unsigned long long* cyc, double per) {
+  unsigned long long tot = 0;
+  for (int i = 0; i < n; ++i) tot += cyc[i];
+  std::printf("%-32s %12s %8s\n", head, "cycles", "share");
+  for (int k = 0; k < n; ++k)
+    std::printf("%-32s %12.0f %7.1f%%\n", names[order[k]], cyc[order[k]] / per, tot ? 100.0 * cyc[order[k]] / tot : 0.0);
+  std::printf("%-32s %12.0f\n", "total", tot / per);
+}
+
+// The state role's phases (state_role's StatePhase slots) with O formed by the state warps, in program order
+static const char* const kStNames[fm::kStPhases] = {"wait full", "KS^T + QS^T", "gates, V^T, Z, Y", "O^T += Z^T W^T",
+                                                    "S^T update (hi + lo)", "O store", "S->bf16"};
+static const int kStOrder[fm::kStPhases] = {0, 6, 1, 2, 3, 4, 5};
+
+// The prep kernel's phases (thread 0 of the middle value head's CTAs, g_time_prep) on the launch `fwd`
+template <typename Launch>
+static int prep_table(Launch&& fwd, double chunks) {
+  const int on = 1, off = 0;
+  CUDA_OK(cudaMemcpyToSymbol(fm::g_time_prep, &on, sizeof(on)));
+  const float pms = warm_then_time(fwd, [] { zero_symbol(fm::g_prep_cycles); });
+  CUDA_OK(cudaMemcpyToSymbol(fm::g_time_prep, &off, sizeof(off)));
+  unsigned long long pc[8];
+  CUDA_OK(cudaMemcpyFromSymbol(pc, fm::g_prep_cycles, sizeof(pc)));
+  const char* prep_names[fm::kAuxPhases] = {"store X", "loads + cumsum", "l2norm", "KK^T, QK^T, L, P",
+                                            "inverse diagonal", "inverse merges", "M", "W, X"};
+  const int order[fm::kAuxPhases] = {1, 2, 3, 4, 5, 6, 7, 0};  // in program order
+  std::printf("\nprep kernel (same call, %.3f ms with the chain), thread 0 of the middle value head's CTAs\n", pms);
+  print_phases("phase (per chunk)", prep_names, order, fm::kAuxPhases, pc, chunks);
+  return 0;
+}
+
+// `fq_phases pair B T hq hv`: the paired chain at a dense B x T shape (TP1 8192x4: `pair 4 8192 16 64`) as the
+// library launches it (the prep kernel, then the pair), with FLASHQLA_PREP_AB on (the prep writes X's operand and the
+// producer forms X; the op's own workspace) and off: state warpgroup 0's phases and the producer's (its thread 0:
+// the TMA issue), per chunk of CTA 0, then the prep kernel's. Whose time is a step: the state warpgroups' products,
+// or their "wait full" on the producer, and of the producer's, its TMA wait (the bytes) or its own work?
+static int pair_tables(int64_t B, int64_t T, int64_t hq, int64_t hv) {
+  flashqla_gdn_fwd_params_t p = dense_bf16_batch(B, T, hq, hv);
+  p.workspace_private = 1;  // (the torch op's own workspace: the operand mode where FLASHQLA_PREP_AB allows it)
+  const double chunks = double(T / fm::kChunk);
+  const int on = 1, off = 0, first = 0;
+  CUDA_OK(cudaMemcpyToSymbol(fm::g_pair_timers, &on, sizeof(on)));
+  CUDA_OK(cudaMemcpyToSymbol(fm::g_timed_block, &first, sizeof(first)));
+  // the producer's phases in AuxPhase's slots (pair_producer), in program order
+  const char* prod_names[fm::kAuxPhases] = {"wait empty (the stage back)", "TMA wait (the boxes land)",
+                                            "zero rows, l2norm, barrier", "TMA issue, gates", "-", "-",
+                                            "form X (operand mode)", "-"};
+  const int prod_order[] = {0, 3, 1, 2, 6};
+  const auto fwd = [&] { return fm::launch<__nv_bfloat16>(p, nullptr); };
+  for (const char* ab : {"1", "0"}) {
+    setenv("FLASHQLA_PREP_AB", ab, 1);
+    const float ms = warm_then_time(fwd, [] { zero_symbol(fm::g_role_cycles); });
+    unsigned long long rc[2][8];
+    CUDA_OK(cudaMemcpyFromSymbol(rc, fm::g_role_cycles, sizeof(rc)));
+    std::printf("\npaired chain, %lld x %lld tokens, %lld/%lld heads, FLASHQLA_PREP_AB=%s: %.3f ms (prep + pair)\n",
+                (long long)B, (long long)T, (long long)hq, (long long)hv, ab, ms);
+    print_phases("state warpgroup 0 (per chunk)", kStNames, kStOrder, fm::kStPhases, rc[0], chunks);
+    print_phases("producer (per chunk)", prod_names, prod_order, 5, rc[1], chunks);
+    if (rc[1][fm::kAuxLoad] == 0) std::printf("(no producer phases: the paired chain did not run at this shape)\n");
+    if (prep_table(fwd, chunks) != 0) return 1;
+  }
+  unsetenv("FLASHQLA_PREP_AB");
+  CUDA_OK(cudaMemcpyToSymbol(fm::g_pair_timers, &off, sizeof(off)));
+  return 0;
+}
+
 // `fq_phases shape T hq hv`: only the O-beside chain's role tables at that dense shape, as the library launches it
 // (the prep beside the chain where overlap_prep_ctas allows), then with FLASHQLA_OVERLAP=0 (the prep kernel first):
 // what the chain's step costs beside the prep workers and alone (session 30: ~3.8k against ~3.0k cycles at 35B).
 int main(int argc, char** argv) {
+  if (argc >= 6 && std::string(argv[1]) == "pair")
+    return pair_tables(std::atoll(argv[2]), std::atoll(argv[3]), std::atoll(argv[4]), std::atoll(argv[5]));
   const bool shape = argc >= 5 && std::string(argv[1]) == "shape";
   const int64_t T = shape ? std::atoll(argv[2]) : 8192, Hq = shape ? std::atoll(argv[3]) : 16,
                 Hv = shape ? std::atoll(argv[4]) : 64, D = 128;
@@ -51,8 +122,7 @@ int main(int argc, char** argv) {
 
   // v2: per-role phases on the same problem, then at 2/8 heads (16 CTAs, TP8-like: is the chain bound by the
   // state warps or by the loader groups when the GPU is nearly idle?)
-  const char* st_names[fm::kStPhases] = {"wait full", "KS^T + QS^T", "gates, V^T, Z, Y", "O^T += Z^T W^T",
-                                         "S^T update (hi + lo)", "O store", "S->bf16"};
+  const char* const* st_names = kStNames;
   // the chain kernels' aux warps only load (split mode): their slots 3 and 4 time the copies' issue and the gates
   // (warp 0, the timed one) apart from the wait for the copies; slot 5 the TMA chain's box issue (thread 0, before
   // its V copies); slots 6-7 stay empty
@@ -69,23 +139,11 @@ int main(int argc, char** argv) {
     CUDA_OK(cudaMemcpyFromSymbol(rc, fm::g_role_cycles, sizeof(rc)));
     std::printf("\n%s, 1 x %lld tokens, %lld/%lld heads: %.3f ms (%.2f us per chunk per CTA)\n", what, (long long)T,
                 (long long)p.heads_qk, (long long)p.heads_v, ms, 1000.0 * ms / chunks);
-    for (int role = 0; role < 2; ++role) {
-      const int n = role == 0 ? int(fm::kStPhases) : int(fm::kAuxPhases);
-      unsigned long long tot = 0;
-      for (int i = 0; i < n; ++i) tot += rc[role][i];
-      // the timed aux warp belongs to group 0, which prepares every kAuxGroups-th chunk
-      const double per = role == 0 ? chunks : chunks / fm::kAuxGroups;
-      std::printf("%-32s %12s %8s\n", role == 0 ? "state warp 0 (CTA 0, per chunk)" : "aux warp 0 (CTA 0, per own chunk)",
-                  "cycles", "share");
-      const int aux_order[fm::kAuxPhases] = {0, 5, 3, 4, 1, 2, 6, 7};  // program order
-      const int st_order[fm::kStPhases] = {0, 6, 1, 2, 3, 4, 5};
-      for (int k = 0; k < n; ++k) {
-        const int i = role == 0 ? st_order[k] : aux_order[k];
-        std::printf("%-32s %12.0f %7.1f%%\n", role == 0 ? st[i] : aux_names[i], rc[role][i] / per,
-                    tot ? 100.0 * rc[role][i] / tot : 0.0);
-      }
-      std::printf("%-32s %12.0f\n", "total", tot / per);
-    }
+    print_phases("state warp 0 (CTA 0, per chunk)", st, kStOrder, fm::kStPhases, rc[0], chunks);
+    // the timed aux warp belongs to group 0, which prepares every kAuxGroups-th chunk
+    const int aux_order[fm::kAuxPhases] = {0, 5, 3, 4, 1, 2, 6, 7};  // program order
+    print_phases("aux warp 0 (CTA 0, per own chunk)", aux_names, aux_order, fm::kAuxPhases, rc[1],
+                 chunks / fm::kAuxGroups);
     return 0;
   };
   const auto fwd = [&] { return fm::launch<__nv_bfloat16>(p, nullptr); };
@@ -112,24 +170,7 @@ int main(int argc, char** argv) {
   // per chunk (the prep holds ~half the TP1 forward's SM time: which phase of it?). The middle head's CTAs run
   // mid-launch, among CTAs at every phase; head 0's (timed up to session 13) all ran in the first wave, where
   // every CTA loads at once.
-  {
-    const int on = 1, off = 0;
-    CUDA_OK(cudaMemcpyToSymbol(fm::g_time_prep, &on, sizeof(on)));
-    const float pms = warm_then_time(fwd, [] { zero_symbol(fm::g_prep_cycles); });
-    CUDA_OK(cudaMemcpyToSymbol(fm::g_time_prep, &off, sizeof(off)));
-    unsigned long long pc[8];
-    CUDA_OK(cudaMemcpyFromSymbol(pc, fm::g_prep_cycles, sizeof(pc)));
-    const char* prep_names[fm::kAuxPhases] = {"store X", "loads + cumsum", "l2norm", "KK^T, QK^T, L, P",
-                                              "inverse diagonal", "inverse merges", "M", "W, X"};
-    const int order[fm::kAuxPhases] = {1, 2, 3, 4, 5, 6, 7, 0};  // in program order
-    unsigned long long tot = 0;
-    for (int i = 0; i < fm::kAuxPhases; ++i) tot += pc[i];
-    std::printf("\nprep kernel (same call, %.3f ms with the chain), thread 0 of the middle value head's CTAs\n", pms);
-    std::printf("%-32s %12s %8s\n", "phase (per chunk)", "cycles", "share");
-    for (int i : order)
-      std::printf("%-32s %12.0f %7.1f%%\n", prep_names[i], pc[i] / chunks, tot ? 100.0 * pc[i] / tot : 0.0);
-    std::printf("%-32s %12.0f\n", "total", tot / chunks);
-  }
+  if (prep_table(fwd, chunks) != 0) return 1;
 
   // The backward's two chains at 16/32 heads (64 CTAs each; in the backward they run side by side), each alone:
   // the state recompute (chunk states, no o) and the dS chain (v = dO), to see which part of their ~3 us step is

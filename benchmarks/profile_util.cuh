@@ -38,17 +38,18 @@ T* device_random(int64_t n, float lo, float hi, uint32_t seed) {
   return p;
 }
 
-// One dense sequence of T tokens, hq/hv heads, K = V = 128, bf16 q/k/v (and o), fp32 g (log-decays in
+// B dense sequences of T tokens each, hq/hv heads, K = V = 128, bf16 q/k/v (and o), fp32 g (log-decays in
 // [-0.08, 0)) and beta: random inputs, o allocated, everything contiguous [B, T, H, D].
-inline flashqla_gdn_fwd_params_t dense_bf16_problem(int64_t T, int64_t hq, int64_t hv) {
+inline flashqla_gdn_fwd_params_t dense_bf16_batch(int64_t B, int64_t T, int64_t hq, int64_t hv) {
   constexpr int64_t D = 128;
+  const int64_t rows = B * T;
   flashqla_gdn_fwd_params_t p{};
-  p.q = device_random<__nv_bfloat16>(T * hq * D, -0.15f, 0.15f, 1);
-  p.k = device_random<__nv_bfloat16>(T * hq * D, -0.15f, 0.15f, 2);
-  p.v = device_random<__nv_bfloat16>(T * hv * D, -1.f, 1.f, 3);
-  p.o = device_random<__nv_bfloat16>(T * hv * D, 0.f, 0.f, 0);
-  p.g = device_random<float>(T * hv, -0.08f, 0.f, 4);
-  p.beta = device_random<float>(T * hv, 0.f, 1.f, 5);
+  p.q = device_random<__nv_bfloat16>(rows * hq * D, -0.15f, 0.15f, 1);
+  p.k = device_random<__nv_bfloat16>(rows * hq * D, -0.15f, 0.15f, 2);
+  p.v = device_random<__nv_bfloat16>(rows * hv * D, -1.f, 1.f, 3);
+  p.o = device_random<__nv_bfloat16>(rows * hv * D, 0.f, 0.f, 0);
+  p.g = device_random<float>(rows * hv, -0.08f, 0.f, 4);
+  p.beta = device_random<float>(rows * hv, 0.f, 1.f, 5);
   p.qkv_dtype = FLASHQLA_BFLOAT16;
   p.g_dtype = p.beta_dtype = FLASHQLA_FLOAT32;
   p.q_stride_batch = p.k_stride_batch = T * hq * D;
@@ -60,9 +61,13 @@ inline flashqla_gdn_fwd_params_t dense_bf16_problem(int64_t T, int64_t hq, int64
   p.g_stride_batch = p.beta_stride_batch = T * hv;
   p.g_stride_time = p.beta_stride_time = hv;
   p.g_stride_head = p.beta_stride_head = 1;
-  p.batch = 1; p.seqlen = T; p.heads_qk = hq; p.heads_v = hv; p.head_dim_k = D; p.head_dim_v = D;
-  p.num_seqs = 1; p.scale = 0.08838834764831845f;
+  p.batch = B; p.seqlen = T; p.heads_qk = hq; p.heads_v = hv; p.head_dim_k = D; p.head_dim_v = D;
+  p.num_seqs = B; p.scale = 0.08838834764831845f;
   return p;
+}
+// One dense sequence (the profilers' default problem)
+inline flashqla_gdn_fwd_params_t dense_bf16_problem(int64_t T, int64_t hq, int64_t hv) {
+  return dense_bf16_batch(1, T, hq, hv);
 }
 
 // Zero a __device__ counter array (the phase timers').

@@ -127,6 +127,9 @@ __device__ int g_timed_block;
 // g_prep_cycles (atomically: many CTAs), slot kAuxWaitEmpty holding the store of X and W (no stage to wait for).
 __device__ unsigned long long g_prep_cycles[8];
 __device__ int g_time_prep;
+// Set for the paired chain (384 threads, as the fused kernel's CTA): its producer's first thread (2 x kStateThreads)
+// is the timed role-1 thread instead of the aux groups' first.
+__device__ int g_pair_timers;
 #define FLASHQLA_ROLE_PHASE(role, ph)                                                                    \
   do {                                                                                                   \
     if (blockDim.x == kAuxThreads) {                                                                     \
@@ -135,7 +138,8 @@ __device__ int g_time_prep;
         atomicAdd(&g_prep_cycles[ph], (unsigned long long)(now_ - t_mark));                              \
         t_mark = now_;                                                                                   \
       }                                                                                                  \
-    } else if (blockIdx.x == g_timed_block && threadIdx.x == ((role) == 0 ? 0 : blockDim.x - kAuxGroups * kAuxThreads)) { \
+    } else if (blockIdx.x == g_timed_block &&                                                            \
+               threadIdx.x == ((role) == 0 ? 0 : g_pair_timers ? 2 * kStateThreads : blockDim.x - kAuxGroups * kAuxThreads)) { \
       const long long now_ = clock64();                                                                  \
       atomicAdd(&g_role_cycles[role][ph], (unsigned long long)(now_ - t_mark)); /* (a RED: no load to wait for) */ \
       t_mark = now_;                                                                                     \
@@ -2828,6 +2832,8 @@ CUTLASS_DEVICE void pair_producer(const flashqla_gdn_fwd_params_t& p, SharedStor
   const int hq = static_cast<int>(wk.h / (p.heads_v / p.heads_qk)), h = static_cast<int>(wk.h);
   const int b = static_cast<int>(wk.b);
   constexpr uint32_t kBoxBytes = kChunk * 64 * sizeof(T);
+  // (profiler builds: the producer's phases, in AuxPhase's slots; benchmarks/profile_fwd_phases.cu's pair mode)
+  FLASHQLA_ROLE_TIMER;
   // kSum (gdn_fwd_pair_summaries_kernel): no o, so no Q and no W; V block 0 is this CTA's V columns, block 1 the
   // transition chain's v = 0, zeroed once here (no box ever lands there; the first full barrier orders the stores).
   // With o (kMergeSource: the forward merge's source, the B chain's O where its walk may merge) Q and W too.
@@ -2843,6 +2849,7 @@ CUTLASS_DEVICE void pair_producer(const flashqla_gdn_fwd_params_t& p, SharedStor
     auto& S = sm.stage[st];
     uint64_t* bar = &sm.tma_bar[st];
     if (c >= kStages) bar_sync(pr::kEmpty + st, pr::kHandoffThreads);
+    FLASHQLA_ROLE_PHASE(1, kAuxWaitEmpty);
     const int rows = static_cast<int>(wk.len - c * kChunk < kChunk ? wk.len - c * kChunk : kChunk);
     const bool gates = wk.chunk0 + c < chunk_bound(p);
     if (tid == 0) {
@@ -2869,7 +2876,9 @@ CUTLASS_DEVICE void pair_producer(const flashqla_gdn_fwd_params_t& p, SharedStor
       S.gamma[tid] = 1.f;
       S.decay[tid] = 1.f;
     }
+    FLASHQLA_ROLE_PHASE(1, kAuxGram);
     tma::mbar_wait(bar, static_cast<uint32_t>((c / kStages) & 1));
+    FLASHQLA_ROLE_PHASE(1, kAuxLoad);
     // rows past the chunk's end: zeros (K, Q, X, V two blocks each, W one; kAb: the operand's block for X's,
     // whose rows the product then makes zero; 128 bytes a row, so the swizzle does not matter)
     constexpr int kZeroBlocks = kAb ? 8 : 9;
@@ -2889,10 +2898,12 @@ CUTLASS_DEVICE void pair_producer(const flashqla_gdn_fwd_params_t& p, SharedStor
     }
     fence_async_smem();  // (the zeros and l2norm's stores, before the wgmma read the tiles through the async proxy)
     bar_sync(pr::kProd, kAuxThreads);  // (racecheck: bar.arrive orders the stores, racecheck does not model it)
+    FLASHQLA_ROLE_PHASE(1, kAuxL2norm);
     if constexpr (kAb) {
       form_x<T>(S, S.ab, tid);
       fence_async_smem();  // (X's stores, before the state warpgroups' wgmma read them)
       bar_sync(pr::kProd, kAuxThreads);
+      FLASHQLA_ROLE_PHASE(1, kAuxMX);
     }
     bar_arrive(pr::kFull + 2 * st, pr::kFullThreads);
     bar_arrive(pr::kFull + 2 * st + 1, pr::kFullThreads);
