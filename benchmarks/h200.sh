@@ -27,7 +27,9 @@
 #   sanitize  compute-sanitizer memcheck + racecheck on small kernel calls
 #   phases    per-phase cycle counts of the forward kernels and the backward's chains (benchmarks/profile_fwd_phases.cu;
 #             PHASE_DEFS="-DX=1;-DX=0" builds and runs it once per flag set; PHASE_ARGS="shape T hq hv": the O-beside
-#             chain alone at that dense shape, beside the prep workers and with FLASHQLA_OVERLAP=0)
+#             chain alone at that dense shape, beside the prep workers and with FLASHQLA_OVERLAP=0; "pair B T hq hv":
+#             the paired chain's state warpgroup and producer at a dense B x T batch, operand mode on and off; the
+#             variants stage's phases step passes PHASE_ARGS too)
 #   gradphases  per-phase cycle counts of the backward's gradient kernel (benchmarks/profile_bwd_grad_phases.cu;
 #             GRAD_PHASE_DEFS="-DX=1;-DX=0" builds and runs it once per flag set)
 #   scanphases  per-phase cycle counts of exact parallelism's scan (benchmarks/profile_scan_phases.cu; SCAN_PHASE_ARGS)
@@ -429,6 +431,9 @@ if has variants; then
     cp "$vdir"/_C.cpython-312-*.so flashqla/
     # variants/<name>/ENV (optional): KEY=VALUE lines set for this variant only (e.g. FLASHQLA_FWD_SPLIT=0)
     venv=$( [ -f "$vdir/ENV" ] && grep -E '^[A-Z_][A-Z0-9_]*=' "$vdir/ENV" | tr '\n' ' ' )
+    # (the call's own values of those keys, restored after this variant: an ENV's VARIANT_STEPS must not unset the
+    # call's for the variants after it, as it did in session 48)
+    vsaved=$(for kv in $venv; do k=${kv%%=*}; [ -n "${!k+x}" ] && printf '%s=%q ' "$k" "${!k}"; done)
     { echo "== $name $(cat "$vdir/COMMIT") ${venv} kernel sources $(python3 -m flashqla.bench fingerprint --so "$vdir"/_C.cpython-312-*.so 2>&1 | tail -1)"
       [ -n "$venv" ] && export $venv
       # a variant that fails (or hangs in) the GPU tests is not timed: a hung kernel would eat the call
@@ -444,7 +449,7 @@ if has variants; then
       if [[ $steps != *,test,* ]] || { timeout ${VARIANT_TEST_TIMEOUT:-90} python3 -m pytest ${VARIANT_TEST_PATHS:-tests/test_gpu_fwd.py} \
            -q -x -p no:cacheprovider -s 2>&1 | tail -15; [ "${PIPESTATUS[0]}" -eq 0 ]; }; then
         [[ $steps == *,digest,* ]] && timeout 120 python3 benchmarks/bwd_digest.py 2>&1 | grep -E "^digest|Error"
-        [[ $steps == *,phases,* && -x "$vdir/fq_phases" ]] && timeout 60 "$vdir/fq_phases" 2>&1  # (PHASES=0 builds have none)
+        [[ $steps == *,phases,* && -x "$vdir/fq_phases" ]] && timeout 60 "$vdir/fq_phases" ${PHASE_ARGS:-} 2>&1  # (PHASES=0 builds have none)
         [[ $steps == *,ktimes,* ]] && timeout ${KTIMES_TIMEOUT:-120} python3 benchmarks/kernel_times.py ${KTIMES_ARGS:-} 2>&1
         [[ $steps == *,bench,* ]] && OUT= FLASHQLA_COMMIT=$(cat "$vdir/COMMIT") FLASHQLA_DIRTY=0 timeout ${BENCH_TIMEOUT:-300} python3 -m flashqla.bench \
           run --cases "$CASES" --prewarm ${PREWARM:-16} ${VARIANT_BENCH_ARGS:---fwd-only --libs flashqla,fla_triton --no-accuracy} \
@@ -454,6 +459,7 @@ if has variants; then
       fi
     } > /tmp/variant-$name.log 2>&1
     [ -n "$venv" ] && unset $(echo "$venv" | sed -E 's/=[^ ]*//g')
+    [ -n "$vsaved" ] && eval export "$vsaved"
     cat /tmp/variant-$name.log >> "$vlog"
     grep -E "passed|failed|not timed|anchor:|T=32768|forward, 1 x|flashqla .* ms|SUMMARY|^digest" /tmp/variant-$name.log | head -40 | tee -a "$LOG"
   done
