@@ -421,8 +421,9 @@ def _short(e: BaseException) -> str:
     return f"{type(e).__name__}: {' '.join(str(e).split())[:300]}"
 
 
-def case_entry(case: Case, ms: dict, errors: list, notes: dict | None = None) -> dict:
-    """Record entry of one case: ms per library (only measured ones), TFLOP/s, speed-ups, errors."""
+def case_entry(case: Case, ms: dict, errors: list, notes: dict | None = None, clocks: dict | None = None) -> dict:
+    """Record entry of one case: ms per library (only measured ones), TFLOP/s, speed-ups, errors; clocks: the SM
+    clock and board power sampled while each time was taken (flashqla._nvml), where NVML answered."""
     flop = case_flops(case.direction, case.seqlens, case.h_v)
     tflops = {lib: {m: flop / (t * 1e-3) / 1e12 for m, t in modes.items() if t > 0} for lib, modes in ms.items()}
     speedup = {}
@@ -437,12 +438,15 @@ def case_entry(case: Case, ms: dict, errors: list, notes: dict | None = None) ->
          "ms": ms, "tflops": tflops, "speedup": speedup, "errors": errors}
     if notes:
         e["notes"] = notes
+    if clocks:
+        e["clocks"] = clocks
     return e
 
 
 def run_case(case: Case, libs: dict, device: str, graph: bool, cpu_reps: int = 5) -> dict:
     import torch
-    ms, errors = {}, []
+    from flashqla._nvml import Sampler
+    ms, errors, clocks = {}, [], {}
     for lib, impl in libs.items():
         if isinstance(impl, str):
             errors.append({"lib": lib, "stage": "import", "error": impl})
@@ -466,7 +470,13 @@ def run_case(case: Case, libs: dict, device: str, graph: bool, cpu_reps: int = 5
             modes = {}
             for mode in (MODES if (graph and device == "cuda") else ("eager",)):
                 try:
-                    t = time_gpu(fn, mode) if device == "cuda" else time_cpu(fn, reps=cpu_reps)
+                    if device == "cuda":
+                        with Sampler(torch.cuda.current_device()) as s:
+                            t = time_gpu(fn, mode)
+                        if s.summary() is not None:
+                            clocks.setdefault(lib, {})[mode] = s.summary()
+                    else:
+                        t = time_cpu(fn, reps=cpu_reps)
                     if not (t > 0 and math.isfinite(t)):
                         raise RuntimeError(f"timer returned {t}")
                     modes[mode] = t
@@ -492,7 +502,7 @@ def run_case(case: Case, libs: dict, device: str, graph: bool, cpu_reps: int = 5
     notes = ({"flashqla": flashqla_bwd_label(kernels)} if case.direction == "bwd" else
              {"flashqla": "torch.autograd.grad through flashqla.chunk_gdn: " + flashqla_bwd_label(kernels)}
              if case.direction == "e2e" else None)
-    return case_entry(case, ms, errors, notes)
+    return case_entry(case, ms, errors, notes, clocks)
 
 
 # --------------------------------------------------------------------------- prewarm
@@ -992,7 +1002,10 @@ def run(args) -> dict:
                              "PyTorch chunked implementation" + (" on the GPU" if device == "cuda" else
                                                                  " (CPU fallback)")),
            "timing": ({"eager": "triton.testing.do_bench(fn, warmup=25, rep=100, return_mode='median') [ms]",
-                       "graph": "triton.testing.do_bench_cudagraph(fn, rep=100, return_mode='median') [ms]"}
+                       "graph": "triton.testing.do_bench_cudagraph(fn, rep=100, return_mode='median') [ms]",
+                       "clocks": "per case, library and mode where NVML answers: the SM clock's median and minimum "
+                                 "[MHz] and the board power's median [W], sampled every 20 ms while that time was "
+                                 "taken (flashqla._nvml)"}
                       if device == "cuda" else
                       {"eager": f"CPU fallback: time.perf_counter median of {args.cpu_reps} calls after 1 warm-up "
                                 "[ms]; not a kernel timing"}),
@@ -1038,6 +1051,9 @@ def run(args) -> dict:
         _checkpoint(rec, args)
         print("    " + "  ".join(f"{lib} " + "/".join(f"{t:.3f}" for t in m.values()) for lib, m in
                                  entry["ms"].items()) + " ms", flush=True)
+        if entry.get("clocks"):  # (the SM clock's median while each time was taken: eager / graph)
+            print("    SM MHz " + "  ".join(f"{lib} " + "/".join(f"{v['sm_mhz']:.0f}" for v in m.values())
+                                          for lib, m in entry["clocks"].items()), flush=True)
     if not args.no_accuracy:
         print("accuracy vs float64 recurrence (T=300, h_qk=2, h_v=4) ...", flush=True)
         rec["accuracy_case"] = {"seqlens": [300], "h_qk": 2, "h_v": 4, "reference": "flashqla.reference."

@@ -152,6 +152,24 @@ def test_case_entry_tflops_speedup_errors():
     assert "flash_qla_tilelang" not in e["ms"] and e["errors"][0]["lib"] == "flash_qla_tilelang"
 
 
+def test_clock_sampler_summary_and_entry(monkeypatch):
+    # the SM clock / power sampler (flashqla._nvml): medians of its samples into the case entry; without NVML (this
+    # CPU machine) nothing is sampled and the entry has no clocks
+    from flashqla import _nvml
+    s = _nvml.Sampler()
+    assert s.summary() is None
+    s.samples = [(1980.0, 650.0), (1755.0, 700.0), (1830.0, None)]
+    assert s.summary() == {"sm_mhz": 1830.0, "sm_mhz_min": 1755.0, "samples": 3, "power_w": 675.0}
+    monkeypatch.setattr(_nvml, "_handle", lambda index: None)  # (no NVML: the thread never starts)
+    with _nvml.Sampler() as quiet:
+        pass
+    assert quiet.summary() is None and quiet._thread is None
+    c = bench.Case("fwd", "TP1 (16/64)", 16, 64, "1x32768", (32768,))
+    clocks = {"flashqla": {"graph": {"sm_mhz": 1755.0}}}
+    assert bench.case_entry(c, {"flashqla": {"graph": 1.0}}, [], clocks=clocks)["clocks"] == clocks
+    assert "clocks" not in bench.case_entry(c, {"flashqla": {"graph": 1.0}}, [])
+
+
 def test_record_schema_and_json():
     rec = _fake_record()
     for key in ("commit", "dirty", "gpu", "case_set", "versions", "cases", "accuracy", "sm_count", "driver", "date",
