@@ -1,57 +1,47 @@
-"""The SM clock and board power while a benchmark times a call (NVML through ctypes: the driver's library, no
-Python package), so that a record says at what clock each time was taken. A thread samples every `period` seconds;
-`Sampler.summary()` gives the medians. Without NVML (no driver, a CPU machine) every call is a no-op and the summary
-is None. The device index is NVML's: the CUDA device's where CUDA_VISIBLE_DEVICES is unset (the benchmark
-machines' case).
+"""The SM clock and board power while a benchmark times a call (NVML through ctypes: the driver's own library, so no
+Python package is needed, where torch.cuda.clock_rate needs pynvml), so that a record says at what clock each time
+was taken. A thread samples every `period` seconds; `Sampler.summary()` gives the medians. Without NVML (no driver,
+a CPU machine) the sampler takes no samples and the summary is None. The device index is NVML's: the CUDA device's
+where CUDA_VISIBLE_DEVICES is unset (the benchmark machines' case).
 """
 import ctypes
+import functools
 import statistics
 import threading
 
 _NVML_CLOCK_SM = 1  # nvmlClockType_t (NVML_CLOCK_GRAPHICS 0, NVML_CLOCK_SM 1): the clock the kernels run at
-_lib = None
-_tried = False
 
 
+@functools.lru_cache(maxsize=1)
 def _nvml():
     """The initialised NVML library, or None."""
-    global _lib, _tried
-    if _tried:
-        return _lib
-    _tried = True
     try:
         lib = ctypes.CDLL("libnvidia-ml.so.1")
-        if lib.nvmlInit_v2() != 0:
-            return None
-        _lib = lib
+        return lib if lib.nvmlInit_v2() == 0 else None
     except (OSError, AttributeError):
-        _lib = None
-    return _lib
+        return None
 
 
 def _handle(index: int):
+    """NVML's handle of device `index`, or None."""
     lib = _nvml()
-    if lib is None:
-        return None
     h = ctypes.c_void_p()
-    return h if lib.nvmlDeviceGetHandleByIndex_v2(ctypes.c_uint(index), ctypes.byref(h)) == 0 else None
+    return h if lib is not None and lib.nvmlDeviceGetHandleByIndex_v2(ctypes.c_uint(index), ctypes.byref(h)) == 0 \
+        else None
 
 
-def sample(index: int = 0):
-    """(SM clock in MHz, board power in W) now, or None."""
-    h = _handle(index)
-    if h is None:
-        return None
+def _read(h):
+    """(SM clock in MHz, board power in W or None) of handle h now, or None."""
+    lib = _nvml()
     mhz, mw = ctypes.c_uint(), ctypes.c_uint()
-    if _lib.nvmlDeviceGetClockInfo(h, ctypes.c_int(_NVML_CLOCK_SM), ctypes.byref(mhz)) != 0:
+    if lib.nvmlDeviceGetClockInfo(h, ctypes.c_int(_NVML_CLOCK_SM), ctypes.byref(mhz)) != 0:
         return None
-    power = mw.value / 1e3 if _lib.nvmlDeviceGetPowerUsage(h, ctypes.byref(mw)) == 0 else None
-    return float(mhz.value), power
+    return float(mhz.value), (mw.value / 1e3 if lib.nvmlDeviceGetPowerUsage(h, ctypes.byref(mw)) == 0 else None)
 
 
 class Sampler:
-    """with Sampler(index) as s: ...; s.summary() -> {"sm_mhz": median, "sm_mhz_min": min, "power_w": median} or
-    None (no NVML, or no sample taken)."""
+    """with Sampler(index) as s: ...; s.summary() -> {"sm_mhz": median, "sm_mhz_min": min, "samples": n,
+    "power_w": median} or None (no NVML, or no sample taken)."""
 
     def __init__(self, index: int = 0, period: float = 0.02):
         self.index, self.period = index, period
@@ -59,17 +49,15 @@ class Sampler:
         self._stop = threading.Event()
         self._thread = None
 
-    def _run(self):
-        while not self._stop.is_set():
-            s = sample(self.index)
-            if s is None:
-                return
+    def _run(self, h):
+        while not self._stop.is_set() and (s := _read(h)) is not None:
             self.samples.append(s)
             self._stop.wait(self.period)
 
     def __enter__(self):
-        if _handle(self.index) is not None:
-            self._thread = threading.Thread(target=self._run, daemon=True)
+        h = _handle(self.index)
+        if h is not None:
+            self._thread = threading.Thread(target=self._run, args=(h,), daemon=True)
             self._thread.start()
         return self
 

@@ -473,8 +473,8 @@ def run_case(case: Case, libs: dict, device: str, graph: bool, cpu_reps: int = 5
                     if device == "cuda":
                         with Sampler(torch.cuda.current_device()) as s:
                             t = time_gpu(fn, mode)
-                        if s.summary() is not None:
-                            clocks.setdefault(lib, {})[mode] = s.summary()
+                        if (clock := s.summary()) is not None:
+                            clocks.setdefault(lib, {})[mode] = clock
                     else:
                         t = time_cpu(fn, reps=cpu_reps)
                     if not (t > 0 and math.isfinite(t)):
