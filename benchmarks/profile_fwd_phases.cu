@@ -62,8 +62,8 @@ static int pair_tables(int64_t B, int64_t T, int64_t hq, int64_t hv) {
   flashqla_gdn_fwd_params_t p = dense_bf16_batch(B, T, hq, hv);
   p.workspace_private = 1;  // (the torch op's own workspace: the operand mode where FLASHQLA_PREP_AB allows it)
   const double chunks = double(T / fm::kChunk);
-  const int on = 1, off = 0, first = 0;
-  CUDA_OK(cudaMemcpyToSymbol(fm::g_pair_timers, &on, sizeof(on)));
+  const int producer = 2 * fm::kStateThreads, fallback = -1, first = 0;
+  CUDA_OK(cudaMemcpyToSymbol(fm::g_timed_aux_thread, &producer, sizeof(producer)));
   CUDA_OK(cudaMemcpyToSymbol(fm::g_timed_block, &first, sizeof(first)));
   // the producer's phases in AuxPhase's slots (pair_producer), in program order
   const char* prod_names[fm::kAuxPhases] = {"wait empty (the stage back)", "TMA wait (the boxes land)",
@@ -84,7 +84,7 @@ static int pair_tables(int64_t B, int64_t T, int64_t hq, int64_t hv) {
     if (prep_table(fwd, chunks) != 0) return 1;
   }
   unsetenv("FLASHQLA_PREP_AB");
-  CUDA_OK(cudaMemcpyToSymbol(fm::g_pair_timers, &off, sizeof(off)));
+  CUDA_OK(cudaMemcpyToSymbol(fm::g_timed_aux_thread, &fallback, sizeof(fallback)));
   return 0;
 }
 
@@ -122,7 +122,6 @@ int main(int argc, char** argv) {
 
   // v2: per-role phases on the same problem, then at 2/8 heads (16 CTAs, TP8-like: is the chain bound by the
   // state warps or by the loader groups when the GPU is nearly idle?)
-  const char* const* st_names = kStNames;
   // the chain kernels' aux warps only load (split mode): their slots 3 and 4 time the copies' issue and the gates
   // (warp 0, the timed one) apart from the wait for the copies; slot 5 the TMA chain's box issue (thread 0, before
   // its V copies); slots 6-7 stay empty
@@ -159,9 +158,9 @@ int main(int argc, char** argv) {
   }
   // O beside the chain (FLASHQLA_WGMMA=2): the state warps' phases without O (ob_names), and the publishing of S^T, Z^T
   setenv("FLASHQLA_WGMMA", "0", 1);
-  if (roles("v2 forward (TP1-like, the GPU full, mma.sync chain)", st_names, fwd) != 0) return 1;
+  if (roles("v2 forward (TP1-like, the GPU full, mma.sync chain)", kStNames, fwd) != 0) return 1;
   setenv("FLASHQLA_WGMMA", "1", 1);  // the same with the chain's products as wgmma (swizzled stages)
-  if (roles("v2 forward (TP1-like, wgmma chain)", st_names, fwd) != 0) return 1;
+  if (roles("v2 forward (TP1-like, wgmma chain)", kStNames, fwd) != 0) return 1;
   setenv("FLASHQLA_WGMMA", "2", 1);
   if (roles("v2 forward (TP1-like, wgmma chain, O beside, 3 stages)", ob_names, fwd) != 0) return 1;
   unsetenv("FLASHQLA_WGMMA");
@@ -219,13 +218,13 @@ int main(int argc, char** argv) {
   p.v_stride_batch = p.o_stride_batch = T * 8 * D; p.v_stride_time = p.o_stride_time = 8 * D;
   p.g_stride_batch = p.beta_stride_batch = T * 8; p.g_stride_time = p.beta_stride_time = 8;
   // the K-split chain (the default here: 32 CTAs of 32 V columns), then the unsplit one (16 CTAs of 64)
-  if (roles("v2 forward (TP8-like, K-split chain, 32 CTAs)", st_names, fwd) != 0) return 1;
+  if (roles("v2 forward (TP8-like, K-split chain, 32 CTAs)", kStNames, fwd) != 0) return 1;
   setenv("FLASHQLA_KSPLIT", "0", 1);
   setenv("FLASHQLA_WGMMA", "0", 1);
-  if (roles("v2 forward (TP8-like, unsplit chain, 16 CTAs)", st_names, fwd) != 0) return 1;
+  if (roles("v2 forward (TP8-like, unsplit chain, 16 CTAs)", kStNames, fwd) != 0) return 1;
   unsetenv("FLASHQLA_KSPLIT");
   setenv("FLASHQLA_WGMMA", "1", 1);
-  if (roles("v2 forward (TP8-like, wgmma chain, 16 CTAs)", st_names, fwd) != 0) return 1;
+  if (roles("v2 forward (TP8-like, wgmma chain, 16 CTAs)", kStNames, fwd) != 0) return 1;
   setenv("FLASHQLA_WGMMA", "2", 1);
   if (roles("v2 forward (TP8-like, wgmma chain, O beside, 3 stages, 16 CTAs)", ob_names, fwd) != 0) return 1;
   unsetenv("FLASHQLA_WGMMA");

@@ -127,9 +127,10 @@ __device__ int g_timed_block;
 // g_prep_cycles (atomically: many CTAs), slot kAuxWaitEmpty holding the store of X and W (no stage to wait for).
 __device__ unsigned long long g_prep_cycles[8];
 __device__ int g_time_prep;
-// Set for the paired chain (384 threads, as the fused kernel's CTA): its producer's first thread (2 x kStateThreads)
-// is the timed role-1 thread instead of the aux groups' first.
-__device__ int g_pair_timers;
+// The timed role-1 (loader / producer) thread of g_timed_block: -1, the aux groups' first (blockDim.x - kAuxGroups x
+// kAuxThreads: the fused, O-beside and summaries kernels); the profiler sets the paired chain's producer's first
+// (2 x kStateThreads), whose CTA has the fused kernel's 384 threads but another layout.
+__device__ int g_timed_aux_thread = -1;
 #define FLASHQLA_ROLE_PHASE(role, ph)                                                                    \
   do {                                                                                                   \
     if (blockDim.x == kAuxThreads) {                                                                     \
@@ -139,7 +140,9 @@ __device__ int g_pair_timers;
         t_mark = now_;                                                                                   \
       }                                                                                                  \
     } else if (blockIdx.x == g_timed_block &&                                                            \
-               threadIdx.x == ((role) == 0 ? 0 : g_pair_timers ? 2 * kStateThreads : blockDim.x - kAuxGroups * kAuxThreads)) { \
+               threadIdx.x == ((role) == 0                 ? 0                                                \
+                               : g_timed_aux_thread >= 0   ? g_timed_aux_thread                              \
+                                                           : blockDim.x - kAuxGroups * kAuxThreads)) {      \
       const long long now_ = clock64();                                                                  \
       atomicAdd(&g_role_cycles[role][ph], (unsigned long long)(now_ - t_mark)); /* (a RED: no load to wait for) */ \
       t_mark = now_;                                                                                     \
