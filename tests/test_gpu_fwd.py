@@ -206,29 +206,30 @@ def test_more_chunks_than_a_grid_dimension_holds():
     # the chunk-parallel kernels (the preps, the gradient kernel) launch a CTA per chunk of all sequences and head:
     # 65600 packed sequences of 0-3 tokens are more chunks than a grid's y or z dimension holds (65535), which a
     # launch order with the chunks there must split (benchmarks/pending/prep-order.patch). The first and the last
-    # 40 sequences' outputs and gradients against float64 autograd of the recurrence on those sequences alone.
+    # 40 sequences' outputs, final states and gradients against float64 autograd of the recurrence on those
+    # sequences alone (the forward on a poisoned output block, run_ours; the gradients through autograd).
     from flashqla.reference import recurrent_gdn
     n = 65600
     lens = [(1, 3, 0, 2)[i % 4] for i in range(n)]
     d = make(lens, 1, 2, seed=14)
     d["initial_state"] = None
+    o, fs = run_ours(d)
     names = ["q", "k", "v", "g", "beta"]
     leaves = {k: d[k].clone().requires_grad_(True) for k in names}
-    poison = torch.full(d["v"].shape, float("nan"), dtype=d["v"].dtype, device=DEV)  # (best effort: o may reuse it)
-    del poison
-    o, _ = flashqla.chunk_gdn(**leaves, cu_seqlens=d["cu_seqlens"])
+    o_ad, _ = flashqla.chunk_gdn(**leaves, cu_seqlens=d["cu_seqlens"])
     gen = torch.Generator(device=DEV).manual_seed(15)
     do = torch.randn(o.shape, device=DEV, generator=gen).to(o.dtype)
-    got = torch.autograd.grad((o.float() * do.float()).sum(), [leaves[k] for k in names])
-    assert torch.isfinite(o).all() and all(torch.isfinite(x).all() for x in got)
+    got = torch.autograd.grad((o_ad.float() * do.float()).sum(), [leaves[k] for k in names])
+    assert torch.isfinite(o).all() and torch.isfinite(fs).all() and all(torch.isfinite(x).all() for x in got)
     cu = d["cu_seqlens"].tolist()
     for s0, s1 in ((0, 40), (n - 40, n)):
         t0, t1 = cu[s0], cu[s1]
         x = {k: d[k][:, t0:t1].double().cpu().requires_grad_(True) for k in names}
         sub_cu = torch.tensor([c - t0 for c in cu[s0:s1 + 1]])
-        ro, _ = recurrent_gdn(**x, cu_seqlens=sub_cu, output_final_state=True)
+        ro, rs = recurrent_gdn(**x, cu_seqlens=sub_cu, output_final_state=True)
         ref = torch.autograd.grad((ro * do[:, t0:t1].double().cpu()).sum(), [x[k] for k in names])
-        assert rel_l2(o[:, t0:t1], ro) <= 4e-3, (s0, "o")
+        assert rel_l2(o[:, t0:t1], ro) <= 4e-3 and rel_l2(o_ad[:, t0:t1], ro) <= 4e-3, (s0, "o")
+        assert rel_l2(fs[s0:s1], rs) <= 4e-3, (s0, "final state")
         for k, a, r in zip(names, got, ref):
             e = rel_l2(a[:, t0:t1], r)
             print(f"sequences {s0}-{s1} d{k}: {e:.2e}")
