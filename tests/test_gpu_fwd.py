@@ -202,15 +202,17 @@ def test_many_short_sequences():
     assert rel_l2(o, ro[0]) <= 4e-3 and rel_l2(s, ro[1]) <= 4e-3
 
 
-def test_more_chunks_than_a_grid_dimension_holds():
-    # the chunk-parallel kernels (the preps, the gradient kernel) launch a CTA per chunk of all sequences and head:
-    # 65600 packed sequences of 0-3 tokens are more chunks than a grid's y or z dimension holds (65535), which a
-    # launch order with the chunks there must split (benchmarks/pending/prep-order.patch). The first and the last
-    # 40 sequences' outputs, final states and gradients against float64 autograd of the recurrence on those
-    # sequences alone (the forward on a poisoned output block, run_ours; the gradients through autograd).
+@pytest.mark.parametrize("order", ["heads", "chunks"])
+def test_more_chunks_than_a_grid_dimension_holds(monkeypatch, order):
+    # the preps' head-major grid spreads the chunks of all sequences over the grid's y and z (at most 65535 each):
+    # 65600 packed sequences of 0-4 tokens need both (the chunk-major grid, and the gradient kernel's, put them in
+    # x). The first and the last 40 sequences' outputs, final states and gradients (head-major: the last ones from
+    # CTAs with blockIdx.z = 1) against float64 autograd of the recurrence on those sequences alone (the forward on
+    # a poisoned output block, run_ours; the gradients through autograd).
     from flashqla.reference import recurrent_gdn
+    monkeypatch.setenv("FLASHQLA_PREP_ORDER", order)
     n = 65600
-    lens = [(1, 3, 0, 2)[i % 4] for i in range(n)]
+    lens = [(1, 3, 0, 4)[i % 4] for i in range(n)]
     d = make(lens, 1, 2, seed=14)
     d["initial_state"] = None
     o, fs = run_ours(d)
@@ -234,6 +236,28 @@ def test_more_chunks_than_a_grid_dimension_holds():
             e = rel_l2(a[:, t0:t1], r)
             print(f"sequences {s0}-{s1} d{k}: {e:.2e}")
             assert e <= 6e-3, (s0, k)
+
+
+@pytest.mark.parametrize("case", ["varlen", "dense", "l2norm_fp16"])
+def test_prep_launch_orders_give_the_same_bits(monkeypatch, case):
+    # FLASHQLA_PREP_ORDER: the preps' CTAs in head-major or chunk-major launch order (chunk_grid; the rule picks by
+    # the size of K and Q against L2) compute the same tiles, so o, the final state and every gradient are bitwise
+    # equal. Packed sequences with empty and partial chunks, a dense batch, fp16 with l2norm and GVA 4.
+    monkeypatch.setenv("FLASHQLA_CP", "0")
+    monkeypatch.setenv("FLASHQLA_OVERLAP", "0")  # (the prep kernel, not the workers beside the chain)
+    d, kw = three_forms(case, 71)
+    modes_agree_bitwise(monkeypatch, "FLASHQLA_PREP_ORDER", ("chunks", "heads"), d, kw)
+    names = ["q", "k", "v", "g", "beta", "initial_state"]
+    gen = torch.Generator(device=DEV).manual_seed(72)
+    do = torch.randn(d["v"].shape, device=DEV, generator=gen).to(d["v"].dtype)
+    grads = []
+    for order in ("chunks", "heads"):
+        monkeypatch.setenv("FLASHQLA_PREP_ORDER", order)
+        leaves = {k: d[k].clone().requires_grad_(True) for k in names}
+        o, _ = flashqla.chunk_gdn(**leaves, cu_seqlens=d["cu_seqlens"], **kw)
+        grads.append(torch.autograd.grad((o.float() * do.float()).sum(), [leaves[k] for k in names]))
+    for k, a, b in zip(names, *grads):
+        assert torch.isfinite(a).all() and torch.equal(a, b), k
 
 
 def test_long_sequence_against_float64_chunked():

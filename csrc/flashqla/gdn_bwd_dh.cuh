@@ -77,10 +77,10 @@ __global__ void __launch_bounds__(kAuxThreads, kBwdPrepCtasPerSm)
   long long t_mark = 0;
   aux_chunk<T, AuxMode::kInputsOnly>(p, S, ax, wk, c, tid, kBarAux, pb, t_mark);
   bar_sync(kBarAux, kAuxThreads);
-  if constexpr (kStatesX) {  // (the chunk of all sequences is blockIdx.x, as in the forward's prep)
+  if constexpr (kStatesX) {  // (the chunk of all sequences is grid_chunk(), as in the forward's prep)
     static_assert(kAuxThreads == 2 * kChunk, "a thread a gate value");
     if (states_gates != nullptr)
-      states_gates[(static_cast<int64_t>(blockIdx.x) * p.heads_v + h) * 2 * kChunk + tid] =
+      states_gates[(grid_chunk() * p.heads_v + h) * 2 * kChunk + tid] =
           tid < kChunk ? S.gamma[tid] : S.decay[tid - kChunk];
   }
   float qk[8][4];
@@ -405,7 +405,7 @@ cudaError_t launch_prep(const flashqla_gdn_fwd_params_t& p, void* workspace, flo
   const size_t smem = sizeof(BwdPrepStorage<T>);
   const cudaError_t err = cudaFuncSetAttribute(prep, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem));
   if (err != cudaSuccess) return err;
-  prep<<<dim3(static_cast<unsigned>(chunks), static_cast<unsigned>(p.heads_v)), kAuxThreads, smem, stream>>>(
+  prep<<<chunk_grid(chunks, p.heads_v, prep_heads_major(p)), kAuxThreads, smem, stream>>>(
       p, bwd_prep_buffers<T>(p, workspace, a), static_cast<T*>(states_x), states_x != nullptr ? states_gates : nullptr);
   return cudaGetLastError();
 }

@@ -392,7 +392,7 @@ __global__ void __launch_bounds__(kGradThreads, 1) gdn_bwd_grad_kernel(const __g
     const int64_t h = ct.h;
     const int rows = static_cast<int>(wk.len - c * kChunk < kChunk ? wk.len - c * kChunk : kChunk);
     const int64_t row0 = wk.flat0 + c * kChunk;  // the chunk's first token row
-    const int64_t slot = (static_cast<int64_t>(blockIdx.x) * p.heads_v + h) * int64_t(kDimK) * kDimV;
+    const int64_t slot = (grid_chunk() * p.heads_v + h) * int64_t(kDimK) * kDimV;
 
     // ---- phases 1-2. Warps 0-3: K, Q, the gates, l2norm (the aux code; for the group's later heads only the
     // gates: K and Q, normalised, are still in shared memory, which no phase writes), then the raw Gram
@@ -960,7 +960,7 @@ cudaError_t launch(const flashqla_gdn_bwd_grad_params_t& gp, cudaStream_t stream
   static_assert(sizeof(GradStorage<T>) + 1024 <= 227 * 1024, "one gradient CTA per SM");
   cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem));
   if (err != cudaSuccess) return err;
-  kernel<<<dim3(static_cast<unsigned>(chunks), static_cast<unsigned>(p.heads_qk)), kGradThreads, smem, stream>>>(gp);
+  kernel<<<chunk_grid(chunks, p.heads_qk, false), kGradThreads, smem, stream>>>(gp);
   return cudaGetLastError();
 }
 

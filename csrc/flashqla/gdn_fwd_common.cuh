@@ -53,6 +53,31 @@ CUTLASS_DEVICE int64_t ordered_seq(const int32_t* order, int64_t s, int64_t num_
   return min(max(static_cast<int64_t>(__ldg(order + s)), int64_t(0)), num_seqs - 1);
 }
 
+// The chunk-parallel kernels' grid (the forward's and the backward's preps, the gradient kernel): a CTA per (chunk
+// of all sequences, head tile), in one of two launch orders.
+// - Head-major, (tiles, chunks over y then z, each at most 65535): the head tiles of one chunk run together, so the
+//   value heads of a GVA group read their shared K and Q rows at about the same time, once from memory and then from
+//   L2. The preps take it where K and Q are larger than L2 (session 49: prep -4..-12% on those rows).
+// - Chunk-major, (chunks, 1, tiles): a head's chunks run together. Where K and Q fit in L2 the heads share them either
+//   way, and this order measured faster (the 1024x8 rows' prep, +5..+13% head-major); the gradient kernel (no K, Q
+//   shared between its CTAs) keeps it.
+// chunk_grid makes a chunk-major grid only with two chunks and two tiles or more (with one of either the orders are
+// the same), so gridDim.y == 1 with gridDim.z > 1 names it.
+constexpr int64_t kGridYMax = 65535;
+inline dim3 chunk_grid(int64_t chunks, int64_t head_tiles, bool heads_major) {
+  if (!heads_major && chunks > 1 && head_tiles > 1)
+    return dim3(static_cast<unsigned>(chunks), 1u, static_cast<unsigned>(head_tiles));
+  const int64_t y = chunks < kGridYMax ? chunks : kGridYMax;
+  return dim3(static_cast<unsigned>(head_tiles), static_cast<unsigned>(y), static_cast<unsigned>((chunks + y - 1) / y));
+}
+CUTLASS_DEVICE bool grid_chunk_major() { return gridDim.y == 1 && gridDim.z > 1; }
+// This CTA's chunk of all sequences (may be past the last: the z split rounds up) and head tile, under chunk_grid.
+CUTLASS_DEVICE int64_t grid_chunk() {
+  return grid_chunk_major() ? int64_t(blockIdx.x) : int64_t(blockIdx.z) * gridDim.y + blockIdx.y;
+}
+CUTLASS_DEVICE int64_t grid_head_tile() { return grid_chunk_major() ? blockIdx.z : blockIdx.x; }
+CUTLASS_DEVICE int64_t grid_head_tiles() { return grid_chunk_major() ? gridDim.z : gridDim.x; }
+
 // What one forward CTA works on: V block vb (of `block_v` columns) of value head h of sequence n.
 struct CtaTile {
   int vb;

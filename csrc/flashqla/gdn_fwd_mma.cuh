@@ -123,7 +123,7 @@ __device__ unsigned long long g_role_cycles[2][8];
 // prep workers of a prep-beside-chain launch, whose block 0 is a worker and would otherwise be timed).
 __device__ int g_timed_block;
 // The chunk-parallel prep kernels (128-thread CTAs) run the aux phases too: with g_time_prep set, thread 0 of
-// every CTA of the middle value head (blockIdx.y == gridDim.y / 2: mid-launch, not the first wave) adds them to
+// every CTA of the middle head tile (chunk_grid's) adds them to
 // g_prep_cycles (atomically: many CTAs), slot kAuxWaitEmpty holding the store of X and W (no stage to wait for).
 __device__ unsigned long long g_prep_cycles[8];
 __device__ int g_time_prep;
@@ -134,7 +134,7 @@ __device__ int g_timed_aux_thread = -1;
 #define FLASHQLA_ROLE_PHASE(role, ph)                                                                    \
   do {                                                                                                   \
     if (blockDim.x == kAuxThreads) {                                                                     \
-      if ((role) == 1 && g_time_prep && blockIdx.y == gridDim.y / 2 && threadIdx.x == 0) {               \
+      if ((role) == 1 && g_time_prep && grid_head_tile() == grid_head_tiles() / 2 && threadIdx.x == 0) { \
         const long long now_ = clock64();                                                                \
         atomicAdd(&g_prep_cycles[ph], (unsigned long long)(now_ - t_mark));                              \
         t_mark = now_;                                                                                   \
@@ -2310,15 +2310,15 @@ CUTLASS_DEVICE void locate_chunk(const flashqla_gdn_fwd_params_t& p, int64_t k, 
   }
 }
 
-// A prep kernel CTA's tile: chunk blockIdx.x of all sequences' chunks, value heads [hpc blockIdx.y,
-// hpc (blockIdx.y + 1)) (one GVA group's), all V columns; false when blockIdx.x is past the last chunk.
+// A prep kernel CTA's tile (chunk_grid): chunk grid_chunk() of all sequences' chunks, value heads [hpc t, hpc (t + 1))
+// for head tile t (one GVA group's), all V columns; false when the chunk is past the last.
 // seq_slot and chunk_slot are shared-memory scratch.
 template <typename IndexT>
 CUTLASS_DEVICE bool prep_tile(const flashqla_gdn_fwd_params_t& p, int64_t& seq_slot, int64_t& chunk_slot, CtaTile& ct,
                               int64_t& chunk, int hpc = 1) {
   if (threadIdx.x < 32) {
     int64_t seq, ch;
-    locate_chunk<IndexT>(p, blockIdx.x, threadIdx.x, seq, ch);
+    locate_chunk<IndexT>(p, grid_chunk(), threadIdx.x, seq, ch);
     if (threadIdx.x == 0) {
       seq_slot = seq;
       chunk_slot = ch;
@@ -2327,7 +2327,7 @@ CUTLASS_DEVICE bool prep_tile(const flashqla_gdn_fwd_params_t& p, int64_t& seq_s
   __syncthreads();
   if (seq_slot < 0) return false;
   ct.vb = 0;
-  ct.h = int64_t(blockIdx.y) * hpc;
+  ct.h = grid_head_tile() * hpc;
   ct.n = seq_slot;
   ct.hq = ct.h / (p.heads_v / p.heads_qk);
   sequence_bounds<IndexT>(p, ct.n, ct.b, ct.bos, ct.eos);
@@ -2428,10 +2428,10 @@ CUTLASS_DEVICE void prep_head_wg(const flashqla_gdn_fwd_params_t& p, const PrepB
     if (tid == 0) tma_qk_issue<T>(p, *maps, sm, wk, c);
   }
   aux_chunk<T, AuxMode::kInputsOnly, kBlockV, false, kKernel>(p, sm, sm, wk, c, tid, bar, pb, t_mark);  // K, Q, gates, l2norm
-  if constexpr (kKernel) {  // (the chunk's gates for the chain's loader: the prep kernel's chunk is blockIdx.x)
+  if constexpr (kKernel) {  // (the chunk's gates for the chain's loader: the prep kernel's chunk is grid_chunk())
     static_assert(kPrepThreads == 2 * kChunk, "a thread a gate value");
     if (pb.gates != nullptr)
-      pb.gates[(static_cast<int64_t>(blockIdx.x) * p.heads_v + wk.h) * 2 * kChunk + tid] =
+      pb.gates[(grid_chunk() * p.heads_v + wk.h) * 2 * kChunk + tid] =
           tid < kChunk ? sm.gamma[tid] : sm.decay[tid - kChunk];
   }
   warp::fence_async_smem();  // the copies and l2norm's stores, before the wgmma read the tiles
@@ -2639,6 +2639,14 @@ inline int device_attribute() {
 }
 inline int device_sm_count() { return device_attribute<cudaDevAttrMultiProcessorCount, 132>(); }
 inline int64_t device_l2_bytes() { return device_attribute<cudaDevAttrL2CacheSize, 50 << 20>(); }
+// The preps' launch order (chunk_grid): head-major where the K and Q rows of the call (16-bit) are larger than L2.
+// FLASHQLA_PREP_ORDER=heads / chunks forces one (A/B and tests; read per call like the other switches).
+inline bool prep_heads_major(const flashqla_gdn_fwd_params_t& p) {
+  if (const char* e = std::getenv("FLASHQLA_PREP_ORDER"); e != nullptr && (e[0] == 'h' || e[0] == 'c')) return e[0] == 'h';
+  const double kq_bytes = 2.0 * static_cast<double>(p.batch) * static_cast<double>(p.seqlen) *
+                          static_cast<double>(p.heads_qk) * kDimK * 2;
+  return kq_bytes > static_cast<double>(device_l2_bytes());
+}
 inline int prep_heads_per_cta(const flashqla_gdn_fwd_params_t& p, int64_t chunks) {
   const int group = static_cast<int>(p.heads_v / p.heads_qk);
   const char* e = std::getenv("FLASHQLA_PREP_HEADS");
@@ -3282,7 +3290,7 @@ cudaError_t launch(const flashqla_gdn_fwd_params_t& p, cudaStream_t stream,
   const size_t smem = wg ? sizeof(PrepStorageWg<T>) + 1024 : sizeof(PrepStorage<T>);
   err = cudaFuncSetAttribute(prep, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem));
   if (err == cudaSuccess) {
-    prep<<<dim3(static_cast<unsigned>(chunks), static_cast<unsigned>(p.heads_v / hpc)), kPrepThreads, smem, stream>>>(
+    prep<<<chunk_grid(chunks, p.heads_v / hpc, prep_heads_major(p)), kPrepThreads, smem, stream>>>(
         p, pb, hpc, maps);
     err = cudaGetLastError();
   }
