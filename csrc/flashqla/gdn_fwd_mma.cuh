@@ -302,8 +302,11 @@ enum Barrier : uint32_t {
   kEmpty = kFull + 2 * kStages,  // + stage: both state warpgroups -> producer
   kState = kEmpty + kStages,     // + half: among one state warpgroup
   kProd = kState + 2,            // among the producer's warps
+  // + 2 stage + half (kAb): producer -> one state warpgroup, X formed. The stage's other tiles are handed over
+  // at kFull, before form_x, so a state step's K S^T, Z, Y and O products need not wait for X (its last operand)
+  kFullX = kProd + 1,
 };
-static_assert(kProd <= 15, "16 named barriers");
+static_assert(kFullX + 2 * kStages <= 16, "16 named barriers");
 constexpr int kFullThreads = kStateThreads + kAuxThreads;
 constexpr int kHandoffThreads = kPairThreads;
 }  // namespace pr
@@ -1758,7 +1761,8 @@ CUTLASS_DEVICE T* pair_state_box(SharedStoragePair<T>& sm, int i) {
 // and its fp32 state at each checkpoint step into merge_ckpt; the state recompute (kStatesByTma, the merging run,
 // after the source) compares its state there with the checkpoint and, once every thread's are equal, stops (the
 // loaders through sm.merge.stop): the rest of the walk's chunk states are already the source's, the same bits.
-template <typename T, bool kKSplit, bool kWg = false, bool kOb = false, bool kMerge = false, typename Storage>
+template <typename T, bool kKSplit, bool kWg = false, bool kOb = false, bool kMerge = false, bool kSplitX = false,
+          typename Storage>
 CUTLASS_DEVICE void state_role(const flashqla_gdn_fwd_params_t& p, Storage& sm, const Work<T>& wk,
                                const tma::ChainMaps* cmaps = nullptr, int half = 0, float* merge_ckpt = nullptr,
                                const float* merge_final = nullptr) {
@@ -1768,6 +1772,7 @@ CUTLASS_DEVICE void state_role(const flashqla_gdn_fwd_params_t& p, Storage& sm, 
   static_assert(!kPair || (kWg && !kOb), "the paired chain: two wgmma chains with O");
   static_assert(!kMerge || kWg, "the merges: the wgmma chains (the pair, the recompute, the last pass)");
   static_assert(!(kMerge && kOb) || kEarlyQs<Storage>, "the O-beside merge: the TMA form");
+  static_assert(!kSplitX || kPair, "X's own handoff: the paired chain's kAb producer");
   using namespace warp;
   constexpr int kNT = kKSplit ? kDimK / 16 : kDimK / 8;  // C tiles of S^T per warp (8 K columns each)
   constexpr int kKS = kNT / 2;                            // k16 steps over this warp's K columns
@@ -1941,11 +1946,17 @@ CUTLASS_DEVICE void state_role(const flashqla_gdn_fwd_params_t& p, Storage& sm, 
     }
     // S^T = gamma_C S^T + Y^T X  (this warp's K columns of X)
     FLASHQLA_ROLE_PHASE(0, kStO);
+    if constexpr (kSplitX) {  // X, formed by the producer after the stage's other tiles were handed over
+      bar_sync(pr::kFullX + 2 * st + half, pr::kFullThreads);
+      FLASHQLA_ROLE_PHASE(0, kStWaitFull);
+    }
 #pragma unroll
     for (int j = 0; j < kNT; ++j)
 #pragma unroll
       for (int e = 0; e < 4; ++e) sacc[j][e] *= gamma_c;
     update_hi_lo<T, kWg>(S.x, kcol, ld, yh, yl, sacc);
+#else
+    if constexpr (kSplitX) bar_sync(pr::kFullX + 2 * st + half, pr::kFullThreads);  // (the producer arrives at it)
 #endif
     if (c + kSt < wk.num_chunks) {
       // the stage's last reads are consumed by the mma's above, so bar.arrive alone releases it; the state
@@ -2910,14 +2921,16 @@ CUTLASS_DEVICE void pair_producer(const flashqla_gdn_fwd_params_t& p, SharedStor
     fence_async_smem();  // (the zeros and l2norm's stores, before the wgmma read the tiles through the async proxy)
     bar_sync(pr::kProd, kAuxThreads);  // (racecheck: bar.arrive orders the stores, racecheck does not model it)
     FLASHQLA_ROLE_PHASE(1, kAuxL2norm);
-    if constexpr (kAb) {
+    bar_arrive(pr::kFull + 2 * st, pr::kFullThreads);
+    bar_arrive(pr::kFull + 2 * st + 1, pr::kFullThreads);
+    if constexpr (kAb) {  // (X last: the state warpgroups read it last, in the state update)
       form_x<T>(S, S.ab, tid);
       fence_async_smem();  // (X's stores, before the state warpgroups' wgmma read them)
       bar_sync(pr::kProd, kAuxThreads);
       FLASHQLA_ROLE_PHASE(1, kAuxMX);
+      bar_arrive(pr::kFullX + 2 * st, pr::kFullThreads);
+      bar_arrive(pr::kFullX + 2 * st + 1, pr::kFullThreads);
     }
-    bar_arrive(pr::kFull + 2 * st, pr::kFullThreads);
-    bar_arrive(pr::kFull + 2 * st + 1, pr::kFullThreads);
   }
 }
 
@@ -2941,7 +2954,7 @@ __global__ void __launch_bounds__(kPairThreads, 1)
   Work<T> wk = make_work<T>(p, ct);
   if (role < 2) {
     cutlass::arch::warpgroup_reg_alloc<kAb ? kPairAbStateRegs : kStateRegs>();
-    state_role<T, false, true, false>(p, sm, wk, &cmaps, role);
+    state_role<T, false, true, false, false, kAb>(p, sm, wk, &cmaps, role);
   } else {
     cutlass::arch::warpgroup_reg_dealloc<kAb ? kPairAbProdRegs : kPairProdRegs>();
     wk.chunk0 = chunk_offset<IndexT>(p, ct.n, threadIdx.x & 31);  // (the gates' index)
