@@ -283,6 +283,8 @@ constexpr bool kPairStorage = false;
 template <typename T>
 constexpr bool kPairStorage<SharedStoragePair<T>> = true;
 static_assert(sizeof(SharedStoragePair<__nv_bfloat16>) + 1024 <= 227 * 1024, "the paired chain's storage, aligned, fits");
+static_assert(offsetof(SharedStoragePair<__nv_bfloat16>, o) % 256 == 0 && kChunk * kLdC * 2 % 256 == 0,
+              "each warp's O piece on the 256-byte span of encode_o's 32-byte swizzle");
 constexpr int kPairThreads = 2 * kStateThreads + kAuxThreads;
 // Registers: each state warpgroup as the wgmma chain with O (kStateRegs); the producer only issues boxes, zeroes
 // rows past a sequence's end and releases stages.
@@ -1619,16 +1621,17 @@ CUTLASS_DEVICE void update_hi_lo(const Tile& tile, int kcol, const warp::LdsmOff
   }
 }
 
-// One warp's O rows out: its O^T C tiles (V rows gq, gq + 8 of the warp's 16; tokens 8 nt + 2 tq, + 1), times
+// One warp's O rows staged: its O^T C tiles (V rows gq, gq + 8 of the warp's 16; tokens 8 nt + 2 tq, + 1), times
 // scale, transposed by stmatrix into stg (2 KB of the warp's own: [token][16 V] rows of 32 bytes, the two 16-byte
-// halves swapped on tokens 4..7 mod 8 so that an stmatrix's 8 rows hit distinct banks), then the first `rows`
-// tokens as 16-byte pieces to o (the warp's first V column of the chunk's first token). Warp-local: stg must be
-// free of the warp's earlier reads (a __syncwarp or any barrier since).
+// halves swapped on tokens 4..7 mod 8 so that an stmatrix's 8 rows hit distinct banks: the 32-byte swizzle, which
+// encode_o's TMA store reads). Warp-local: stg must be free of the warp's earlier reads.
 template <typename T>
-CUTLASS_DEVICE void warp_store_o(T* stg, const float (&os)[8][4], float scale, T* o, int64_t stride, int rows,
-                                 int lane) {
+CUTLASS_DEVICE T* o_piece(T* stg, int tok, int half) {
+  return stg + tok * 16 + 8 * (half ^ ((tok >> 2) & 1));
+}
+template <typename T>
+CUTLASS_DEVICE void warp_stage_o(T* stg, const float (&os)[8][4], float scale, int lane) {
   using namespace warp;
-  const auto piece = [&](int tok, int half) { return stg + tok * 16 + 8 * (half ^ ((tok >> 2) & 1)); };
 #pragma unroll
   for (int j = 0; j < 4; ++j) {
     const uint32_t r[4] = {pack2<T>(scale * os[2 * j][0], scale * os[2 * j][1]),
@@ -1636,15 +1639,40 @@ CUTLASS_DEVICE void warp_store_o(T* stg, const float (&os)[8][4], float scale, T
                            pack2<T>(scale * os[2 * j + 1][0], scale * os[2 * j + 1][1]),
                            pack2<T>(scale * os[2 * j + 1][2], scale * os[2 * j + 1][3])};
     const int m = lane >> 3;  // matrix m: tokens 8 (2 j + m / 2) .., V half m % 2
-    stsm_x4_trans(piece(8 * (2 * j + (m >> 1)) + (lane & 7), m & 1), r);
+    stsm_x4_trans(o_piece(stg, 8 * (2 * j + (m >> 1)) + (lane & 7), m & 1), r);
   }
+}
+// ... then the first `rows` tokens as 16-byte pieces to o (the warp's first V column of the chunk's first token).
+template <typename T>
+CUTLASS_DEVICE void warp_store_o(T* stg, const float (&os)[8][4], float scale, T* o, int64_t stride, int rows,
+                                 int lane) {
+  warp_stage_o(stg, os, scale, lane);
   __syncwarp();
 #pragma unroll
   for (int it = 0; it < 4; ++it) {
     const int i = lane + 32 * it, tok = i >> 1, half = i & 1;
     if (tok < rows)
-      *reinterpret_cast<uint4*>(o + tok * stride + 8 * half) = *reinterpret_cast<const uint4*>(piece(tok, half));
+      *reinterpret_cast<uint4*>(o + tok * stride + 8 * half) = *reinterpret_cast<const uint4*>(o_piece(stg, tok, half));
   }
+}
+// ... or all 64 tokens as one TMA store (encode_o's box at V column col, head, token t, batch b) issued by lane 0,
+// in its bulk group: stg stays in use until lane 0's bulk_wait_read (warp_o_stage_free).
+template <typename T>
+CUTLASS_DEVICE void warp_store_o_tma(T* stg, const float (&os)[8][4], float scale, const CUtensorMap* map, int col,
+                                     int head, int t, int b, int lane) {
+  warp_stage_o(stg, os, scale, lane);
+  warp::fence_async_smem();  // (each lane's stmatrix writes, before the async proxy reads them)
+  __syncwarp();
+  if (lane == 0) {
+    tma::store_box4(map, stg, col, head, t, b);
+    warp::bulk_commit();
+  }
+}
+// Before a warp rewrites its staging piece: lane 0's TMA store of it (two chunks back; the newest, of the other
+// piece, may still be reading) has read it.
+CUTLASS_DEVICE void warp_o_stage_free(int lane) {
+  if (lane == 0) warp::bulk_wait_read<1>();
+  __syncwarp();
 }
 
 // ---- Merging walks: exact parallelism's passes that repeat another run's walk over the same chunks from another
@@ -1979,8 +2007,16 @@ CUTLASS_DEVICE void state_role(const flashqla_gdn_fwd_params_t& p, Storage& sm, 
         if constexpr (kPair) {
           // (the paired chain: warp-local, each warp's 16 V columns through its own 2 KB of the half's O tile, so
           // no barrier of the warpgroup's, which would hold the warps in step with the other half's)
-          warp_store_o<T>(sm.o[half][c & 1] + s * (kChunk * 16), os, p.scale,
-                          wk.o + c * kChunk * p.o_stride_time + 16 * s, p.o_stride_time, rows, lane);
+          // whole chunks by TMA where the map was made (a partial chunk's rows past its end belong to the next
+          // packed sequence); the piece written two chunks back must have been read first
+          T* const stg = sm.o[half][c & 1] + s * (kChunk * 16);
+          if (cmaps->o_tma) warp_o_stage_free(lane);
+          if (cmaps->o_tma && rows == kChunk)
+            warp_store_o_tma<T>(stg, os, p.scale, &cmaps->o, static_cast<int>(wk.col0) + 16 * s, static_cast<int>(wk.h),
+                                static_cast<int>(wk.t0 + c * kChunk), static_cast<int>(wk.b), lane);
+          else
+            warp_store_o<T>(stg, os, p.scale, wk.o + c * kChunk * p.o_stride_time + 16 * s, p.o_stride_time, rows,
+                            lane);
         } else {
           T* const ot = sm.o[c & 1];
 #pragma unroll
@@ -2013,6 +2049,9 @@ CUTLASS_DEVICE void state_role(const flashqla_gdn_fwd_params_t& p, Storage& sm, 
   }
   if constexpr (kStatesByTma<Storage> || (kPair && kMerge)) {
     if (tid == 0) bulk_wait();  // (the boxes must outlive their stores' reads)
+  }
+  if constexpr (kPair) {
+    if (cmaps->o_tma && lane == 0) bulk_wait();  // (each warp's O stores, likewise)
   }
 }
 
@@ -3026,12 +3065,21 @@ inline bool prep_ab_mode() {
   return !(e != nullptr && e[0] == '0');
 }
 
+// FLASHQLA_O_TMA=0: the paired chain stores O by lane stores; else (1, unset) its whole chunks by TMA where o's map
+// can be made.
+inline bool o_tma_mode() {
+  const char* e = std::getenv("FLASHQLA_O_TMA");
+  return !(e != nullptr && e[0] == '0');
+}
+
 // The paired chain on prepared chunks; cudaErrorNotSupported where it does not run (the caller falls back).
 template <typename T>
 cudaError_t launch_pair(const flashqla_gdn_fwd_params_t& p, const PrepBuffers<T>& pb, cudaStream_t stream) {
   tma::ChainMaps cmaps{};
   if (pb.gates == nullptr || p.o == nullptr || p.chunk_states != nullptr || !chain_maps(p, pb, cmaps))
     return cudaErrorNotSupported;
+  cmaps.o_tma = o_tma_mode() && tma::encode_o(cmaps.o, p.o, p.qkv_dtype, p.batch, p.seqlen, p.heads_v,
+                                              p.o_stride_batch, p.o_stride_time, p.o_stride_head);
   const int64_t blocks = p.num_seqs * p.heads_v + (p.cu_seqlens != nullptr ? kTailBlocks : 0);
   if (blocks == 0) return cudaSuccess;
   const bool ix64 = p.cu_seqlens != nullptr && p.cu_seqlens_dtype == FLASHQLA_INT64;

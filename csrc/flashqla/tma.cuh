@@ -37,6 +37,8 @@ struct ChainMaps {
   CUtensorMap w;
   CUtensorMap v;
   CUtensorMap states;  // the state recompute's chunk states (encode_state_rows), for its TMA stores
+  CUtensorMap o;       // the paired chain's O (encode_o), for its TMA stores where o_tma
+  int o_tma;
 };
 
 CUTLASS_DEVICE void mbar_init(uint64_t* bar) {
@@ -81,6 +83,14 @@ CUTLASS_DEVICE void store_box3(const CUtensorMap* map, const void* src, int c0, 
                : "memory");
 }
 
+// One box of a 4-D map (as encode_o's) from src (aligned to its swizzle's span) to (column c0, head, token t,
+// batch b), in the issuing thread's bulk group.
+CUTLASS_DEVICE void store_box4(const CUtensorMap* map, const void* src, int c0, int head, int t, int b) {
+  asm volatile("cp.async.bulk.tensor.4d.global.shared::cta.bulk_group [%0, {%2, %3, %4, %5}], [%1];\n" ::"l"(map),
+               "r"(warp::smem_addr(src)), "r"(c0), "r"(head), "r"(t), "r"(b)
+               : "memory");
+}
+
 // One box of a state-rows map (encode_state_rows: 128 K rows x 128 bytes of V) from src (1024-byte aligned, in the
 // map's 128-byte swizzle) to (V column c0, row) of the [rows, 128] buffer, in the issuing thread's bulk group.
 CUTLASS_DEVICE void store_box2(const CUtensorMap* map, const void* src, int c0, int row) {
@@ -120,31 +130,35 @@ inline PFN_cuTensorMapEncodeTiled_v12000 encode_fn() {
   return fn;
 }
 
-// A tiled map of rank <= 4 with the 128-byte swizzle and unit element strides (dims and box innermost first, byte
-// strides of dims 1..rank-1); false where the driver entry point is missing or refuses it.
+// A tiled map of rank <= 4 with unit element strides (dims and box innermost first, byte strides of dims
+// 1..rank-1), the 128-byte swizzle unless told; false where the driver entry point is missing or refuses it.
 inline bool encode_tiled(CUtensorMap& map, const void* base, CUtensorMapDataType dtype, cuuint32_t rank,
                          const cuuint64_t* dims, const cuuint64_t* strides, const cuuint32_t* box,
-                         CUtensorMapL2promotion l2) {
+                         CUtensorMapL2promotion l2, CUtensorMapSwizzle swizzle = CU_TENSOR_MAP_SWIZZLE_128B) {
   const PFN_cuTensorMapEncodeTiled_v12000 enc = encode_fn();
   const cuuint32_t estr[4] = {1, 1, 1, 1};
   return enc != nullptr && enc(&map, dtype, rank, const_cast<void*>(base), dims, strides, box, estr,
-                               CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B, l2,
+                               CU_TENSOR_MAP_INTERLEAVE_NONE, swizzle, l2,
                                CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS;
+}
+
+inline CUtensorMapDataType map_dtype16(flashqla_dtype_t dtype) {
+  return dtype == FLASHQLA_FLOAT16 ? CU_TENSOR_MAP_DATA_TYPE_FLOAT16 : CU_TENSOR_MAP_DATA_TYPE_BFLOAT16;
 }
 
 // A 16-bit map of rank 3 or 4 in 64 x 1 x 64 (x 1) boxes (encode_tiled); false where the driver refuses it.
 inline bool encode_boxes(CUtensorMap& map, const void* base, flashqla_dtype_t dtype, cuuint32_t rank,
                          const cuuint64_t* dims, const cuuint64_t* strides) {
   const cuuint32_t box[4] = {64, 1, 64, 1};
-  return encode_tiled(map, base,
-                      dtype == FLASHQLA_FLOAT16 ? CU_TENSOR_MAP_DATA_TYPE_FLOAT16 : CU_TENSOR_MAP_DATA_TYPE_BFLOAT16,
-                      rank, dims, strides, box, CU_TENSOR_MAP_L2_PROMOTION_L2_128B);
+  return encode_tiled(map, base, map_dtype16(dtype), rank, dims, strides, box, CU_TENSOR_MAP_L2_PROMOTION_L2_128B);
 }
 
-// The map of a q or k tensor ([batch, seqlen, heads, 128], 16-bit, element strides); false where TMA cannot
-// describe it (a base or stride that is not a multiple of 16 bytes, or no driver entry point).
-inline bool encode_qk(CUtensorMap& map, const void* base, flashqla_dtype_t dtype, int64_t batch, int64_t seqlen,
-                      int64_t heads, int64_t stride_batch, int64_t stride_time, int64_t stride_head) {
+// A [batch, seqlen, heads, 128] 16-bit tensor with element strides as a 4-D map (128, heads, seqlen, batch) in
+// `box` boxes; false where TMA cannot describe it (a base or stride that is not a multiple of 16 bytes, or no
+// driver entry point).
+inline bool encode_bthc(CUtensorMap& map, const void* base, flashqla_dtype_t dtype, int64_t batch, int64_t seqlen,
+                        int64_t heads, int64_t stride_batch, int64_t stride_time, int64_t stride_head,
+                        const cuuint32_t (&box)[4], CUtensorMapSwizzle swizzle) {
   const auto ok16 = [](int64_t bytes) { return bytes > 0 && bytes % 16 == 0 && bytes < (int64_t(1) << 40); };
   if (reinterpret_cast<uintptr_t>(base) % 16 != 0 || !ok16(2 * stride_head) ||
       !ok16(2 * stride_time) || (batch > 1 && !ok16(2 * stride_batch)) || seqlen <= 0 || batch <= 0 ||
@@ -153,7 +167,23 @@ inline bool encode_qk(CUtensorMap& map, const void* base, flashqla_dtype_t dtype
   const cuuint64_t dims[4] = {128, cuuint64_t(heads), cuuint64_t(seqlen), cuuint64_t(batch)};
   const cuuint64_t strides[3] = {cuuint64_t(2 * stride_head), cuuint64_t(2 * stride_time),
                                  cuuint64_t(2 * (batch > 1 ? stride_batch : seqlen * stride_time))};
-  return encode_boxes(map, base, dtype, 4, dims, strides);
+  return encode_tiled(map, base, map_dtype16(dtype), 4, dims, strides, box, CU_TENSOR_MAP_L2_PROMOTION_L2_128B,
+                      swizzle);
+}
+
+// The map of a q or k tensor (encode_bthc) in 64 x 1 x 64 x 1 boxes with the 128-byte swizzle.
+inline bool encode_qk(CUtensorMap& map, const void* base, flashqla_dtype_t dtype, int64_t batch, int64_t seqlen,
+                      int64_t heads, int64_t stride_batch, int64_t stride_time, int64_t stride_head) {
+  return encode_bthc(map, base, dtype, batch, seqlen, heads, stride_batch, stride_time, stride_head, {64, 1, 64, 1},
+                     CU_TENSOR_MAP_SWIZZLE_128B);
+}
+
+// The map of o (encode_bthc) in boxes of 16 columns x 64 tokens, one warp's piece of a chunk's O, with the 32-byte
+// swizzle: a 32-byte token row's two 16-byte halves swapped on tokens 4..7 mod 8, as warp_store_o stages them.
+inline bool encode_o(CUtensorMap& map, const void* base, flashqla_dtype_t dtype, int64_t batch, int64_t seqlen,
+                     int64_t heads, int64_t stride_batch, int64_t stride_time, int64_t stride_head) {
+  return encode_bthc(map, base, dtype, batch, seqlen, heads, stride_batch, stride_time, stride_head, {16, 1, 64, 1},
+                     CU_TENSOR_MAP_SWIZZLE_32B);
 }
 
 // The map of a contiguous [rows, heads, cols] 16-bit buffer (the prep's X or W) in 64 x 64 boxes; false where
