@@ -530,6 +530,22 @@ def test_paired_chain_names_its_kernel(monkeypatch):
     assert any("gdn_fwd_pair_kernel" in n for n in names), names
 
 
+@pytest.mark.parametrize("case", ["varlen", "dense", "l2norm_fp16"])
+def test_paired_chain_o_store_forms_bitwise(monkeypatch, case):
+    # FLASHQLA_O_TMA: the paired chain's warps stage O the same way and store whole chunks by one TMA box each (=2:
+    # that form or a failed launch, so the comparison cannot be of a form with itself) or every chunk by lane
+    # stores (=0). The same bits, including the partial chunks at sequence ends (lane stores in both: the next
+    # packed sequence's rows follow) and the poisoned positions run_ours checks.
+    for name in ("FLASHQLA_KSPLIT", "FLASHQLA_PREP_HEADS", "FLASHQLA_PREP_WG", "FLASHQLA_FWD_SPLIT",
+                 "FLASHQLA_CHAIN_TMA", "FLASHQLA_GATES_FROM_PREP", "FLASHQLA_WGMMA", "FLASHQLA_PREP_AB"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("FLASHQLA_OVERLAP", "0")
+    monkeypatch.setenv("FLASHQLA_CP", "0")
+    monkeypatch.setenv("FLASHQLA_CHAIN_PAIR", "2")
+    d, kw = three_forms(case, 64)
+    modes_agree_bitwise(monkeypatch, "FLASHQLA_O_TMA", ("0", "2"), d, kw)
+
+
 @pytest.mark.parametrize("chain", ["pair", "obeside"])
 @pytest.mark.parametrize("case", ["varlen", "dense", "l2norm_fp16"])
 def test_paired_chain_forms_x_from_the_preps_operand_bitwise(monkeypatch, case, chain):

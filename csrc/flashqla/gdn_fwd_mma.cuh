@@ -3066,10 +3066,10 @@ inline bool prep_ab_mode() {
 }
 
 // FLASHQLA_O_TMA=0: the paired chain stores O by lane stores; else (1, unset) its whole chunks by TMA where o's map
-// can be made.
-inline bool o_tma_mode() {
+// can be made; 2: by TMA or not at all (cudaErrorNotSupported: the tests' proof that the TMA form ran).
+inline int o_tma_mode() {
   const char* e = std::getenv("FLASHQLA_O_TMA");
-  return !(e != nullptr && e[0] == '0');
+  return e != nullptr && (e[0] == '0' || e[0] == '2') ? e[0] - '0' : 1;
 }
 
 // The paired chain on prepared chunks; cudaErrorNotSupported where it does not run (the caller falls back).
@@ -3078,8 +3078,10 @@ cudaError_t launch_pair(const flashqla_gdn_fwd_params_t& p, const PrepBuffers<T>
   tma::ChainMaps cmaps{};
   if (pb.gates == nullptr || p.o == nullptr || p.chunk_states != nullptr || !chain_maps(p, pb, cmaps))
     return cudaErrorNotSupported;
-  cmaps.o_tma = o_tma_mode() && tma::encode_o(cmaps.o, p.o, p.qkv_dtype, p.batch, p.seqlen, p.heads_v,
-                                              p.o_stride_batch, p.o_stride_time, p.o_stride_head);
+  const int o_mode = o_tma_mode();
+  cmaps.o_tma = o_mode != 0 && tma::encode_o(cmaps.o, p.o, p.qkv_dtype, p.batch, p.seqlen, p.heads_v,
+                                             p.o_stride_batch, p.o_stride_time, p.o_stride_head);
+  if (o_mode == 2 && !cmaps.o_tma) return cudaErrorNotSupported;
   const int64_t blocks = p.num_seqs * p.heads_v + (p.cu_seqlens != nullptr ? kTailBlocks : 0);
   if (blocks == 0) return cudaSuccess;
   const bool ix64 = p.cu_seqlens != nullptr && p.cu_seqlens_dtype == FLASHQLA_INT64;
