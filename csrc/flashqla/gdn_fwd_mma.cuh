@@ -305,7 +305,9 @@ enum Barrier : uint32_t {
   kState = kEmpty + kStages,     // + half: among one state warpgroup
   kProd = kState + 2,            // among the producer's warps
   // + 2 stage + half (kAb): producer -> one state warpgroup, X formed. The stage's other tiles are handed over
-  // at kFull, before form_x, so a state step's K S^T, Z, Y and O products need not wait for X (its last operand)
+  // at kFull, before form_x, so a state step's K S^T, Z, Y and O products need not wait for X (its last operand).
+  // Measured (NOTES, session 50): +5% on the pair alone (form_x then contends with those wgmma), -4..-8% together
+  // with the O store by TMA; without it, beside the TMA store, is benchmarks/pending/no-xbar.patch
   kFullX = kProd + 1,
 };
 static_assert(kFullX + 2 * kStages <= 16, "16 named barriers");
