@@ -2755,11 +2755,17 @@ inline bool use_ksplit(const flashqla_gdn_fwd_params_t& p, int side_by_side = 1)
   return side_by_side * p.num_seqs * p.heads_v * kVBlocksK <= device_sm_count();
 }
 
+// A three-way switch of the environment: 0 (the old form), 2 (tests: the new form or a failed launch), else 1 (the
+// new form where it can run).
+inline int switch_012(const char* name) {
+  const char* e = std::getenv(name);
+  return e != nullptr && (e[0] == '0' || e[0] == '2') ? e[0] - '0' : 1;
+}
+
 // FLASHQLA_CHAIN_TMA: 0 the O-beside chain's loaders copy by cp.async (as before session 18); 2 (tests) TMA or
 // the launch fails (cudaErrorNotSupported); else (1, unset) TMA where the maps can be made.
 inline int chain_tma_mode() {
-  const char* e = std::getenv("FLASHQLA_CHAIN_TMA");
-  return e != nullptr && (e[0] == '0' || e[0] == '2') ? e[0] - '0' : 1;
+  return switch_012("FLASHQLA_CHAIN_TMA");
 }
 
 // Chunk states without o: the backward's state recompute (its prep computes X alone, and it runs beside the
@@ -2770,15 +2776,12 @@ inline bool states_only(const flashqla_gdn_fwd_params_t& p) { return p.o == null
 // state warps' own global stores, as before session 23; 2 (tests) by TMA or the launch fails
 // (cudaErrorNotSupported); else (1, unset) by TMA where the map can be made.
 inline int states_tma_mode() {
-  const char* e = std::getenv("FLASHQLA_STATES_TMA");
-  return e != nullptr && (e[0] == '0' || e[0] == '2') ? e[0] - '0' : 1;
+  return switch_012("FLASHQLA_STATES_TMA");
 }
 // The state-rows map of a chain's per-chunk states at base, [chunk_bound(p), heads_v, 128, 128] in the inputs'
 // 16-bit type or fp32 (tma::encode_state_rows); false where it cannot be made.
 inline bool state_map(const flashqla_gdn_fwd_params_t& p, const void* base, bool fp32, CUtensorMap& map) {
-  const CUtensorMapDataType dt = fp32                              ? CU_TENSOR_MAP_DATA_TYPE_FLOAT32
-                                 : p.qkv_dtype == FLASHQLA_FLOAT16 ? CU_TENSOR_MAP_DATA_TYPE_FLOAT16
-                                                                   : CU_TENSOR_MAP_DATA_TYPE_BFLOAT16;
+  const CUtensorMapDataType dt = fp32 ? CU_TENSOR_MAP_DATA_TYPE_FLOAT32 : tma::map_dtype16(p.qkv_dtype);
   const int64_t slots = chunk_bound(p) * p.heads_v;
   return base != nullptr && slots > 0 && slots < (int64_t(1) << 24) &&
          tma::encode_state_rows(map, base, dt, fp32 ? 4 : 2, slots * kDimK);
@@ -3070,8 +3073,7 @@ inline bool prep_ab_mode() {
 // FLASHQLA_O_TMA=0: the paired chain stores O by lane stores; else (1, unset) its whole chunks by TMA where o's map
 // can be made; 2: by TMA or not at all (cudaErrorNotSupported: the tests' proof that the TMA form ran).
 inline int o_tma_mode() {
-  const char* e = std::getenv("FLASHQLA_O_TMA");
-  return e != nullptr && (e[0] == '0' || e[0] == '2') ? e[0] - '0' : 1;
+  return switch_012("FLASHQLA_O_TMA");
 }
 
 // The paired chain on prepared chunks; cudaErrorNotSupported where it does not run (the caller falls back).
@@ -3150,8 +3152,7 @@ inline size_t merge_bytes(const flashqla_gdn_fwd_params_t& p) {
 // feeds the O-beside chain's TMA form, the prep writes them and the loaders copy them (PrepBuffers::gates; the same
 // compute_gates on the same inputs, so the same bits); 2 (tests): there, or the launch fails.
 inline int gates_from_prep_mode() {
-  const char* e = std::getenv("FLASHQLA_GATES_FROM_PREP");
-  return e != nullptr && (e[0] == '0' || e[0] == '2') ? e[0] - '0' : 1;
+  return switch_012("FLASHQLA_GATES_FROM_PREP");
 }
 
 // The split mode's chain on prepared X and W (chain_form).
@@ -3176,8 +3177,7 @@ cudaError_t launch_prepared(const flashqla_gdn_fwd_params_t& p, const PrepBuffer
 // gdn_fwd_pair_summaries_kernel where it runs (the prep's gates in the workspace, TMA maps for K, X and V); 0 = two
 // launches of the O-beside kernel, as before; 2 (tests) = the one launch, or the call fails.
 inline int summary_pair_mode() {
-  const char* e = std::getenv("FLASHQLA_SUMMARY_PAIR");
-  return e != nullptr && (e[0] == '0' || e[0] == '2') ? e[0] - '0' : 1;
+  return switch_012("FLASHQLA_SUMMARY_PAIR");
 }
 
 // The two summaries passes on prepared chunks: p (the B pass) and pt (the transition pass: v = 0), which differ
