@@ -10,7 +10,8 @@
 # (xz: a variant's .so is ~31 MB raw, ~3 MB compressed; h200.sh unpacks them); carry `variants` to the H200. A variant may also get an ENV file
 # (KEY=VALUE lines) that h200.sh sets for it only: two names for one ref compare two runtime modes.
 # PHASES=0: no phase profiler (its compile takes ~5 minutes on 2 cores; the variants stage's phases step then has
-# nothing to run for that variant).
+# nothing to run for that variant). GRADPHASES=1: also the gradient kernel's phase profiler (fq_grad_phases, for the
+# variants stage's gradphases step; ~1 minute).
 set -euo pipefail
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
 VENV=${VENV:-/work/venvs/h200}
@@ -31,7 +32,14 @@ for spec in "$@"; do
       -I"$dir/csrc/include" -I"$dir/csrc" -I"$CUTLASS_INC" "$dir/benchmarks/profile_fwd_phases.cu" \
       -o "$ROOT/variants/$name/fq_phases"
   fi
-  xz -T0 -6 -f "$ROOT/variants/$name"/_C.cpython-312-*.so $( [ "${PHASES:-1}" != 0 ] && echo "$ROOT/variants/$name/fq_phases" )
+  if [ "${GRADPHASES:-0}" = 1 ]; then
+    "$CUDA_HOME/bin/nvcc" -O3 -std=c++17 -gencode=arch=compute_90a,code=sm_90a --expt-relaxed-constexpr \
+      -I"$dir/csrc/include" -I"$dir/csrc" -I"$CUTLASS_INC" "$dir/benchmarks/profile_bwd_grad_phases.cu" \
+      -o "$ROOT/variants/$name/fq_grad_phases"
+  fi
+  packed=("$ROOT/variants/$name"/_C.cpython-312-*.so)
+  for f in fq_phases fq_grad_phases; do [ -f "$ROOT/variants/$name/$f" ] && packed+=("$ROOT/variants/$name/$f"); done
+  xz -T0 -6 -f "${packed[@]}"
   git -C "$dir" rev-parse HEAD > "$ROOT/variants/$name/COMMIT"
   git -C "$ROOT" worktree remove --force "$dir"
 done

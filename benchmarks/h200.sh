@@ -60,7 +60,8 @@
 #             (ab-<n>.json, the variant in its env field), e.g. AB_ENVS="FLASHQLA_BWD_GRAD=0;FLASHQLA_BWD_GRAD=1"
 #   variants  for each prebuilt variants/<name>/ (benchmarks/build_variants.sh; carry `variants`): swap its
 #             _C into flashqla/, run the forward GPU tests, its phase profiler and the benchmark with
-#             $VARIANT_BENCH_ARGS (VARIANT_STEPS picks among test,digest,phases,ktimes,bench,memcheck,racecheck; the test step
+#             $VARIANT_BENCH_ARGS (VARIANT_STEPS picks among test,digest,phases,gradphases,ktimes,bench,memcheck,racecheck;
+#             gradphases runs the variant's fq_grad_phases (build_variants.sh GRADPHASES=1) with $GRAD_PHASE_ARGS; the test step
 #             runs $VARIANT_TEST_PATHS, default tests/test_gpu_fwd.py; digest prints benchmarks/bwd_digest.py's
 #             bit-exact fingerprints, to compare builds that should agree); one record per variant, one log
 #             (variants.log) for all (not in the default stages)
@@ -427,7 +428,7 @@ if has variants; then
     name=$(basename "$vdir"); vlog="$OUT/variants.log"   # one log for all: $OUT brings back 8 files at most
     say "variant $name ($(cat "$vdir/COMMIT"))"
     for z in "$vdir"/*.xz; do [ -f "$z" ] && unxz_file "$z"; done  # (build_variants.sh packs them)
-    chmod +x "$vdir/fq_phases" 2>/dev/null
+    chmod +x "$vdir/fq_phases" "$vdir/fq_grad_phases" 2>/dev/null
     cp "$vdir"/_C.cpython-312-*.so flashqla/
     # variants/<name>/ENV (optional): KEY=VALUE lines set for this variant only (e.g. FLASHQLA_FWD_SPLIT=0)
     venv=$( [ -f "$vdir/ENV" ] && grep -E '^[A-Z_][A-Z0-9_]*=' "$vdir/ENV" | tr '\n' ' ' )
@@ -450,6 +451,7 @@ if has variants; then
            -q -x -p no:cacheprovider -s 2>&1 | tail -15; [ "${PIPESTATUS[0]}" -eq 0 ]; }; then
         [[ $steps == *,digest,* ]] && timeout 120 python3 benchmarks/bwd_digest.py 2>&1 | grep -E "^digest|Error"
         [[ $steps == *,phases,* && -x "$vdir/fq_phases" ]] && timeout 60 "$vdir/fq_phases" ${PHASE_ARGS:-} 2>&1  # (PHASES=0 builds have none)
+        [[ $steps == *,gradphases,* && -x "$vdir/fq_grad_phases" ]] && timeout 60 "$vdir/fq_grad_phases" ${GRAD_PHASE_ARGS:-} 2>&1
         [[ $steps == *,ktimes,* ]] && timeout ${KTIMES_TIMEOUT:-120} python3 benchmarks/kernel_times.py ${KTIMES_ARGS:-} 2>&1
         [[ $steps == *,bench,* ]] && OUT= FLASHQLA_COMMIT=$(cat "$vdir/COMMIT") FLASHQLA_DIRTY=0 timeout ${BENCH_TIMEOUT:-300} python3 -m flashqla.bench \
           run --cases "$CASES" --prewarm ${PREWARM:-16} ${VARIANT_BENCH_ARGS:---fwd-only --libs flashqla,fla_triton --no-accuracy} \
@@ -461,7 +463,7 @@ if has variants; then
     [ -n "$venv" ] && unset $(echo "$venv" | sed -E 's/=[^ ]*//g')
     [ -n "$vsaved" ] && eval export "$vsaved"
     cat /tmp/variant-$name.log >> "$vlog"
-    grep -E "passed|failed|not timed|anchor:|T=32768|forward, 1 x|flashqla .* ms|SUMMARY|^digest" /tmp/variant-$name.log | head -40 | tee -a "$LOG"
+    grep -E "passed|failed|not timed|anchor:|T=32768|forward, 1 x|gradient kernel \(timed|flashqla .* ms|SUMMARY|^digest" /tmp/variant-$name.log | head -40 | tee -a "$LOG"
   done
   [ -f /tmp/own_C.so ] && cp /tmp/own_C.so flashqla/_C.cpython-312-x86_64-linux-gnu.so
 fi
