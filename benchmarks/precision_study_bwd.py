@@ -21,11 +21,23 @@ C, D = 64, 128
 ROUNDED = ("S0", "dS", "M", "P", "Y", "Vn", "dVn", "dVnY", "dKS", "dQK", "sym", "tf32", "out")
 # rounded only where a variant names them (fp32 / hi + lo in the kernels so far), for a fused reverse kernel in
 # FlashQLA's form (NOTES, session 46): "A", the inverse in bf16 as a kkt_solve-sized prep stores it (every product
-# that reads A, dL's included, then reads the rounded one); "dVnY1", dY's operand dVn as one bf16 part, not hi + lo
-OPT_ROUNDED = ("A", "dVnY1")
+# that reads A, dL's included, then reads the rounded one); "dVnY1", dY's operand dVn as one bf16 part, not hi + lo.
+# dG_C's term gamma_C <S0, dS'> (fp64 S0 and dS' unless named): "dot" with S0 in bf16 and dS' in fp32, as the
+# kernel computes it; "dotb" with dS' in bf16 too; "doth" with dS' as stored in fp16 with a power-of-two scale per
+# chunk-head tile (its largest magnitude to [2^14, 2^15)): what storing dS' in 16 bits instead of fp32 would cost
+OPT_ROUNDED = ("A", "dVnY1", "dot", "dotb", "doth")
 
 
-def step(Q, K, V, dO, g, beta, S0, dS, scale, r):
+def fp16_scaled(x):
+    """x through fp16 with one power-of-two scale for the whole tile (largest magnitude into [2^14, 2^15))."""
+    m = float(x.abs().max())
+    if m == 0.0:
+        return x
+    e = 14 - int(torch.floor(torch.log2(torch.tensor(m))))
+    return (x * 2.0 ** e).half().double() * 2.0 ** -e
+
+
+def step(Q, K, V, dO, g, beta, S0, dS, scale, r, dot=None):
     """One chunk of one value head, zero-padded to 64 rows; r[name] rounds an operand (identity: kept)."""
     G = g.cumsum(0)
     gamma, dte = G.exp(), (G[-1] - G).exp()
@@ -60,7 +72,7 @@ def step(Q, K, V, dO, g, beta, S0, dS, scale, r):
     dKK = beta[:, None] * dL.tril(-1)
     dK = dK + r["sym"](dKK + dKK.T) @ K
     dG = gamma * d_gamma - dte * d_dte + H.sum(1) - H.sum(0)
-    dG[-1] += (dte * d_dte).sum() + gamma[-1] * (S0 * dS).sum()
+    dG[-1] += (dte * d_dte).sum() + gamma[-1] * (dot(S0, dS) if dot else (S0 * dS).sum())
     return dQ, dK, dR, dG.flip(0).cumsum(0).flip(0), dbeta
 
 
@@ -81,6 +93,11 @@ def run(T, strong, keep=(), seed=0, opt=()):
            for n in ROUNDED}
     rnd["A"] = bf if "A" in opt else (lambda x: x)
     r = {n: (lambda f: lambda x: f(x.float()).double())(f) for n, f in rnd.items()}
+    dot = None
+    if {"dot", "dotb", "doth"} & set(opt):
+        ds16 = (lambda x: x.float().double()) if "dot" in opt else \
+            (lambda x: bf(x.float()).double()) if "dotb" in opt else fp16_scaled
+        dot = lambda s0, ds: (bf(s0.float()).double() * ds16(ds)).sum()  # noqa: E731
     outs = [torch.zeros(T, 2, D).double(), torch.zeros(T, 2, D).double(), torch.zeros(T, 2, D).double(),
             torch.zeros(T, 2).double(), torch.zeros(T, 2).double()]
     for ci, c0 in enumerate(range(0, T, C)):
@@ -89,7 +106,7 @@ def run(T, strong, keep=(), seed=0, opt=()):
         for h in range(2):
             res = step(pad(q[0, c0:c0 + n, h]), pad(k[0, c0:c0 + n, h]), pad(v[0, c0:c0 + n, h]),
                        pad(do[0, c0:c0 + n, h]), pad(g[0, c0:c0 + n, h]), pad(beta[0, c0:c0 + n, h]),
-                       states[ci, h], dh[ci, h], scale, r)
+                       states[ci, h], dh[ci, h], scale, r, dot)
             for o, x in zip(outs, res):
                 o[c0:c0 + n, h] = x[:n]
     errs = []
@@ -106,7 +123,8 @@ def main():
         for strong in (False, True):
             for keep, opt in (((), ()), (("out",), ()), (("S0", "dS"), ()), (("Y", "Vn", "dVn"), ()),
                               (("dKS", "dQK", "sym", "M", "P"), ()), (ROUNDED, ()),
-                              ((), ("A",)), ((), ("dVnY1",)), ((), ("A", "dVnY1"))):
+                              ((), ("A",)), ((), ("dVnY1",)), ((), ("A", "dVnY1")),
+                              ((), ("dot",)), ((), ("dotb",)), ((), ("doth",))):
                 e = run(T, strong, keep, opt=opt)
                 name = f"T={T} {'strong decay' if strong else 'g=logsig/16'}"
                 label = ("+".join(keep) if keep != ROUNDED else "all") + ("" if not opt else " bf16:" + "+".join(opt))
