@@ -64,7 +64,8 @@
 #             gradphases runs the variant's fq_grad_phases (build_variants.sh GRADPHASES=1) with $GRAD_PHASE_ARGS; the test step
 #             runs $VARIANT_TEST_PATHS, default tests/test_gpu_fwd.py; digest prints benchmarks/bwd_digest.py's
 #             bit-exact fingerprints, to compare builds that should agree); one record per variant, one log
-#             (variants.log) for all (not in the default stages)
+#             (variants.log) for all (not in the default stages). A variant with a SO_FROM file (an earlier
+#             variant's name; they run in name order) runs that variant's build: a second sample or another ENV.
 set -uo pipefail
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
 cd "$ROOT"
@@ -429,13 +430,16 @@ if has variants; then
     say "variant $name ($(cat "$vdir/COMMIT"))"
     for z in "$vdir"/*.xz; do [ -f "$z" ] && unxz_file "$z"; done  # (build_variants.sh packs them)
     chmod +x "$vdir/fq_phases" "$vdir/fq_grad_phases" 2>/dev/null
-    cp "$vdir"/_C.cpython-312-*.so flashqla/
+    # variants/<name>/SO_FROM (optional): the name of an earlier variant whose build this one runs (a second sample,
+    # or another ENV, without a second copy in the carry)
+    sodir=$vdir; [ -f "$vdir/SO_FROM" ] && sodir="variants/$(cat "$vdir/SO_FROM")/"
+    cp "$sodir"/_C.cpython-312-*.so flashqla/
     # variants/<name>/ENV (optional): KEY=VALUE lines set for this variant only (e.g. FLASHQLA_FWD_SPLIT=0)
     venv=$( [ -f "$vdir/ENV" ] && grep -E '^[A-Z_][A-Z0-9_]*=' "$vdir/ENV" | tr '\n' ' ' )
     # (the call's own values of those keys, restored after this variant: an ENV's VARIANT_STEPS must not unset the
     # call's for the variants after it, as it did in session 48)
     vsaved=$(for kv in $venv; do k=${kv%%=*}; [ -n "${!k+x}" ] && printf '%s=%q ' "$k" "${!k}"; done)
-    { echo "== $name $(cat "$vdir/COMMIT") ${venv} kernel sources $(python3 -m flashqla.bench fingerprint --so "$vdir"/_C.cpython-312-*.so 2>&1 | tail -1)"
+    { echo "== $name $(cat "$vdir/COMMIT") ${venv} kernel sources $(python3 -m flashqla.bench fingerprint --so "$sodir"/_C.cpython-312-*.so 2>&1 | tail -1)"
       [ -n "$venv" ] && export $venv
       # a variant that fails (or hangs in) the GPU tests is not timed: a hung kernel would eat the call
       steps=",${VARIANT_STEPS:-test,phases,bench},"
