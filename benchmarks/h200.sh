@@ -451,8 +451,9 @@ if has variants; then
           tail -3 /tmp/vsan-$tool.txt; }
       done
       # (without the test step the others run untested; a variant tested and failed runs nothing more)
+      # (VARIANT_TEST_ARGS, one word, e.g. an ENV's --deselect=<node id> of a test the tree has for another build)
       if [[ $steps != *,test,* ]] || { timeout ${VARIANT_TEST_TIMEOUT:-90} python3 -m pytest ${VARIANT_TEST_PATHS:-tests/test_gpu_fwd.py} \
-           -q -x -p no:cacheprovider -s 2>&1 | tail -15; [ "${PIPESTATUS[0]}" -eq 0 ]; }; then
+           ${VARIANT_TEST_ARGS:-} -q -x -p no:cacheprovider -s 2>&1 | tail -15; [ "${PIPESTATUS[0]}" -eq 0 ]; }; then
         [[ $steps == *,digest,* ]] && timeout 120 python3 benchmarks/bwd_digest.py 2>&1 | grep -E "^digest|Error"
         [[ $steps == *,phases,* && -x "$vdir/fq_phases" ]] && timeout 60 "$vdir/fq_phases" ${PHASE_ARGS:-} 2>&1  # (PHASES=0 builds have none)
         [[ $steps == *,gradphases,* && -x "$vdir/fq_grad_phases" ]] && timeout 60 "$vdir/fq_grad_phases" ${GRAD_PHASE_ARGS:-} 2>&1
