@@ -46,13 +46,16 @@ T2 = 1000
 q2, k2 = (F.normalize(torch.randn(1, T2, 1, D, device=dev), dim=-1).bfloat16() for _ in range(2))
 v2 = torch.randn(1, T2, 2, D, device=dev).bfloat16()
 g2, beta2 = F.logsigmoid(torch.randn(1, T2, 2, device=dev)) / 16, torch.rand(1, T2, 2, device=dev)
-for form in ("0", "1", "2", "overlap", "prepwg", "overlapwg", "pair"):  # (overlap: the default form with the prep
-    # beside the chain; prepwg: the default form after the wgmma prep; overlapwg: the wgmma prep beside the chain;
-    # pair: the paired chain, FLASHQLA_CHAIN_PAIR=2, on the wgmma prep's output and gates)
-    os.environ["FLASHQLA_WGMMA"] = "2" if form in ("overlap", "prepwg", "overlapwg", "pair") else form
+for form in ("0", "1", "2", "overlap", "prepwg", "overlapwg", "pair", "pairwalks"):  # (overlap: the default form
+    # with the prep beside the chain; prepwg: the default form after the wgmma prep; overlapwg: the wgmma prep beside
+    # the chain; pair: the paired chain, FLASHQLA_CHAIN_PAIR=2, on the wgmma prep's output and gates; pairwalks: the
+    # same with about three walks a CTA, FLASHQLA_PAIR_PERSIST=2, where the build has it)
+    pair = form in ("pair", "pairwalks")
+    os.environ["FLASHQLA_WGMMA"] = "2" if form in ("overlap", "prepwg", "overlapwg") or pair else form
     os.environ["FLASHQLA_OVERLAP"] = "1" if form in ("overlap", "overlapwg") else "0"
-    os.environ["FLASHQLA_PREP_WG"] = "1" if form in ("prepwg", "overlapwg", "pair") else "0"
-    os.environ["FLASHQLA_CHAIN_PAIR"] = "2" if form == "pair" else "0"
+    os.environ["FLASHQLA_PREP_WG"] = "1" if form in ("prepwg", "overlapwg") or pair else "0"
+    os.environ["FLASHQLA_CHAIN_PAIR"] = "2" if pair else "0"
+    os.environ["FLASHQLA_PAIR_PERSIST"] = "2" if form == "pairwalks" else "0"
     for cu in ([0, 0, 65, 65, 700, 1000], [0, 900, 20, 300], [-5, 3, 1 << 30]):
         cut = torch.tensor(cu, device=dev, dtype=torch.int32)
         h0 = torch.randn(len(cu) - 1, 2, D, D, device=dev)
@@ -60,7 +63,7 @@ for form in ("0", "1", "2", "overlap", "prepwg", "overlapwg", "pair"):  # (overl
         torch.cuda.synchronize()
     print("chain form", form, "ran", flush=True)
 del os.environ["FLASHQLA_WGMMA"], os.environ["FLASHQLA_OVERLAP"], os.environ["FLASHQLA_PREP_WG"]
-del os.environ["FLASHQLA_CHAIN_PAIR"]
+del os.environ["FLASHQLA_CHAIN_PAIR"], os.environ["FLASHQLA_PAIR_PERSIST"]
 # exact parallelism's two summaries as one launch of the paired kernel (FLASHQLA_SUMMARY_PAIR=2: its producer's
 # zeroed V block, no Q and W boxes), then the last pass on the chunk products it left
 os.environ["FLASHQLA_SUMMARY_PAIR"] = "2"
@@ -112,6 +115,10 @@ for cu in ([0, 0, 65, 65, 200, 260], [0, 900, 20, 300], [-5, 3, 1 << 30]):
     torch.ops.flashqla.chunk_gdn_bwd_grad(q, k, v, g, beta, do, states, dh, 0.088, cut, True, a)
     torch.cuda.synchronize()
     print("bwd_grad with the inverse rows ran", cu, flush=True)
+    # (without the l2norm: dq and dk leave in q's dtype, their 16-bit TMA boxes where the build stores by TMA)
+    torch.ops.flashqla.chunk_gdn_bwd_grad(q, k, v, g, beta, do, states, dh, 0.088, cut, False)
+    torch.cuda.synchronize()
+    print("bwd_grad with 16-bit dq, dk ran", cu, flush=True)
 torch.cuda.synchronize()
 print("backward sanitize cases ran")
 
